@@ -1,0 +1,673 @@
+//! Typed configuration: embedded defaults, a TOML file, `CTXGATE_<SECTION>__<KEY>` overrides, validation.
+//!
+//! Loading reports every problem at once, each with its key path: every key is first checked on its own
+//! (unknown key, wrong type), then the whole config is validated semantically.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// The whole configuration. Every section and key is optional; missing ones take the documented defaults.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// The listening socket and request limits.
+    pub server: ServerConfig,
+    /// The LLM API that requests are forwarded to.
+    pub upstream: UpstreamConfig,
+    /// How conversations are identified.
+    pub session: SessionConfig,
+    /// Where conversation history is kept.
+    pub store: StoreConfig,
+    /// The admin API.
+    pub admin: AdminConfig,
+    /// When and how outgoing requests are rewritten.
+    pub context: ContextConfig,
+    /// Parameters of tool-result clearing and run-loop pruning.
+    pub prune: PruneConfig,
+    /// Per-model overrides, keyed by exact model name or glob pattern (`gpt-4o*`).
+    pub models: BTreeMap<String, ModelEntry>,
+}
+
+/// `[server]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address and port to listen on.
+    pub listen: String,
+    /// Largest request body accepted, in bytes; larger bodies get 413.
+    pub max_body_bytes: u64,
+    /// Seconds that in-flight requests and streams may take to finish after SIGTERM/SIGINT.
+    pub shutdown_grace_secs: u64,
+    /// Log format: `text` (human) or `json`.
+    pub log_format: LogFormat,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8787".into(),
+            max_body_bytes: 32 * 1024 * 1024,
+            shutdown_grace_secs: 30,
+            log_format: LogFormat::Text,
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[upstream]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    /// Base URL of the OpenAI-compatible API; `/v1/<rest>` is forwarded to `<base_url>/<rest>`.
+    pub base_url: String,
+    /// API key sent as `Authorization: Bearer …` only when the client sends no Authorization header.
+    pub api_key: Option<String>,
+    /// Seconds to wait for the upstream's response headers, and at most between two body chunks.
+    pub timeout_secs: u64,
+    /// Seconds to wait for a TCP/TLS connection to the upstream.
+    pub connect_timeout_secs: u64,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        Self {
+            base_url: "https://api.openai.com/v1".into(),
+            api_key: None,
+            timeout_secs: 600,
+            connect_timeout_secs: 10,
+        }
+    }
+}
+
+/// `[session]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionConfig {
+    /// Request header that names the conversation explicitly.
+    pub header: String,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            header: "x-session-id".into(),
+        }
+    }
+}
+
+/// `[store]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// Durable backend: `sqlite` (embedded, default) or `memory` (lost on restart).
+    pub backend: StoreBackend,
+    /// SQLite database file (created with its folder when missing).
+    pub path: PathBuf,
+    /// Bytes of message history kept in the in-memory cache in front of the store.
+    pub cache_max_bytes: u64,
+    /// Sessions idle for longer than this many days are purged; 0 keeps them forever.
+    pub retention_days: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            backend: StoreBackend::Sqlite,
+            path: PathBuf::from("data/ctxgate.db"),
+            cache_max_bytes: 256 * 1024 * 1024,
+            retention_days: 30,
+        }
+    }
+}
+
+/// Which durable store keeps the history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreBackend {
+    /// Embedded SQLite database (WAL mode).
+    Sqlite,
+    /// Process memory only; for tests and throwaway runs.
+    Memory,
+}
+
+/// `[admin]`
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Bearer token required by `/admin/*`; when unset, only loopback peers are served.
+    pub token: Option<String>,
+}
+
+/// `[context]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ContextConfig {
+    /// Rewrite strategy: `off`, `prune`, `summarize` or `hybrid`.
+    pub strategy: Strategy,
+    /// Fraction of the model's context window above which a request is rewritten.
+    pub threshold: f64,
+    /// Fraction of the window a rewrite aims for (the low-water mark), so later turns keep an identical prefix.
+    pub target: f64,
+    /// Fraction of the window above which whole old messages are dropped as a last resort.
+    pub hard_limit: f64,
+    /// Context window, in tokens, of models not found in the model table.
+    pub default_context_window: u64,
+}
+
+impl Default for ContextConfig {
+    fn default() -> Self {
+        Self {
+            strategy: Strategy::Hybrid,
+            threshold: 0.8,
+            target: 0.5,
+            hard_limit: 0.95,
+            default_context_window: 128_000,
+        }
+    }
+}
+
+/// The rewrite strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    /// Never rewrite.
+    Off,
+    /// Tool-result clearing, run-loop pruning, then the hard limit.
+    Prune,
+    /// LLM summary of older history, then the hard limit.
+    Summarize,
+    /// Tool-result clearing, then a summary, then the hard limit.
+    Hybrid,
+}
+
+impl Strategy {
+    /// The strategy's name as used in config, headers and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Off => "off",
+            Strategy::Prune => "prune",
+            Strategy::Summarize => "summarize",
+            Strategy::Hybrid => "hybrid",
+        }
+    }
+
+    /// Parses a strategy name (as in the `x-ctxgate-strategy` header).
+    pub fn parse(s: &str) -> Option<Strategy> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" => Some(Strategy::Off),
+            "prune" => Some(Strategy::Prune),
+            "summarize" => Some(Strategy::Summarize),
+            "hybrid" => Some(Strategy::Hybrid),
+            _ => None,
+        }
+    }
+}
+
+/// `[prune]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PruneConfig {
+    /// Newest tool results kept in full by tool-result clearing.
+    pub keep_tool_results: usize,
+    /// Tool results smaller than this many tokens are never cleared.
+    pub min_result_tokens: u64,
+    /// Characters kept of a past run loop's user message and final reply.
+    pub max_message_length: usize,
+    /// Newest run loops (the current one included) kept whole by run-loop pruning.
+    pub keep_run_loops: usize,
+    /// Run loops beyond this many (counting from the newest) are dropped entirely.
+    pub max_run_loops: usize,
+    /// Run loops older than this are dropped entirely (`90m`, `24h`, `7d`, or seconds); unset means no age limit.
+    pub max_age: Option<DurationSpec>,
+}
+
+impl Default for PruneConfig {
+    fn default() -> Self {
+        Self {
+            keep_tool_results: 3,
+            min_result_tokens: 100,
+            max_message_length: 2000,
+            keep_run_loops: 2,
+            max_run_loops: 50,
+            max_age: None,
+        }
+    }
+}
+
+/// `[models."<pattern>"]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelEntry {
+    /// The model's context window in tokens.
+    pub context_window: u64,
+}
+
+/// A duration written as seconds (`3600`) or with a unit (`90s`, `30m`, `24h`, `7d`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DurationSpec(pub u64);
+
+impl DurationSpec {
+    /// Parses `90`, `90s`, `30m`, `24h` or `7d`.
+    pub fn parse(s: &str) -> Option<DurationSpec> {
+        let s = s.trim();
+        let (num, mult) = match s.chars().last()? {
+            's' => (&s[..s.len() - 1], 1),
+            'm' => (&s[..s.len() - 1], 60),
+            'h' => (&s[..s.len() - 1], 3600),
+            'd' => (&s[..s.len() - 1], 86_400),
+            _ => (s, 1),
+        };
+        num.trim()
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(mult))
+            .map(DurationSpec)
+    }
+
+    /// The duration in seconds.
+    pub fn secs(self) -> u64 {
+        self.0
+    }
+}
+
+impl Serialize for DurationSpec {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}s", self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for DurationSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(u64),
+            Str(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(n) => Ok(DurationSpec(n)),
+            Raw::Str(s) => DurationSpec::parse(&s).ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "invalid duration {s:?}: use seconds or a number with s, m, h or d"
+                ))
+            }),
+        }
+    }
+}
+
+/// Every problem found while loading a config, each naming its key path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigErrors(pub Vec<String>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "invalid configuration ({} problem(s)):", self.0.len())?;
+        for e in &self.0 {
+            writeln!(f, "  - {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// Prefix of environment variables that override config keys.
+pub const ENV_PREFIX: &str = "CTXGATE_";
+
+impl Config {
+    /// Loads the config: defaults, then the file at `path` (if any), then `CTXGATE_<SECTION>__<KEY>` variables.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigErrors> {
+        Self::load_from(path, std::env::vars())
+    }
+
+    /// Like [`Config::load`], with the environment given explicitly (for tests).
+    pub fn load_from(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigErrors> {
+        let mut table = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| {
+                    ConfigErrors(vec![format!(
+                        "cannot read config file {}: {e}",
+                        p.display()
+                    )])
+                })?;
+                text.parse::<toml::Table>().map_err(|e| {
+                    ConfigErrors(vec![format!("{}: {}", p.display(), e.to_string().trim())])
+                })?
+            }
+            None => toml::Table::new(),
+        };
+        let mut errors = Vec::new();
+        apply_env(&mut table, env, &mut errors);
+        check_each_key(&table, &mut errors);
+        if !errors.is_empty() {
+            return Err(ConfigErrors(errors));
+        }
+        let config: Config = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigErrors(vec![e.message().to_string()]))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses a config from TOML text (no environment overrides).
+    pub fn from_toml_str(text: &str) -> Result<Config, ConfigErrors> {
+        let table = text
+            .parse::<toml::Table>()
+            .map_err(|e| ConfigErrors(vec![e.to_string().trim().to_string()]))?;
+        let mut errors = Vec::new();
+        check_each_key(&table, &mut errors);
+        if !errors.is_empty() {
+            return Err(ConfigErrors(errors));
+        }
+        let config: Config = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigErrors(vec![e.message().to_string()]))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Semantic checks; reports every problem at once.
+    pub fn validate(&self) -> Result<(), ConfigErrors> {
+        let mut e = Vec::new();
+        if self.server.listen.parse::<SocketAddr>().is_err() {
+            e.push(format!(
+                "server.listen: {:?} is not an address like 127.0.0.1:8787",
+                self.server.listen
+            ));
+        }
+        if self.server.max_body_bytes == 0 {
+            e.push("server.max_body_bytes: must be greater than 0".into());
+        }
+        match reqwest::Url::parse(&self.upstream.base_url) {
+            Ok(u) if u.scheme() == "http" || u.scheme() == "https" => {}
+            _ => e.push(format!(
+                "upstream.base_url: {:?} is not an http(s) URL",
+                self.upstream.base_url
+            )),
+        }
+        if self.upstream.timeout_secs == 0 {
+            e.push("upstream.timeout_secs: must be greater than 0".into());
+        }
+        if self.upstream.connect_timeout_secs == 0 {
+            e.push("upstream.connect_timeout_secs: must be greater than 0".into());
+        }
+        if let Some(k) = &self.upstream.api_key {
+            if k.trim().is_empty() || http::HeaderValue::from_str(&format!("Bearer {k}")).is_err() {
+                e.push("upstream.api_key: must be a non-empty printable string".into());
+            }
+        }
+        if http::HeaderName::from_bytes(self.session.header.as_bytes()).is_err() {
+            e.push(format!(
+                "session.header: {:?} is not a valid header name",
+                self.session.header
+            ));
+        }
+        if self.store.cache_max_bytes == 0 {
+            e.push("store.cache_max_bytes: must be greater than 0".into());
+        }
+        if self.store.backend == StoreBackend::Sqlite && self.store.path.as_os_str().is_empty() {
+            e.push("store.path: must not be empty with backend = \"sqlite\"".into());
+        }
+        if let Some(t) = &self.admin.token {
+            if t.len() < 8 {
+                e.push("admin.token: must be at least 8 characters".into());
+            }
+        }
+        let c = &self.context;
+        for (name, v) in [
+            ("threshold", c.threshold),
+            ("target", c.target),
+            ("hard_limit", c.hard_limit),
+        ] {
+            if !(v > 0.0 && v <= 1.0) {
+                e.push(format!("context.{name}: {v} must be a fraction in (0, 1]"));
+            }
+        }
+        if c.target > c.threshold {
+            e.push(format!(
+                "context.target: {} must not exceed context.threshold ({})",
+                c.target, c.threshold
+            ));
+        }
+        if c.hard_limit < c.threshold {
+            e.push(format!(
+                "context.hard_limit: {} must not be below context.threshold ({})",
+                c.hard_limit, c.threshold
+            ));
+        }
+        if c.default_context_window < 256 {
+            e.push("context.default_context_window: must be at least 256 tokens".into());
+        }
+        if self.prune.keep_run_loops == 0 {
+            e.push("prune.keep_run_loops: must be at least 1 (the current run loop)".into());
+        }
+        if self.prune.max_run_loops < self.prune.keep_run_loops {
+            e.push(format!(
+                "prune.max_run_loops: {} must not be below prune.keep_run_loops ({})",
+                self.prune.max_run_loops, self.prune.keep_run_loops
+            ));
+        }
+        if self.prune.max_message_length < 16 {
+            e.push("prune.max_message_length: must be at least 16 characters".into());
+        }
+        for (pattern, m) in &self.models {
+            if pattern.is_empty() {
+                e.push("models: a model pattern must not be empty".into());
+            }
+            if m.context_window < 256 {
+                e.push(format!(
+                    "models.\"{pattern}\".context_window: must be at least 256 tokens"
+                ));
+            }
+        }
+        if e.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigErrors(e))
+        }
+    }
+
+    /// The listen address (validated by [`Config::validate`]).
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigErrors> {
+        self.server.listen.parse().map_err(|_| {
+            ConfigErrors(vec![format!(
+                "server.listen: {:?} is not an address",
+                self.server.listen
+            )])
+        })
+    }
+
+    /// A copy with every secret replaced by `***`, safe to print or log.
+    pub fn masked(&self) -> Config {
+        let mut c = self.clone();
+        if c.upstream.api_key.is_some() {
+            c.upstream.api_key = Some("***".into());
+        }
+        if c.admin.token.is_some() {
+            c.admin.token = Some("***".into());
+        }
+        c
+    }
+
+    /// The config rendered as TOML (use on a [`Config::masked`] copy when printing).
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+}
+
+/// Overlays `CTXGATE_<SECTION>__<KEY>=value` variables onto the table. Values are read as TOML values when they
+/// parse as one (`8787`, `true`, `0.7`) and as plain strings otherwise.
+fn apply_env(
+    table: &mut toml::Table,
+    env: impl IntoIterator<Item = (String, String)>,
+    errors: &mut Vec<String>,
+) {
+    for (name, value) in env {
+        let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
+        // Variables without `__` (CTXGATE_REQUIRE_EXTERNAL, …) are not config keys.
+        let Some((section, key)) = rest.split_once("__") else {
+            continue;
+        };
+        let section = section.to_ascii_lowercase();
+        let key = key.to_ascii_lowercase();
+        if section.is_empty() || key.is_empty() || key.contains("__") {
+            errors.push(format!(
+                "{name}: environment overrides take the form CTXGATE_<SECTION>__<KEY>"
+            ));
+            continue;
+        }
+        let parsed = format!("v = {value}")
+            .parse::<toml::Table>()
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(value.clone()));
+        let entry = table
+            .entry(section.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        match entry {
+            toml::Value::Table(t) => {
+                t.insert(key, parsed);
+            }
+            _ => errors.push(format!("{name}: `{section}` is not a section")),
+        }
+    }
+}
+
+/// Checks every key on its own against the schema, so that all unknown keys and bad values are reported together.
+fn check_each_key(table: &toml::Table, errors: &mut Vec<String>) {
+    for (section, value) in table {
+        let toml::Value::Table(keys) = value else {
+            let mut one = toml::Table::new();
+            one.insert(section.clone(), value.clone());
+            if let Err(e) = toml::Value::Table(one).try_into::<Config>() {
+                errors.push(format!("{section}: {}", e.message()));
+            }
+            continue;
+        };
+        if keys.is_empty() {
+            let mut one = toml::Table::new();
+            one.insert(section.clone(), value.clone());
+            if let Err(e) = toml::Value::Table(one).try_into::<Config>() {
+                errors.push(format!("{section}: {}", e.message()));
+            }
+        }
+        for (key, v) in keys {
+            let mut inner = toml::Table::new();
+            inner.insert(key.clone(), v.clone());
+            let mut one = toml::Table::new();
+            one.insert(section.clone(), toml::Value::Table(inner));
+            if let Err(e) = toml::Value::Table(one).try_into::<Config>() {
+                let path = if section == "models" {
+                    format!("models.\"{key}\"")
+                } else {
+                    format!("{section}.{key}")
+                };
+                errors.push(format!("{path}: {}", e.message()));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigErrors> {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, text).unwrap();
+        Config::load_from(
+            Some(&p),
+            env.iter().map(|(a, b)| (a.to_string(), b.to_string())),
+        )
+    }
+
+    #[test]
+    fn shipped_default_file_equals_embedded_defaults() {
+        let text = include_str!("../config/ctxgate.toml");
+        assert_eq!(Config::from_toml_str(text).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_key_path() {
+        let err = load(
+            "[server]\nlisten = \"nope\"\nlisen = 1\n[upstream]\ntimeout_secs = \"x\"\n[bogus]\na = 1\n",
+            &[],
+        )
+        .unwrap_err();
+        let all = err.0.join("\n");
+        assert!(all.contains("server.lisen"), "{all}");
+        assert!(all.contains("upstream.timeout_secs"), "{all}");
+        assert!(all.contains("bogus"), "{all}");
+        // semantic problems are reported once the shape is right
+        let err = load(
+            "[server]\nlisten = \"nope\"\n[context]\nthreshold = 1.5\ntarget = 0.9\n",
+            &[],
+        )
+        .unwrap_err();
+        let all = err.0.join("\n");
+        assert!(all.contains("server.listen"), "{all}");
+        assert!(all.contains("context.threshold"), "{all}");
+        assert_eq!(err.0.len(), 2, "{all}");
+    }
+
+    #[test]
+    fn env_overrides_file() {
+        let c = load(
+            "[upstream]\nbase_url = \"http://a.example/v1\"\n",
+            &[
+                ("CTXGATE_UPSTREAM__BASE_URL", "http://b.example/v1"),
+                ("CTXGATE_SERVER__MAX_BODY_BYTES", "1024"),
+                ("CTXGATE_REQUIRE_EXTERNAL", "1"),
+                ("OTHER", "x"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.upstream.base_url, "http://b.example/v1");
+        assert_eq!(c.server.max_body_bytes, 1024);
+        let err = load("", &[("CTXGATE_SERVER__NOPE", "1")]).unwrap_err();
+        assert!(err.0[0].contains("server.nope"), "{:?}", err.0);
+    }
+
+    #[test]
+    fn secrets_are_masked() {
+        let c = load(
+            "[upstream]\napi_key = \"sk-secret\"\n[admin]\ntoken = \"adm-secret-123\"\n",
+            &[],
+        )
+        .unwrap();
+        let shown = c.masked().to_toml();
+        assert!(!shown.contains("sk-secret") && !shown.contains("adm-secret"));
+        assert!(shown.contains("***"));
+    }
+
+    #[test]
+    fn durations_and_models() {
+        let c = load(
+            "[prune]\nmax_age = \"7d\"\n[models.\"my-model*\"]\ncontext_window = 32000\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.prune.max_age, Some(DurationSpec(7 * 86_400)));
+        assert_eq!(c.models["my-model*"].context_window, 32000);
+        assert!(load("[prune]\nmax_age = \"soon\"\n", &[]).is_err());
+        assert!(load("[models.\"x\"]\ncontext_windo = 1\n", &[]).is_err());
+    }
+}

@@ -1,0 +1,147 @@
+//! The one error type of the request path, its exhaustive HTTP status mapping, and OpenAI's error shape.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// Everything that can go wrong while ctxgate itself handles a request.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The client sent something we cannot use.
+    #[error("{message}")]
+    BadRequest {
+        /// Human-readable explanation.
+        message: String,
+        /// The offending parameter, when there is one.
+        param: Option<&'static str>,
+    },
+    /// The request body exceeds `server.max_body_bytes`.
+    #[error("request body exceeds the limit of {limit} bytes (server.max_body_bytes)")]
+    PayloadTooLarge {
+        /// The configured limit.
+        limit: u64,
+    },
+    /// Even the hard limit cannot make the request fit the model's window.
+    #[error("{message}")]
+    ContextLengthExceeded {
+        /// The numbers involved.
+        message: String,
+    },
+    /// The admin API was called without valid credentials.
+    #[error("admin API: missing or invalid bearer token")]
+    Unauthorized,
+    /// The admin API is restricted to loopback peers when no token is configured.
+    #[error("admin API: no [admin] token is configured, so only loopback peers are served")]
+    Forbidden,
+    /// An unknown resource (admin API).
+    #[error("{0}")]
+    NotFound(String),
+    /// The upstream could not be reached or broke the connection.
+    #[error("upstream unreachable: {0}")]
+    UpstreamUnreachable(String),
+    /// The upstream did not answer in time.
+    #[error("upstream timed out after {0} s (upstream.timeout_secs)")]
+    UpstreamTimeout(u64),
+    /// A bug or an unexpected local failure.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl GatewayError {
+    /// Shorthand for a 400 without a parameter.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        GatewayError::BadRequest {
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// The HTTP status this error is answered with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            GatewayError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::ContextLengthExceeded { .. } => StatusCode::BAD_REQUEST,
+            GatewayError::Unauthorized => StatusCode::UNAUTHORIZED,
+            GatewayError::Forbidden => StatusCode::FORBIDDEN,
+            GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
+            GatewayError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
+            GatewayError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            GatewayError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// OpenAI's `error.type`.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            GatewayError::BadRequest { .. }
+            | GatewayError::PayloadTooLarge { .. }
+            | GatewayError::ContextLengthExceeded { .. } => "invalid_request_error",
+            GatewayError::Unauthorized | GatewayError::Forbidden => "authentication_error",
+            GatewayError::NotFound(_) => "not_found_error",
+            GatewayError::UpstreamUnreachable(_) | GatewayError::UpstreamTimeout(_) => {
+                "upstream_error"
+            }
+            GatewayError::Internal(_) => "server_error",
+        }
+    }
+
+    /// OpenAI's `error.code`.
+    pub fn code(&self) -> Option<&'static str> {
+        match self {
+            GatewayError::BadRequest { .. } => None,
+            GatewayError::PayloadTooLarge { .. } => Some("request_too_large"),
+            GatewayError::ContextLengthExceeded { .. } => Some("context_length_exceeded"),
+            GatewayError::Unauthorized => Some("invalid_api_key"),
+            GatewayError::Forbidden => Some("forbidden"),
+            GatewayError::NotFound(_) => Some("not_found"),
+            GatewayError::UpstreamUnreachable(_) => Some("upstream_unreachable"),
+            GatewayError::UpstreamTimeout(_) => Some("upstream_timeout"),
+            GatewayError::Internal(_) => None,
+        }
+    }
+
+    /// The body in OpenAI's `{"error":{message,type,param,code}}` shape.
+    pub fn body(&self) -> serde_json::Value {
+        let param = match self {
+            GatewayError::BadRequest { param, .. } => *param,
+            GatewayError::ContextLengthExceeded { .. } => Some("messages"),
+            _ => None,
+        };
+        json!({"error": {
+            "message": self.to_string(),
+            "type": self.error_type(),
+            "param": param,
+            "code": self.code(),
+        }})
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        (self.status(), axum::Json(self.body())).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_and_shape() {
+        let cases = [
+            (GatewayError::bad_request("x"), 400),
+            (GatewayError::PayloadTooLarge { limit: 1 }, 413),
+            (GatewayError::UpstreamUnreachable("refused".into()), 502),
+            (GatewayError::UpstreamTimeout(5), 504),
+            (GatewayError::Internal("x".into()), 500),
+        ];
+        for (e, code) in cases {
+            assert_eq!(e.status().as_u16(), code);
+            let b = e.body();
+            assert!(b["error"]["message"].is_string());
+            assert!(b["error"]["type"].is_string());
+            assert!(b["error"].get("param").is_some() && b["error"].get("code").is_some());
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! ctxgate: a transparent OpenAI-compatible gateway that keeps every conversation's full history and rewrites what
+//! goes upstream when the context grows too large. See ARCHITECTURE.md for the map.
+
+pub mod app;
+pub mod config;
+pub mod error;
+pub mod mock;
+pub mod pipeline;
+pub mod relay;
+pub mod server;
+pub mod session;
+pub mod sse;
+pub mod upstream;

@@ -1,0 +1,308 @@
+//! An in-process mock of an OpenAI-compatible upstream: records every request's raw bytes and answers from a
+//! script (JSON, SSE with per-chunk delays, HTTP errors, mid-stream errors, stalls). Used by the tests, the
+//! benchmarks and `ctxgate mock-upstream`; it never calls a real provider.
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::Response;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One request as the mock received it.
+#[derive(Debug, Clone)]
+pub struct RecordedRequest {
+    /// HTTP method.
+    pub method: Method,
+    /// Path and query, e.g. `/v1/models?x=1`.
+    pub uri: String,
+    /// Headers as received.
+    pub headers: HeaderMap,
+    /// The raw body bytes.
+    pub body: Bytes,
+}
+
+impl RecordedRequest {
+    /// The body parsed as JSON (`Null` when it is not JSON).
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+/// One scripted reply.
+#[derive(Debug, Clone)]
+pub enum MockReply {
+    /// A whole body.
+    Json {
+        /// HTTP status.
+        status: u16,
+        /// Extra response headers.
+        headers: Vec<(String, String)>,
+        /// The body bytes.
+        body: Bytes,
+        /// Wait before sending the response headers.
+        delay: Duration,
+    },
+    /// An SSE stream, each chunk sent after its delay.
+    Sse {
+        /// Raw chunks with the delay before each.
+        chunks: Vec<(Duration, Bytes)>,
+        /// After the last chunk, keep the connection open without sending anything.
+        stall_after: bool,
+    },
+}
+
+impl MockReply {
+    /// A 200 chat.completion whose message says `text`.
+    pub fn completion(text: &str) -> Self {
+        Self::message(json!({"role": "assistant", "content": text}), "stop")
+    }
+
+    /// A 200 chat.completion carrying `message`.
+    pub fn message(message: Value, finish_reason: &str) -> Self {
+        Self::json(
+            200,
+            json!({
+                "id": "chatcmpl-mock", "object": "chat.completion", "created": 1_700_000_000, "model": "mock-model",
+                "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": null}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+            }),
+        )
+    }
+
+    /// A JSON reply with any status.
+    pub fn json(status: u16, body: Value) -> Self {
+        MockReply::Json {
+            status,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: Bytes::from(body.to_string()),
+            delay: Duration::ZERO,
+        }
+    }
+
+    /// An SSE stream of chat.completion.chunk objects (then `[DONE]`), `delay` before each event.
+    pub fn sse_chunks(chunks: &[Value], delay: Duration) -> Self {
+        let mut out: Vec<(Duration, Bytes)> = chunks
+            .iter()
+            .map(|c| (delay, Bytes::from(format!("data: {c}\n\n"))))
+            .collect();
+        out.push((delay, Bytes::from_static(b"data: [DONE]\n\n")));
+        MockReply::Sse {
+            chunks: out,
+            stall_after: false,
+        }
+    }
+
+    /// An SSE stream that says `pieces` one content delta at a time, with a usage chunk when `usage` is set.
+    pub fn sse_text(pieces: &[&str], usage: bool) -> Self {
+        let mut chunks = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
+        chunks.extend(pieces.iter().map(|p| chunk(json!({"content": p}), None)));
+        chunks.push(chunk(json!({}), Some("stop")));
+        if usage {
+            chunks.push(json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 1_700_000_000,
+                "model": "mock-model", "choices": [],
+                "usage": {"prompt_tokens": 10, "completion_tokens": pieces.len(), "total_tokens": 10 + pieces.len()}}));
+        }
+        Self::sse_chunks(&chunks, Duration::ZERO)
+    }
+
+    /// Adds a delay before the response headers of a JSON reply (or before the first chunk of a stream).
+    pub fn delayed(mut self, d: Duration) -> Self {
+        match &mut self {
+            MockReply::Json { delay, .. } => *delay = d,
+            MockReply::Sse { chunks, .. } => {
+                if let Some(first) = chunks.first_mut() {
+                    first.0 = d;
+                }
+            }
+        }
+        self
+    }
+}
+
+/// A `chat.completion.chunk` with one choice.
+pub fn chunk(delta: Value, finish_reason: Option<&str>) -> Value {
+    json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 1_700_000_000, "model": "mock-model",
+           "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}]})
+}
+
+/// Computes a reply from the request, for replies that depend on what was sent.
+pub type Responder = Arc<dyn Fn(&RecordedRequest) -> Option<MockReply> + Send + Sync>;
+
+#[derive(Default)]
+struct MockState {
+    script: Mutex<VecDeque<MockReply>>,
+    requests: Mutex<Vec<RecordedRequest>>,
+    responder: Mutex<Option<Responder>>,
+    streams_dropped: AtomicUsize,
+}
+
+/// A running mock upstream.
+#[derive(Clone)]
+pub struct MockUpstream {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    state: Arc<MockState>,
+}
+
+impl MockUpstream {
+    /// Starts the mock on `addr` (use port 0 for any free port).
+    pub async fn start_on(addr: SocketAddr) -> std::io::Result<MockUpstream> {
+        let state = Arc::new(MockState::default());
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(state.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(MockUpstream { addr, state })
+    }
+
+    /// Starts the mock on a free loopback port.
+    pub async fn start() -> std::io::Result<MockUpstream> {
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    /// The base URL to configure as `upstream.base_url`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Queues replies, answered in order.
+    pub fn push(&self, reply: MockReply) {
+        self.state.script.lock().push_back(reply);
+    }
+
+    /// Sets a function consulted before the script; `None` from it falls through to the script.
+    pub fn set_responder(&self, f: Responder) {
+        *self.state.responder.lock() = Some(f);
+    }
+
+    /// Every request received so far.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.state.requests.lock().clone()
+    }
+
+    /// How many streamed responses were dropped before they ended (the peer closed the connection).
+    pub fn streams_dropped(&self) -> usize {
+        self.state.streams_dropped.load(Ordering::SeqCst)
+    }
+}
+
+async fn handle(State(state): State<Arc<MockState>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    let rec = RecordedRequest {
+        method: parts.method.clone(),
+        uri: parts.uri.to_string(),
+        headers: parts.headers.clone(),
+        body,
+    };
+    state.requests.lock().push(rec.clone());
+    let responder = state.responder.lock().clone();
+    let reply = responder
+        .and_then(|f| f(&rec))
+        .or_else(|| state.script.lock().pop_front())
+        .unwrap_or_else(|| default_reply(&rec));
+    render(reply, state).await
+}
+
+fn default_reply(rec: &RecordedRequest) -> MockReply {
+    let v = rec.json();
+    if rec.uri.ends_with("/models") {
+        return MockReply::json(
+            200,
+            json!({"object": "list", "data": [{"id": "mock-model", "object": "model", "created": 0, "owned_by": "mock"}]}),
+        );
+    }
+    if v.get("stream").and_then(Value::as_bool) == Some(true) {
+        let usage = v
+            .pointer("/stream_options/include_usage")
+            .and_then(Value::as_bool)
+            == Some(true);
+        MockReply::sse_text(&["mock ", "reply"], usage)
+    } else {
+        MockReply::completion("mock reply")
+    }
+}
+
+struct DropFlag(Arc<MockState>, bool);
+
+impl DropFlag {
+    fn complete(&mut self) {
+        self.1 = true;
+    }
+}
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.streams_dropped.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+async fn render(reply: MockReply, state: Arc<MockState>) -> Response {
+    match reply {
+        MockReply::Json {
+            status,
+            headers,
+            body,
+            delay,
+        } => {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let mut b =
+                Response::builder().status(StatusCode::from_u16(status).unwrap_or(StatusCode::OK));
+            for (k, v) in headers {
+                b = b.header(k, v);
+            }
+            b.body(Body::from(body))
+                .unwrap_or_else(|_| Response::new(Body::empty()))
+        }
+        MockReply::Sse {
+            chunks,
+            stall_after,
+        } => {
+            let flag = DropFlag(state, false);
+            let stream = futures_util::stream::unfold(
+                (chunks.into_iter(), flag),
+                move |(mut it, mut flag)| async move {
+                    match it.next() {
+                        Some((d, b)) => {
+                            if !d.is_zero() {
+                                tokio::time::sleep(d).await;
+                            }
+                            Some((Ok::<Bytes, std::io::Error>(b), (it, flag)))
+                        }
+                        None if stall_after => {
+                            std::future::pending::<()>().await;
+                            None
+                        }
+                        None => {
+                            flag.complete();
+                            None
+                        }
+                    }
+                },
+            );
+            Response::builder()
+                .status(StatusCode::OK)
+                .header("content-type", "text/event-stream")
+                .header("cache-control", "no-cache")
+                .body(Body::from_stream(stream))
+                .unwrap_or_else(|_| Response::new(Body::empty()))
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! Reading and checking a chat request: the body within its size limit, parsed with every field kept in order.
+
+use crate::error::GatewayError;
+use axum::body::Body;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use serde_json::{Map, Value};
+
+/// A parsed chat-completions request. `raw` is what the client sent; it is forwarded as is when no rewrite is
+/// needed.
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    /// The original body bytes.
+    pub raw: Bytes,
+    /// The body, every field kept in its original order.
+    pub body: Map<String, Value>,
+    /// `stream: true` was asked for.
+    pub stream: bool,
+    /// The requested model (empty when absent).
+    pub model: String,
+}
+
+impl ChatRequest {
+    /// Parses and checks the body: a JSON object with a `messages` array.
+    pub fn parse(raw: Bytes) -> Result<Self, GatewayError> {
+        let value: Value = serde_json::from_slice(&raw).map_err(|e| GatewayError::BadRequest {
+            message: format!("request body is not valid JSON: {e}"),
+            param: None,
+        })?;
+        let Value::Object(body) = value else {
+            return Err(GatewayError::bad_request(
+                "request body must be a JSON object",
+            ));
+        };
+        match body.get("messages") {
+            Some(Value::Array(_)) => {}
+            Some(_) => {
+                return Err(GatewayError::BadRequest {
+                    message: "`messages` must be an array of message objects".into(),
+                    param: Some("messages"),
+                })
+            }
+            None => {
+                return Err(GatewayError::BadRequest {
+                    message: "missing required parameter: `messages`".into(),
+                    param: Some("messages"),
+                })
+            }
+        }
+        let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+        let model = body
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        Ok(Self {
+            raw,
+            body,
+            stream,
+            model,
+        })
+    }
+
+    /// The request's messages.
+    pub fn messages(&self) -> &[Value] {
+        self.body
+            .get("messages")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+    }
+}
+
+/// Reads a whole body, refusing more than `limit` bytes with 413.
+pub async fn read_body(body: Body, limit: u64) -> Result<Bytes, GatewayError> {
+    let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
+    match http_body_util::Limited::new(body, limit_usize)
+        .collect()
+        .await
+    {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(GatewayError::PayloadTooLarge { limit })
+        }
+        Err(e) => Err(GatewayError::bad_request(format!(
+            "could not read the request body: {e}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_keeps_order_and_rejects_bad_bodies() {
+        let raw = Bytes::from_static(
+            br#"{"z_unknown":1,"model":"m","messages":[],"stream":true,"a":{"y":1,"x":2}}"#,
+        );
+        let r = ChatRequest::parse(raw).unwrap();
+        assert!(r.stream);
+        let keys: Vec<&String> = r.body.keys().collect();
+        assert_eq!(keys, ["z_unknown", "model", "messages", "stream", "a"]);
+        for bad in [&b"nope"[..], b"[1]", b"{}", br#"{"messages":3}"#] {
+            let e = ChatRequest::parse(Bytes::copy_from_slice(bad)).unwrap_err();
+            assert_eq!(e.status().as_u16(), 400);
+        }
+    }
+}

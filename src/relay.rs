@@ -1,0 +1,234 @@
+//! The response relay: upstream bytes go to the client as they arrive, while a tap beside it assembles the reply.
+//!
+//! The tap runs a finisher (record the turn, log, metrics) exactly once: when the reply is complete — before the
+//! final `[DONE]` event (SSE) or the last body chunk (JSON) is released, so that a turn the client has received
+//! is recorded — or, when the client goes away, from the relay's `Drop` with the partial reply.
+
+use crate::sse::{AssembledReply, MessageAssembler, SseParser};
+use bytes::{Bytes, BytesMut};
+use futures_util::future::BoxFuture;
+use futures_util::stream::{BoxStream, Stream, StreamExt};
+use std::time::{Duration, Instant};
+
+/// How a relayed reply ended.
+#[derive(Debug, Clone)]
+pub struct RelayOutcome {
+    /// The assembled reply (partial unless `reply.complete`).
+    pub reply: AssembledReply,
+    /// The client went away before the end.
+    pub client_disconnected: bool,
+    /// The upstream body failed or stalled (message for logs; never content).
+    pub upstream_error: Option<String>,
+    /// Body bytes relayed to the client.
+    pub bytes: u64,
+    /// When the first body byte arrived from the upstream.
+    pub first_byte_at: Option<Instant>,
+}
+
+/// Work to run once when the reply ends; its future is awaited before the last bytes are released.
+pub type Finisher = Box<dyn FnOnce(RelayOutcome) -> BoxFuture<'static, ()> + Send>;
+
+/// Largest non-streaming body the tap keeps for assembling (bigger bodies are relayed but not assembled).
+const MAX_TAPPED_JSON: usize = 64 * 1024 * 1024;
+
+enum Tap {
+    Sse {
+        parser: SseParser,
+        assembler: MessageAssembler,
+    },
+    Json {
+        buf: BytesMut,
+        overflow: bool,
+    },
+}
+
+impl Tap {
+    /// Feeds a chunk; returns true when it ended the reply (`[DONE]`).
+    fn feed(&mut self, chunk: &[u8]) -> bool {
+        match self {
+            Tap::Sse { parser, assembler } => {
+                let mut done = false;
+                for ev in parser.feed(chunk) {
+                    assembler.on_event_data(&ev.data);
+                    done |= ev.data.trim() == "[DONE]";
+                }
+                done
+            }
+            Tap::Json { buf, overflow } => {
+                if !*overflow {
+                    if buf.len() + chunk.len() > MAX_TAPPED_JSON {
+                        *overflow = true;
+                        buf.clear();
+                    } else {
+                        buf.extend_from_slice(chunk);
+                    }
+                }
+                false
+            }
+        }
+    }
+
+    fn reply(&mut self) -> AssembledReply {
+        match self {
+            Tap::Sse { parser, assembler } => {
+                if let Some(ev) = parser.finish() {
+                    assembler.on_event_data(&ev.data);
+                }
+                assembler.finish()
+            }
+            Tap::Json { buf, .. } => MessageAssembler::from_completion_body(buf),
+        }
+    }
+}
+
+struct Relay {
+    upstream: BoxStream<'static, Result<Bytes, reqwest::Error>>,
+    tap: Tap,
+    finisher: Option<Finisher>,
+    idle: Duration,
+    held: Option<Bytes>,
+    ended: bool,
+    bytes: u64,
+    first_byte_at: Option<Instant>,
+}
+
+impl Relay {
+    async fn finish(&mut self, upstream_error: Option<String>) {
+        if let Some(f) = self.finisher.take() {
+            let outcome = self.outcome(false, upstream_error);
+            // Spawned so that it completes even if the client goes away while we wait for it.
+            let _ = tokio::spawn(f(outcome)).await;
+        }
+    }
+
+    fn outcome(
+        &mut self,
+        client_disconnected: bool,
+        upstream_error: Option<String>,
+    ) -> RelayOutcome {
+        RelayOutcome {
+            reply: self.tap.reply(),
+            client_disconnected,
+            upstream_error,
+            bytes: self.bytes,
+            first_byte_at: self.first_byte_at,
+        }
+    }
+
+    async fn next_chunk(&mut self) -> Option<Result<Bytes, std::io::Error>> {
+        loop {
+            if self.ended {
+                return self.held.take().map(Ok);
+            }
+            match tokio::time::timeout(self.idle, self.upstream.next()).await {
+                Ok(Some(Ok(chunk))) => {
+                    self.first_byte_at.get_or_insert_with(Instant::now);
+                    self.bytes += chunk.len() as u64;
+                    let done = self.tap.feed(&chunk);
+                    match self.tap {
+                        Tap::Sse { .. } => {
+                            if done {
+                                self.finish(None).await;
+                            }
+                            return Some(Ok(chunk));
+                        }
+                        Tap::Json { .. } => {
+                            // Hold one chunk back so the last one is released only after the finisher ran.
+                            if let Some(prev) = self.held.replace(chunk) {
+                                return Some(Ok(prev));
+                            }
+                        }
+                    }
+                }
+                Ok(None) => {
+                    self.ended = true;
+                    self.finish(None).await;
+                }
+                Ok(Some(Err(e))) => {
+                    self.ended = true;
+                    self.held = None;
+                    let msg = format!("upstream body failed: {e}");
+                    self.finish(Some(msg.clone())).await;
+                    return Some(Err(std::io::Error::other(msg)));
+                }
+                Err(_) => {
+                    self.ended = true;
+                    self.held = None;
+                    let msg = format!("upstream body stalled for {} s", self.idle.as_secs());
+                    self.finish(Some(msg.clone())).await;
+                    return Some(Err(std::io::Error::new(std::io::ErrorKind::TimedOut, msg)));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        // The client went away (or the body was dropped) before the reply ended: record what we have.
+        if let Some(f) = self.finisher.take() {
+            let outcome = self.outcome(true, None);
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(f(outcome));
+            }
+        }
+    }
+}
+
+/// Relays `upstream` to the client with a tap: SSE when `sse`, a whole JSON body otherwise. Dropping the returned
+/// stream drops the upstream response (its connection is closed at once) and runs the finisher with the partial
+/// reply.
+pub fn relay(
+    upstream: BoxStream<'static, Result<Bytes, reqwest::Error>>,
+    sse: bool,
+    idle: Duration,
+    finisher: Finisher,
+) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    let tap = if sse {
+        Tap::Sse {
+            parser: SseParser::new(),
+            assembler: MessageAssembler::new(),
+        }
+    } else {
+        Tap::Json {
+            buf: BytesMut::new(),
+            overflow: false,
+        }
+    };
+    let state = Relay {
+        upstream,
+        tap,
+        finisher: Some(finisher),
+        idle,
+        held: None,
+        ended: false,
+        bytes: 0,
+        first_byte_at: None,
+    };
+    futures_util::stream::unfold(state, |mut s| async move {
+        let item = s.next_chunk().await?;
+        Some((item, s))
+    })
+}
+
+/// Relays a passthrough body with the same idle timeout and no tap.
+pub fn passthrough(
+    upstream: BoxStream<'static, Result<Bytes, reqwest::Error>>,
+    idle: Duration,
+) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    futures_util::stream::unfold(Some(upstream), move |s| async move {
+        let mut s = s?;
+        match tokio::time::timeout(idle, s.next()).await {
+            Ok(Some(Ok(b))) => Some((Ok(b), Some(s))),
+            Ok(Some(Err(e))) => Some((Err(std::io::Error::other(e)), None)),
+            Ok(None) => None,
+            Err(_) => Some((
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "upstream body stalled",
+                )),
+                None,
+            )),
+        }
+    })
+}

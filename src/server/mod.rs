@@ -1,0 +1,115 @@
+//! The HTTP front: router, thin handlers, `/healthz`, the `/v1/*` passthrough, and serving with graceful shutdown.
+
+mod passthrough;
+
+use crate::app::AppState;
+use crate::error::GatewayError;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use axum::Router;
+use std::future::{Future, IntoFuture};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The gateway's routes.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/{*rest}", any(passthrough::handle))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn chat(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    crate::pipeline::chat(state, req).await
+}
+
+async fn not_found(req: Request) -> Response {
+    GatewayError::NotFound(format!(
+        "no route for {} {}",
+        req.method(),
+        req.uri().path()
+    ))
+    .into_response()
+}
+
+/// A gateway bound to its socket, ready to serve.
+pub struct Server {
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+}
+
+impl Server {
+    /// Binds the listener (port 0 picks a free port).
+    pub async fn bind(state: Arc<AppState>, addr: SocketAddr) -> std::io::Result<Server> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        Ok(Server { listener, state })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting and gives in-flight requests and streams up to
+    /// `server.shutdown_grace_secs` to finish.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let grace = Duration::from_secs(self.state.config.server.shutdown_grace_secs);
+        let app = router(self.state.clone()).into_make_service_with_connect_info::<SocketAddr>();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+        let serve = axum::serve(self.listener, app).with_graceful_shutdown(async move {
+            shutdown.await;
+            let _ = stopped_tx.send(());
+            let _ = rx.await;
+        });
+        let mut serve = std::pin::pin!(serve.into_future());
+        tokio::select! {
+            r = &mut serve => return r,
+            _ = stopped_rx => {}
+        }
+        tracing::info!(
+            grace_secs = grace.as_secs(),
+            "shutting down: no new connections, waiting for in-flight requests"
+        );
+        let _ = tx.send(());
+        match tokio::time::timeout(grace, serve).await {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::warn!(
+                    grace_secs = grace.as_secs(),
+                    "grace period over: closing remaining connections"
+                );
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

@@ -1,0 +1,358 @@
+//! Assembles the assistant message from chat-completion chunks (streaming) or a whole completion body.
+
+use serde_json::{json, Map, Value};
+
+/// What the upstream answered, reduced to the assistant message and its metadata.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct AssembledReply {
+    /// The assistant message as an OpenAI message object (`role`, `content`, and `tool_calls`/`refusal` when any).
+    pub message: Value,
+    /// `finish_reason` of the first choice.
+    pub finish_reason: Option<String>,
+    /// The `usage` object, when the upstream sent one.
+    pub usage: Option<Value>,
+    /// The completion's `id`.
+    pub id: Option<String>,
+    /// The `model` the upstream reported.
+    pub model: Option<String>,
+    /// An `error` object sent by the upstream (inside a 200 stream, or as an error body).
+    pub error: Option<Value>,
+    /// The reply ended properly: `[DONE]` or a `finish_reason` was seen, or a whole JSON body was parsed.
+    pub complete: bool,
+    /// Number of `data:` events that carried a chunk.
+    pub chunks: usize,
+}
+
+impl AssembledReply {
+    /// `usage.prompt_tokens`, when reported.
+    pub fn prompt_tokens(&self) -> Option<u64> {
+        self.usage.as_ref()?.get("prompt_tokens")?.as_u64()
+    }
+
+    /// `usage.completion_tokens`, when reported.
+    pub fn completion_tokens(&self) -> Option<u64> {
+        self.usage.as_ref()?.get("completion_tokens")?.as_u64()
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+struct ToolCallAcc {
+    id: String,
+    kind: String,
+    name: String,
+    arguments: String,
+}
+
+/// Accumulates chunk deltas of the first choice (`index` 0) into one assistant message.
+#[derive(Debug, Default)]
+pub struct MessageAssembler {
+    role: Option<String>,
+    content: Option<String>,
+    refusal: Option<String>,
+    /// Tool calls in order of first appearance, keyed by their `index`.
+    tool_calls: Vec<(u64, ToolCallAcc)>,
+    function_call: Option<ToolCallAcc>,
+    finish_reason: Option<String>,
+    usage: Option<Value>,
+    id: Option<String>,
+    model: Option<String>,
+    error: Option<Value>,
+    done: bool,
+    chunks: usize,
+}
+
+impl MessageAssembler {
+    /// A fresh assembler.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feeds the `data` of one SSE event.
+    pub fn on_event_data(&mut self, data: &str) {
+        let trimmed = data.trim();
+        if trimmed == "[DONE]" {
+            self.done = true;
+            return;
+        }
+        if trimmed.is_empty() {
+            return;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(trimmed) else {
+            return;
+        };
+        self.on_chunk(&v);
+    }
+
+    /// Feeds one parsed chunk object.
+    pub fn on_chunk(&mut self, v: &Value) {
+        self.chunks += 1;
+        if let Some(err) = v.get("error") {
+            self.error = Some(err.clone());
+            return;
+        }
+        if self.id.is_none() {
+            self.id = v.get("id").and_then(Value::as_str).map(str::to_string);
+        }
+        if self.model.is_none() {
+            self.model = v.get("model").and_then(Value::as_str).map(str::to_string);
+        }
+        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+            self.usage = Some(u.clone());
+        }
+        let Some(choices) = v.get("choices").and_then(Value::as_array) else {
+            return;
+        };
+        for choice in choices {
+            if choice.get("index").and_then(Value::as_u64).unwrap_or(0) != 0 {
+                continue;
+            }
+            if let Some(fr) = choice.get("finish_reason").and_then(Value::as_str) {
+                self.finish_reason = Some(fr.to_string());
+            }
+            if let Some(delta) = choice.get("delta") {
+                self.on_delta(delta);
+            }
+        }
+    }
+
+    fn on_delta(&mut self, delta: &Value) {
+        if let Some(r) = delta.get("role").and_then(Value::as_str) {
+            self.role = Some(r.to_string());
+        }
+        if let Some(c) = delta.get("content").and_then(Value::as_str) {
+            self.content.get_or_insert_with(String::new).push_str(c);
+        }
+        if let Some(c) = delta.get("refusal").and_then(Value::as_str) {
+            self.refusal.get_or_insert_with(String::new).push_str(c);
+        }
+        if let Some(fc) = delta.get("function_call") {
+            merge_function(self.function_call.get_or_insert_with(Default::default), fc);
+        }
+        let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) else {
+            return;
+        };
+        for (pos, call) in calls.iter().enumerate() {
+            // `index` is required by the spec; fall back to the position for lenient upstreams.
+            let index = call
+                .get("index")
+                .and_then(Value::as_u64)
+                .unwrap_or(pos as u64);
+            let acc = match self.tool_calls.iter().position(|(i, _)| *i == index) {
+                Some(p) => &mut self.tool_calls[p].1,
+                None => {
+                    self.tool_calls.push((index, ToolCallAcc::default()));
+                    let last = self.tool_calls.len() - 1;
+                    &mut self.tool_calls[last].1
+                }
+            };
+            if let Some(id) = call.get("id").and_then(Value::as_str) {
+                if acc.id.is_empty() {
+                    acc.id = id.to_string();
+                }
+            }
+            if let Some(t) = call.get("type").and_then(Value::as_str) {
+                acc.kind = t.to_string();
+            }
+            if let Some(f) = call.get("function") {
+                merge_function(acc, f);
+            }
+        }
+    }
+
+    /// Parses a whole (non-streaming) chat.completion body.
+    pub fn from_completion_body(body: &[u8]) -> AssembledReply {
+        let Ok(v) = serde_json::from_slice::<Value>(body) else {
+            return AssembledReply::default();
+        };
+        if let Some(err) = v.get("error") {
+            return AssembledReply {
+                error: Some(err.clone()),
+                ..Default::default()
+            };
+        }
+        let choice = v
+            .get("choices")
+            .and_then(Value::as_array)
+            .and_then(|c| c.first());
+        AssembledReply {
+            message: choice
+                .and_then(|c| c.get("message"))
+                .cloned()
+                .unwrap_or(Value::Null),
+            finish_reason: choice
+                .and_then(|c| c.get("finish_reason"))
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            usage: v.get("usage").filter(|u| u.is_object()).cloned(),
+            id: v.get("id").and_then(Value::as_str).map(str::to_string),
+            model: v.get("model").and_then(Value::as_str).map(str::to_string),
+            error: None,
+            complete: choice.is_some(),
+            chunks: 0,
+        }
+    }
+
+    /// The message assembled so far (also valid for a stream cut short).
+    pub fn finish(&self) -> AssembledReply {
+        let mut m = Map::new();
+        m.insert(
+            "role".into(),
+            Value::String(self.role.clone().unwrap_or_else(|| "assistant".into())),
+        );
+        m.insert(
+            "content".into(),
+            self.content
+                .clone()
+                .map(Value::String)
+                .unwrap_or(Value::Null),
+        );
+        if let Some(r) = &self.refusal {
+            m.insert("refusal".into(), Value::String(r.clone()));
+        }
+        if !self.tool_calls.is_empty() {
+            let calls: Vec<Value> = self
+                .tool_calls
+                .iter()
+                .map(|(_, c)| {
+                    json!({
+                        "id": c.id,
+                        "type": if c.kind.is_empty() { "function" } else { c.kind.as_str() },
+                        "function": {"name": c.name, "arguments": c.arguments},
+                    })
+                })
+                .collect();
+            m.insert("tool_calls".into(), Value::Array(calls));
+        }
+        if let Some(fc) = &self.function_call {
+            m.insert(
+                "function_call".into(),
+                json!({"name": fc.name, "arguments": fc.arguments}),
+            );
+        }
+        AssembledReply {
+            message: Value::Object(m),
+            finish_reason: self.finish_reason.clone(),
+            usage: self.usage.clone(),
+            id: self.id.clone(),
+            model: self.model.clone(),
+            error: self.error.clone(),
+            complete: self.done || (self.finish_reason.is_some() && self.error.is_none()),
+            chunks: self.chunks,
+        }
+    }
+}
+
+fn merge_function(acc: &mut ToolCallAcc, f: &Value) {
+    if let Some(n) = f.get("name").and_then(Value::as_str) {
+        // Names normally arrive once; some upstreams repeat the whole name in every delta.
+        if acc.name != n {
+            acc.name.push_str(n);
+        }
+    }
+    if let Some(a) = f.get("arguments").and_then(Value::as_str) {
+        acc.arguments.push_str(a);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed(events: &[Value]) -> AssembledReply {
+        let mut a = MessageAssembler::new();
+        for e in events {
+            a.on_event_data(&e.to_string());
+        }
+        a.on_event_data("[DONE]");
+        a.finish()
+    }
+
+    fn chunk(delta: Value, finish: Option<&str>) -> Value {
+        json!({"id":"c1","object":"chat.completion.chunk","created":1,"model":"m",
+               "choices":[{"index":0,"delta":delta,"finish_reason":finish}]})
+    }
+
+    #[test]
+    fn content_and_usage() {
+        let r = feed(&[
+            chunk(json!({"role":"assistant","content":""}), None),
+            chunk(json!({"content":"Hel"}), None),
+            chunk(json!({"content":"lo"}), Some("stop")),
+            json!({"id":"c1","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}),
+        ]);
+        assert_eq!(r.message, json!({"role":"assistant","content":"Hello"}));
+        assert_eq!(r.finish_reason.as_deref(), Some("stop"));
+        assert_eq!(r.prompt_tokens(), Some(5));
+        assert!(r.complete);
+    }
+
+    #[test]
+    fn interleaved_parallel_tool_calls_in_pieces() {
+        let r = feed(&[
+            chunk(
+                json!({"role":"assistant","content":null,"tool_calls":[
+                {"index":0,"id":"call_a","type":"function","function":{"name":"read","arguments":""}}]}),
+                None,
+            ),
+            chunk(
+                json!({"tool_calls":[
+                {"index":1,"id":"call_b","type":"function","function":{"name":"grep","arguments":"{\"q\""}}]}),
+                None,
+            ),
+            chunk(
+                json!({"tool_calls":[{"index":0,"function":{"arguments":"{\"path\":"}}]}),
+                None,
+            ),
+            chunk(
+                json!({"tool_calls":[{"index":1,"function":{"arguments":":1}"}}]}),
+                None,
+            ),
+            chunk(
+                json!({"tool_calls":[{"index":0,"function":{"arguments":"\"a\"}"}}]}),
+                Some("tool_calls"),
+            ),
+        ]);
+        assert_eq!(
+            r.message["tool_calls"],
+            json!([
+                {"id":"call_a","type":"function","function":{"name":"read","arguments":"{\"path\":\"a\"}"}},
+                {"id":"call_b","type":"function","function":{"name":"grep","arguments":"{\"q\":1}"}},
+            ])
+        );
+        assert_eq!(r.finish_reason.as_deref(), Some("tool_calls"));
+    }
+
+    #[test]
+    fn whole_call_in_one_delta_and_refusal() {
+        let r = feed(&[
+            chunk(
+                json!({"role":"assistant","tool_calls":[
+                {"index":0,"id":"x","type":"function","function":{"name":"f","arguments":"{}"}}]}),
+                None,
+            ),
+            chunk(json!({"refusal":"no"}), Some("stop")),
+        ]);
+        assert_eq!(r.message["tool_calls"][0]["function"]["arguments"], "{}");
+        assert_eq!(r.message["refusal"], "no");
+    }
+
+    #[test]
+    fn error_inside_stream_and_cut_stream() {
+        let mut a = MessageAssembler::new();
+        a.on_event_data(&chunk(json!({"content":"par"}), None).to_string());
+        let partial = a.finish();
+        assert!(!partial.complete);
+        assert_eq!(partial.message["content"], "par");
+        a.on_event_data(r#"{"error":{"message":"overloaded","type":"server_error"}}"#);
+        assert_eq!(a.finish().error.unwrap()["message"], "overloaded");
+    }
+
+    #[test]
+    fn whole_body() {
+        let body = json!({"id":"x","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3}});
+        let r = MessageAssembler::from_completion_body(body.to_string().as_bytes());
+        assert_eq!(r.message["content"], "hi");
+        assert!(r.complete);
+        assert_eq!(r.prompt_tokens(), Some(3));
+    }
+}

@@ -1,0 +1,198 @@
+//! The one HTTP client towards the LLM API: URL mapping, header filtering, timeouts and error mapping.
+
+use crate::config::UpstreamConfig;
+use crate::error::GatewayError;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use std::time::Duration;
+
+/// Headers that belong to one hop and are never forwarded (RFC 9110 §7.6.1), plus `host`.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+];
+
+/// The upstream LLM API.
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    client: reqwest::Client,
+    base: String,
+    api_key: Option<HeaderValue>,
+    timeout: Duration,
+}
+
+impl Upstream {
+    /// Builds the client: rustls, no decompression, no system proxy, no redirects, `TCP_NODELAY`.
+    pub fn new(cfg: &UpstreamConfig) -> Result<Self, GatewayError> {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(cfg.connect_timeout_secs))
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build()
+            .map_err(|e| GatewayError::Internal(format!("cannot build HTTP client: {e}")))?;
+        let api_key = match &cfg.api_key {
+            Some(k) => Some(HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| {
+                GatewayError::Internal("upstream.api_key is not a valid header value".into())
+            })?),
+            None => None,
+        };
+        Ok(Self {
+            client,
+            base: cfg.base_url.trim_end_matches('/').to_string(),
+            api_key,
+            timeout: Duration::from_secs(cfg.timeout_secs),
+        })
+    }
+
+    /// The timeout for response headers and between body chunks.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// `<base_url>/<rest>?<query>` for a request to `/v1/<rest>`.
+    pub fn url(&self, rest: &str, query: Option<&str>) -> String {
+        let rest = rest.trim_start_matches('/');
+        match query {
+            Some(q) if !q.is_empty() => format!("{}/{rest}?{q}", self.base),
+            _ => format!("{}/{rest}", self.base),
+        }
+    }
+
+    /// The client's headers as they go upstream: hop-by-hop headers removed, the configured API key added when
+    /// the client sent no Authorization. For chat requests (`chat = true`) the body is sent from memory, so
+    /// `content-length` is recomputed, and `accept-encoding` is dropped so that the answer can be read.
+    pub fn request_headers(&self, incoming: &HeaderMap, chat: bool) -> HeaderMap {
+        let mut out = strip_hop_by_hop(incoming);
+        if chat {
+            out.remove(header::CONTENT_LENGTH);
+            out.remove(header::ACCEPT_ENCODING);
+        }
+        if !out.contains_key(header::AUTHORIZATION) {
+            if let Some(k) = &self.api_key {
+                out.insert(header::AUTHORIZATION, k.clone());
+            }
+        }
+        out
+    }
+
+    /// Sends a request and waits (at most `timeout_secs`) for the response headers.
+    pub async fn send(
+        &self,
+        method: http::Method,
+        url: &str,
+        headers: HeaderMap,
+        body: reqwest::Body,
+    ) -> Result<reqwest::Response, GatewayError> {
+        let req = self.client.request(method, url).headers(headers).body(body);
+        match tokio::time::timeout(self.timeout, req.send()).await {
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) => Err(map_reqwest_error(&e, self.timeout)),
+            Err(_) => Err(GatewayError::UpstreamTimeout(self.timeout.as_secs())),
+        }
+    }
+}
+
+/// Maps a client error to 502 or 504, without the URL (which could carry secrets in a query).
+pub fn map_reqwest_error(e: &reqwest::Error, timeout: Duration) -> GatewayError {
+    if e.is_timeout() {
+        return GatewayError::UpstreamTimeout(timeout.as_secs());
+    }
+    let kind = if e.is_connect() {
+        "connection failed"
+    } else if e.is_request() {
+        "request failed"
+    } else if e.is_body() {
+        "body transfer failed"
+    } else {
+        "protocol error"
+    };
+    let mut msg = kind.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        msg = format!("{kind}: {s}");
+        src = s.source();
+    }
+    GatewayError::UpstreamUnreachable(msg)
+}
+
+/// Removes hop-by-hop headers, including those the `Connection` header names.
+pub fn strip_hop_by_hop(h: &HeaderMap) -> HeaderMap {
+    let mut named: Vec<HeaderName> = Vec::new();
+    for v in h.get_all(header::CONNECTION) {
+        if let Ok(s) = v.to_str() {
+            named.extend(
+                s.split(',')
+                    .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok()),
+            );
+        }
+    }
+    let mut out = HeaderMap::with_capacity(h.len());
+    for (k, v) in h {
+        if HOP_BY_HOP.contains(&k.as_str()) || named.contains(k) {
+            continue;
+        }
+        out.append(k.clone(), v.clone());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn up(key: Option<&str>) -> Upstream {
+        Upstream::new(&UpstreamConfig {
+            base_url: "http://u.example/v1/".into(),
+            api_key: key.map(str::to_string),
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn urls() {
+        let u = up(None);
+        assert_eq!(u.url("models", None), "http://u.example/v1/models");
+        assert_eq!(
+            u.url("/files/f1/content", Some("a=1&b=2")),
+            "http://u.example/v1/files/f1/content?a=1&b=2"
+        );
+    }
+
+    #[test]
+    fn headers() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", HeaderValue::from_static("keep-alive, x-drop"));
+        h.insert("x-drop", HeaderValue::from_static("1"));
+        h.insert("x-keep", HeaderValue::from_static("1"));
+        h.insert("host", HeaderValue::from_static("gw"));
+        h.insert("accept-encoding", HeaderValue::from_static("gzip"));
+        h.insert("content-length", HeaderValue::from_static("10"));
+        let out = up(Some("sk-conf")).request_headers(&h, true);
+        assert!(out.get("x-drop").is_none() && out.get("host").is_none());
+        assert!(out.get("connection").is_none() && out.get("accept-encoding").is_none());
+        assert_eq!(out["x-keep"], "1");
+        assert_eq!(out["authorization"], "Bearer sk-conf");
+        let pass = up(Some("sk-conf")).request_headers(&h, false);
+        assert_eq!(pass["accept-encoding"], "gzip");
+        assert_eq!(pass["content-length"], "10");
+        // the client's own Authorization wins
+        h.insert(
+            "authorization",
+            HeaderValue::from_static("Bearer sk-client"),
+        );
+        assert_eq!(
+            up(Some("sk-conf")).request_headers(&h, true)["authorization"],
+            "Bearer sk-client"
+        );
+    }
+}
