@@ -625,7 +625,7 @@ mod tests {
         let all = err.0.join("\n");
         assert!(all.contains("server.listen"), "{all}");
         assert!(all.contains("context.threshold"), "{all}");
-        assert_eq!(err.0.len(), 2, "{all}");
+        assert_eq!(err.0.len(), 3, "{all}"); // listen, threshold, and hard_limit < threshold
     }
 
     #[test]

@@ -32,21 +32,16 @@ pub type Finisher = Box<dyn FnOnce(RelayOutcome) -> BoxFuture<'static, ()> + Sen
 const MAX_TAPPED_JSON: usize = 64 * 1024 * 1024;
 
 enum Tap {
-    Sse {
-        parser: SseParser,
-        assembler: MessageAssembler,
-    },
-    Json {
-        buf: BytesMut,
-        overflow: bool,
-    },
+    Sse(Box<(SseParser, MessageAssembler)>),
+    Json { buf: BytesMut, overflow: bool },
 }
 
 impl Tap {
     /// Feeds a chunk; returns true when it ended the reply (`[DONE]`).
     fn feed(&mut self, chunk: &[u8]) -> bool {
         match self {
-            Tap::Sse { parser, assembler } => {
+            Tap::Sse(sse) => {
+                let (parser, assembler) = &mut **sse;
                 let mut done = false;
                 for ev in parser.feed(chunk) {
                     assembler.on_event_data(&ev.data);
@@ -70,7 +65,8 @@ impl Tap {
 
     fn reply(&mut self) -> AssembledReply {
         match self {
-            Tap::Sse { parser, assembler } => {
+            Tap::Sse(sse) => {
+                let (parser, assembler) = &mut **sse;
                 if let Some(ev) = parser.finish() {
                     assembler.on_event_data(&ev.data);
                 }
@@ -126,7 +122,7 @@ impl Relay {
                     self.bytes += chunk.len() as u64;
                     let done = self.tap.feed(&chunk);
                     match self.tap {
-                        Tap::Sse { .. } => {
+                        Tap::Sse(_) => {
                             if done {
                                 self.finish(None).await;
                             }
@@ -185,10 +181,7 @@ pub fn relay(
     finisher: Finisher,
 ) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
     let tap = if sse {
-        Tap::Sse {
-            parser: SseParser::new(),
-            assembler: MessageAssembler::new(),
-        }
+        Tap::Sse(Box::new((SseParser::new(), MessageAssembler::new())))
     } else {
         Tap::Json {
             buf: BytesMut::new(),

@@ -1,0 +1,96 @@
+//! Test harness: the real gateway on port 0 in front of the in-process mock upstream.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use ctxgate::app::{AppState, TurnEvent};
+use ctxgate::config::{Config, StoreBackend};
+use ctxgate::mock::MockUpstream;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub struct Harness {
+    pub mock: MockUpstream,
+    pub addr: SocketAddr,
+    pub state: Arc<AppState>,
+    pub client: reqwest::Client,
+    pub turns: tokio::sync::broadcast::Receiver<TurnEvent>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    pub server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+/// A config for tests: in-memory store, the given upstream.
+pub fn test_config(base_url: &str) -> Config {
+    let mut c = Config::default();
+    c.upstream.base_url = base_url.to_string();
+    c.server.listen = "127.0.0.1:0".into();
+    c.store.backend = StoreBackend::Memory;
+    c
+}
+
+impl Harness {
+    pub async fn start() -> Harness {
+        Self::start_with(|_| {}).await
+    }
+
+    pub async fn start_with(f: impl FnOnce(&mut Config)) -> Harness {
+        let mock = MockUpstream::start().await.unwrap();
+        let mut cfg = test_config(&mock.base_url());
+        f(&mut cfg);
+        Self::start_config(mock, cfg).await
+    }
+
+    pub async fn start_config(mock: MockUpstream, cfg: Config) -> Harness {
+        let state = AppState::new(cfg).unwrap();
+        let turns = state.turns.subscribe();
+        let server = ctxgate::server::Server::bind(state.clone(), "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let addr = server.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let handle = tokio::spawn(server.run(async move {
+            let _ = rx.await;
+        }));
+        Harness {
+            mock,
+            addr,
+            state,
+            client: reqwest::Client::builder().no_proxy().build().unwrap(),
+            turns,
+            shutdown: Some(tx),
+            server: Some(handle),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub async fn post_chat(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {
+        self.client
+            .post(self.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .header("authorization", "Bearer sk-test-a")
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// The next finished turn (waits up to 5 s).
+    pub async fn next_turn(&mut self) -> TurnEvent {
+        tokio::time::timeout(Duration::from_secs(5), self.turns.recv())
+            .await
+            .expect("no turn finished within 5 s")
+            .unwrap()
+    }
+
+    /// Stops the server gracefully and waits for it.
+    pub async fn stop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(h) = self.server.take() {
+            let _ = h.await;
+        }
+    }
+}
