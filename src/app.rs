@@ -3,9 +3,12 @@
 use crate::config::Config;
 use crate::error::GatewayError;
 use crate::relay::RelayOutcome;
+use crate::session::Sessions;
 use crate::upstream::Upstream;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::broadcast;
+use tokio_util::task::TaskTracker;
 
 /// A finished chat turn, as seen by the tap (for recording, metrics and tests).
 #[derive(Debug, Clone)]
@@ -26,17 +29,59 @@ pub struct AppState {
     pub upstream: Upstream,
     /// Every finished chat turn is announced here.
     pub turns: broadcast::Sender<TurnEvent>,
+    /// Session histories: cache over the durable store.
+    pub sessions: Arc<Sessions>,
+    /// Work that must finish even when its client is gone (recording turns); drained on shutdown.
+    pub tasks: TaskTracker,
 }
 
 impl AppState {
     /// Builds the state from a validated config.
     pub fn new(config: Config) -> Result<Arc<Self>, GatewayError> {
         let upstream = Upstream::new(&config.upstream)?;
+        let store = crate::store::open(&config.store)
+            .map_err(|e| GatewayError::Internal(format!("cannot open the store: {e}")))?;
+        let sessions = Arc::new(Sessions::new(store, config.store.cache_max_bytes));
         let (turns, _) = broadcast::channel(1024);
+        let tasks = TaskTracker::new();
+        if config.store.retention_days > 0 {
+            spawn_retention(sessions.clone(), config.store.retention_days);
+        }
         Ok(Arc::new(Self {
             config: Arc::new(config),
             upstream,
             turns,
+            sessions,
+            tasks,
         }))
     }
+
+    /// Waits for background work (turn recording) and for every queued store write to be committed.
+    pub async fn drain(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
+        if let Err(e) = self.sessions.flush().await {
+            tracing::error!(error = %e, "store: could not flush queued writes on shutdown");
+        }
+    }
+}
+
+/// Purges idle sessions an hour apart (the first time a minute after start).
+/// Not tracked for draining: it loops forever and ends with the runtime.
+fn spawn_retention(sessions: Arc<Sessions>, days: u64) {
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        loop {
+            match sessions.purge_idle(days).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    purged = n,
+                    retention_days = days,
+                    "store: purged idle sessions"
+                ),
+                Err(e) => tracing::warn!(error = %e, "store: retention purge failed"),
+            }
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+    });
 }

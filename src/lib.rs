@@ -10,4 +10,5 @@ pub mod relay;
 pub mod server;
 pub mod session;
 pub mod sse;
+pub mod store;
 pub mod upstream;

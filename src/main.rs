@@ -1,4 +1,4 @@
-//! The `ctxgate` command line: `serve`, `check-config`, `mock-upstream`.
+//! The `ctxgate` command line: `serve`, `check-config`, `sessions`, `mock-upstream`.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -39,12 +39,86 @@ enum Command {
         /// Config file to check.
         path: PathBuf,
     },
+    /// Inspect or delete stored sessions (reads the same store as the gateway).
+    Sessions {
+        #[command(subcommand)]
+        action: SessionsAction,
+        /// Config file naming the store.
+        #[arg(long, value_name = "PATH", global = true)]
+        config: Option<PathBuf>,
+    },
     /// Run the in-repo mock OpenAI upstream (for trying ctxgate and for client tests; never calls a provider).
     MockUpstream {
         /// Listen address.
         #[arg(long, default_value = "127.0.0.1:8788", value_name = "ADDR")]
         listen: String,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum SessionsAction {
+    /// Sessions by newest activity.
+    List {
+        /// How many to show.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// How many to skip.
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
+    },
+    /// One session with its full history, as JSON.
+    Show {
+        /// Session id (as in `x-ctxgate-session`).
+        id: String,
+    },
+    /// Delete a session.
+    Delete {
+        /// Session id.
+        id: String,
+    },
+}
+
+async fn sessions_cmd(config: Option<PathBuf>, action: SessionsAction) -> anyhow::Result<()> {
+    let cfg = Config::load(config.as_deref())?;
+    if cfg.store.backend == ctxgate::config::StoreBackend::Memory {
+        anyhow::bail!("store.backend is \"memory\": nothing is persisted for this command to read");
+    }
+    if !cfg.store.path.exists() {
+        anyhow::bail!("no store at {} (store.path)", cfg.store.path.display());
+    }
+    let store = ctxgate::store::open(&cfg.store)?;
+    let sessions = ctxgate::session::Sessions::new(store, cfg.store.cache_max_bytes);
+    let mut out = std::io::stdout().lock();
+    match action {
+        SessionsAction::List { limit, offset } => {
+            let (list, total) = sessions.list(limit, offset).await?;
+            writeln!(
+                out,
+                "{:<48} {:>8} {:>9} {:>20}",
+                "ID", "MESSAGES", "~TOKENS", "LAST ACTIVE (unix)"
+            )?;
+            for m in &list {
+                writeln!(
+                    out,
+                    "{:<48} {:>8} {:>9} {:>20}",
+                    m.id, m.message_count, m.token_estimate, m.last_active
+                )?;
+            }
+            writeln!(out, "{} of {total} session(s)", list.len())?;
+        }
+        SessionsAction::Show { id } => match sessions.view(&id).await? {
+            Some(v) => writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?,
+            None => anyhow::bail!("no session {id:?}"),
+        },
+        SessionsAction::Delete { id } => {
+            if sessions.delete(&id).await? {
+                writeln!(out, "deleted {id}")?;
+            } else {
+                anyhow::bail!("no session {id:?}");
+            }
+        }
+    }
+    Ok(())
 }
 
 fn init_logging(format: LogFormat) {
@@ -110,6 +184,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             write!(out, "{}", cfg.masked().to_toml())?;
             Ok(())
         }
+        Command::Sessions { action, config } => sessions_cmd(config, action).await,
         Command::MockUpstream { listen } => {
             init_logging(LogFormat::Text);
             let addr = listen

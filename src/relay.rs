@@ -9,6 +9,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::future::BoxFuture;
 use futures_util::stream::{BoxStream, Stream, StreamExt};
 use std::time::{Duration, Instant};
+use tokio_util::task::TaskTracker;
 
 /// How a relayed reply ended.
 #[derive(Debug, Clone)]
@@ -86,6 +87,7 @@ struct Relay {
     ended: bool,
     bytes: u64,
     first_byte_at: Option<Instant>,
+    tasks: TaskTracker,
 }
 
 impl Relay {
@@ -93,7 +95,7 @@ impl Relay {
         if let Some(f) = self.finisher.take() {
             let outcome = self.outcome(false, upstream_error);
             // Spawned so that it completes even if the client goes away while we wait for it.
-            let _ = tokio::spawn(f(outcome)).await;
+            let _ = self.tasks.spawn(f(outcome)).await;
         }
     }
 
@@ -164,8 +166,8 @@ impl Drop for Relay {
         // The client went away (or the body was dropped) before the reply ended: record what we have.
         if let Some(f) = self.finisher.take() {
             let outcome = self.outcome(true, None);
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                handle.spawn(f(outcome));
+            if tokio::runtime::Handle::try_current().is_ok() {
+                self.tasks.spawn(f(outcome));
             }
         }
     }
@@ -173,11 +175,12 @@ impl Drop for Relay {
 
 /// Relays `upstream` to the client with a tap: SSE when `sse`, a whole JSON body otherwise. Dropping the returned
 /// stream drops the upstream response (its connection is closed at once) and runs the finisher with the partial
-/// reply.
+/// reply. Finishers run on `tasks`, so that shutdown can wait for them.
 pub fn relay(
     upstream: BoxStream<'static, Result<Bytes, reqwest::Error>>,
     sse: bool,
     idle: Duration,
+    tasks: TaskTracker,
     finisher: Finisher,
 ) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
     let tap = if sse {
@@ -197,6 +200,7 @@ pub fn relay(
         ended: false,
         bytes: 0,
         first_byte_at: None,
+        tasks,
     };
     futures_util::stream::unfold(state, |mut s| async move {
         let item = s.next_chunk().await?;

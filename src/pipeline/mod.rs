@@ -8,7 +8,8 @@ pub use request::{read_body, ChatRequest};
 use crate::app::{AppState, TurnEvent};
 use crate::error::GatewayError;
 use crate::relay::{self, RelayOutcome};
-use crate::session::{identify, SessionIdentity};
+use crate::session::tree::raw_message_hashes;
+use crate::session::{identify, RequestMark, SessionIdentity};
 use axum::body::Body;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
@@ -39,6 +40,19 @@ pub async fn chat(state: Arc<AppState>, req: Request) -> Response {
     // 3. Identify the conversation (namespaced by the caller's credential).
     let body_value = serde_json::Value::Object(chat.body.clone());
     let session = identify(&parts.headers, &cfg.session.header, &body_value);
+    // 3b. Reconcile with the stored history; new messages are queued for writing, not awaited. A store failure
+    //     only costs this turn its recording.
+    let mark = match state
+        .sessions
+        .record_request(&session, chat.messages(), &raw_message_hashes(&chat.raw))
+        .await
+    {
+        Ok(m) => Some(m),
+        Err(e) => {
+            tracing::warn!(error = %e, session = %session.id, "session: could not record the request; proxying without history");
+            None
+        }
+    };
 
     // 4. Nothing to rewrite: the client's own bytes go upstream, untouched.
     let outgoing = chat.raw.clone();
@@ -76,7 +90,11 @@ pub async fn chat(state: Arc<AppState>, req: Request) -> Response {
         let stream = chat.stream;
         Box::new(move |outcome: RelayOutcome| {
             Box::pin(async move {
-                // 7. The turn is complete (or cut short): log it and announce it.
+                // 7. The turn is complete (or cut short): record the reply (durably, before the client gets the
+                //    last bytes), log it and announce it.
+                if let Some(mark) = &mark {
+                    record_reply(&state, mark, status, &outcome).await;
+                }
                 log_turn(
                     status.as_u16(),
                     &model,
@@ -98,11 +116,38 @@ pub async fn chat(state: Arc<AppState>, req: Request) -> Response {
         resp.bytes_stream().boxed(),
         is_sse,
         state.upstream.timeout(),
+        state.tasks.clone(),
         finisher,
     );
     builder
         .body(Body::from_stream(body))
         .unwrap_or_else(|e| GatewayError::Internal(e.to_string()).into_response())
+}
+
+/// Stores the assistant's reply when the upstream gave one; a reply cut short is stored marked partial.
+async fn record_reply(
+    state: &AppState,
+    mark: &RequestMark,
+    status: http::StatusCode,
+    outcome: &RelayOutcome,
+) {
+    let reply = &outcome.reply;
+    if !status.is_success() || !reply.message.is_object() {
+        return;
+    }
+    let has_content = reply.message.get("content").is_some_and(|c| !c.is_null())
+        || reply.message.get("tool_calls").is_some()
+        || reply.message.get("refusal").is_some();
+    if !reply.complete && !has_content {
+        return;
+    }
+    if let Err(e) = state
+        .sessions
+        .record_reply(mark, reply.message.clone(), !reply.complete)
+        .await
+    {
+        tracing::warn!(error = %e, session = %mark.entry.id, "session: could not record the reply");
+    }
 }
 
 fn with_session_header(b: http::response::Builder, s: &SessionIdentity) -> http::response::Builder {

@@ -1,5 +1,6 @@
 //! The HTTP front: router, thin handlers, `/healthz`, the `/v1/*` passthrough, and serving with graceful shutdown.
 
+mod admin;
 mod passthrough;
 
 use crate::app::AppState;
@@ -19,6 +20,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/{*rest}", any(passthrough::handle))
+        .merge(admin::routes(state.clone()))
         .fallback(not_found)
         .with_state(state)
 }
@@ -69,9 +71,13 @@ impl Server {
             let _ = stopped_tx.send(());
             let _ = rx.await;
         });
+        let state = self.state.clone();
         let mut serve = std::pin::pin!(serve.into_future());
         tokio::select! {
-            r = &mut serve => return r,
+            r = &mut serve => {
+                state.drain().await;
+                return r;
+            }
             _ = stopped_rx => {}
         }
         tracing::info!(

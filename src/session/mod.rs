@@ -1,5 +1,8 @@
-//! Conversations: who a request belongs to, its history as a message tree, and the run-loop view.
+//! Conversations: who a request belongs to, its history as a message tree, and the cache over the store.
 
 pub mod identity;
+pub mod manager;
+pub mod tree;
 
 pub use identity::{identify, SessionIdentity};
+pub use manager::{RequestMark, SessionView, Sessions};

@@ -1,0 +1,116 @@
+//! The admin API under `/admin`: sessions listed, shown whole and deleted. Bearer `[admin] token`; without a
+//! token only loopback peers are served.
+
+use crate::app::AppState;
+use crate::error::GatewayError;
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// The `/admin` routes, authenticated.
+pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/admin/sessions", get(list))
+        .route("/admin/sessions/{id}", get(show).delete(delete))
+        .route_layer(axum::middleware::from_fn_with_state(state, authenticate))
+}
+
+async fn authenticate(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let allowed = match &state.config.admin.token {
+        Some(token) => {
+            let given = req
+                .headers()
+                .get(http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .unwrap_or("");
+            if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
+                tracing::warn!(target: "ctxgate::admin", path = %req.uri().path(), "admin: rejected bad or missing token");
+                return GatewayError::Unauthorized.into_response();
+            }
+            true
+        }
+        None => req
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .is_some_and(|ConnectInfo(a)| a.ip().is_loopback()),
+    };
+    if !allowed {
+        return GatewayError::Forbidden.into_response();
+    }
+    next.run(req).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, x) in a.iter().enumerate() {
+        diff |= usize::from(x ^ b.get(i % b.len().max(1)).copied().unwrap_or(0));
+    }
+    diff == 0
+}
+
+#[derive(Deserialize)]
+struct Page {
+    limit: Option<u32>,
+    offset: Option<u64>,
+}
+
+fn store_error(e: crate::store::StoreError) -> GatewayError {
+    GatewayError::Internal(e.to_string())
+}
+
+async fn list(
+    State(state): State<Arc<AppState>>,
+    Query(p): Query<Page>,
+) -> Result<Response, GatewayError> {
+    let limit = p.limit.unwrap_or(50).clamp(1, 1000);
+    let offset = p.offset.unwrap_or(0);
+    let (sessions, total) = state
+        .sessions
+        .list(limit, offset)
+        .await
+        .map_err(store_error)?;
+    Ok(
+        Json(json!({"sessions": sessions, "total": total, "limit": limit, "offset": offset}))
+            .into_response(),
+    )
+}
+
+async fn show(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, GatewayError> {
+    match state.sessions.view(&id).await.map_err(store_error)? {
+        Some(v) => Ok(Json(v).into_response()),
+        None => Err(GatewayError::NotFound(format!("no session {id:?}"))),
+    }
+}
+
+async fn delete(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, GatewayError> {
+    if state.sessions.delete(&id).await.map_err(store_error)? {
+        tracing::info!(target: "ctxgate::admin", session = %id, "admin: session deleted");
+        Ok(Json(json!({"id": id, "deleted": true})).into_response())
+    } else {
+        Err(GatewayError::NotFound(format!("no session {id:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn constant_time_eq_works() {
+        assert!(super::constant_time_eq(b"abcdefgh", b"abcdefgh"));
+        assert!(!super::constant_time_eq(b"abcdefgh", b"abcdefgi"));
+        assert!(!super::constant_time_eq(b"abc", b"abcdefgh"));
+        assert!(!super::constant_time_eq(b"", b"abcdefgh"));
+    }
+}

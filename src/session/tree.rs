@@ -1,0 +1,524 @@
+//! A session's history as a tree of messages (the way chat UIs keep regenerate/edit): a node is identified by the
+//! hash of its parent's id and its canonical content, so identical resends create nothing, regenerated answers
+//! become siblings and edits start a branch. Nothing is ever overwritten or removed.
+
+use super::identity::canonical_json;
+use serde::Serialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A node id: 32 hex characters of SHA-256(parent id, canonical message).
+pub type NodeId = Arc<str>;
+
+/// Who produced a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeKind {
+    /// Sent by the client in a request.
+    Client,
+    /// The upstream's answer, recorded by ctxgate.
+    Reply,
+}
+
+impl NodeKind {
+    /// Name as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeKind::Client => "client",
+            NodeKind::Reply => "reply",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn parse(s: &str) -> NodeKind {
+        if s == "reply" {
+            NodeKind::Reply
+        } else {
+            NodeKind::Client
+        }
+    }
+}
+
+/// One message of the history.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// This node's id.
+    pub id: NodeId,
+    /// The parent's id (`None` for a first message).
+    pub parent: Option<NodeId>,
+    /// Depth in the tree: 0 for a first message.
+    pub position: u32,
+    /// The message as received (client) or assembled (reply).
+    pub message: Arc<Value>,
+    /// Who produced it.
+    pub kind: NodeKind,
+    /// A reply cut short (the client disconnected or the upstream failed mid-stream).
+    pub partial: bool,
+    /// Unix seconds when first seen.
+    pub created_at: i64,
+}
+
+impl Node {
+    /// Approximate bytes this node holds (for cache weighing).
+    pub fn weight(&self) -> usize {
+        approx_size(&self.message) + 160
+    }
+}
+
+/// The id a message gets under `parent`.
+pub fn node_id(parent: Option<&str>, message: &Value) -> NodeId {
+    let mut h = Sha256::new();
+    h.update(parent.unwrap_or("").as_bytes());
+    h.update([0]);
+    h.update(canonical_json(&normalize(message)).as_bytes());
+    Arc::from(&hex::encode(h.finalize())[..32])
+}
+
+/// The parts of a message that make it the same message: role, content (absent, `null` and `""` alike), name,
+/// tool call id, and tool calls reduced to id, name and arguments. Fields such as `refusal: null` that some
+/// clients add when resending an answer do not change its identity.
+pub fn normalize(m: &Value) -> Value {
+    let mut out = serde_json::Map::new();
+    let get = |k: &str| m.get(k).filter(|v| !v.is_null());
+    if let Some(r) = get("role") {
+        out.insert("role".into(), r.clone());
+    }
+    match get("content") {
+        Some(Value::String(s)) if s.is_empty() => {}
+        Some(c) => {
+            out.insert("content".into(), c.clone());
+        }
+        None => {}
+    }
+    for k in ["name", "tool_call_id", "function_call"] {
+        if let Some(v) = get(k) {
+            out.insert(k.into(), v.clone());
+        }
+    }
+    if let Some(Value::String(r)) = get("refusal") {
+        out.insert("refusal".into(), Value::String(r.clone()));
+    }
+    if let Some(Value::Array(calls)) = get("tool_calls") {
+        if !calls.is_empty() {
+            let calls: Vec<Value> = calls
+                .iter()
+                .map(|c| {
+                    serde_json::json!({
+                        "id": c.get("id"),
+                        "name": c.pointer("/function/name"),
+                        "arguments": c.pointer("/function/arguments"),
+                    })
+                })
+                .collect();
+            out.insert("tool_calls".into(), Value::Array(calls));
+        }
+    }
+    Value::Object(out)
+}
+
+/// Rough serialized size of a JSON value, without serializing it.
+pub fn approx_size(v: &Value) -> usize {
+    match v {
+        Value::Null | Value::Bool(_) | Value::Number(_) => 8,
+        Value::String(s) => s.len() + 2,
+        Value::Array(a) => a.iter().map(approx_size).sum::<usize>() + 2,
+        Value::Object(o) => {
+            o.iter()
+                .map(|(k, v)| k.len() + 3 + approx_size(v))
+                .sum::<usize>()
+                + 2
+        }
+    }
+}
+
+/// What appending a request's messages did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appended {
+    /// The node of the request's last message (`None` for an empty request).
+    pub leaf: Option<NodeId>,
+    /// How many of the request's messages were already stored.
+    pub known: usize,
+    /// The nodes created, in order.
+    pub created: Vec<NodeId>,
+}
+
+/// The message tree of one session.
+#[derive(Debug, Default, Clone)]
+pub struct Tree {
+    nodes: HashMap<NodeId, Node>,
+    children: HashMap<Option<NodeId>, Vec<NodeId>>,
+    /// Approximate bytes of each node's message.
+    sizes: HashMap<NodeId, usize>,
+    /// Prefix index: chain hash of the raw bytes of a request's first k messages → the node of message k.
+    prefix: HashMap<u64, NodeId>,
+    /// The leaf the latest request (or reply) extended.
+    head: Option<NodeId>,
+    weight: usize,
+}
+
+impl Tree {
+    /// An empty tree.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Rebuilds a tree from stored nodes (any order; parents need not come first).
+    pub fn from_nodes(nodes: Vec<Node>, head: Option<NodeId>) -> Self {
+        let mut t = Tree::new();
+        let mut nodes = nodes;
+        nodes.sort_by_key(|n| n.position);
+        for n in nodes {
+            t.insert(n);
+        }
+        t.head = head.filter(|h| t.nodes.contains_key(h));
+        t
+    }
+
+    fn insert(&mut self, n: Node) {
+        if self.nodes.contains_key(&n.id) {
+            return;
+        }
+        let w = n.weight();
+        self.weight += w;
+        self.sizes.insert(n.id.clone(), w);
+        self.children
+            .entry(n.parent.clone())
+            .or_default()
+            .push(n.id.clone());
+        self.nodes.insert(n.id.clone(), n);
+    }
+
+    /// Number of nodes (messages stored, all branches).
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// True when nothing is stored.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Approximate bytes held.
+    pub fn weight(&self) -> usize {
+        self.weight
+    }
+
+    /// The current leaf.
+    pub fn head(&self) -> Option<&NodeId> {
+        self.head.as_ref()
+    }
+
+    /// A node by id.
+    pub fn get(&self, id: &str) -> Option<&Node> {
+        self.nodes.get(id)
+    }
+
+    /// Appends a request's messages. `raw_hashes[i]` is a fast hash of message i's bytes as the client sent
+    /// them: the longest prefix already seen is found in the prefix index by binary search, so only new messages
+    /// are canonicalised and hashed. Returns the nodes created; the head moves to the request's last node.
+    pub fn append_request(&mut self, messages: &[Value], raw_hashes: &[u64], now: i64) -> Appended {
+        let chain = chain_hashes(raw_hashes);
+        let usable = chain.len() == messages.len();
+        // Longest k such that the first k messages are indexed (prefixes are indexed as a whole, so binary search).
+        let (mut lo, mut hi) = (0usize, if usable { messages.len() } else { 0 });
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if self.prefix.contains_key(&chain[mid - 1]) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        let mut parent: Option<NodeId> = if lo > 0 {
+            self.prefix.get(&chain[lo - 1]).cloned()
+        } else {
+            None
+        };
+        let mut created = Vec::new();
+        let mut known = lo;
+        for (i, m) in messages.iter().enumerate().skip(lo) {
+            let id = node_id(parent.as_deref(), m);
+            if self.nodes.contains_key(&id) {
+                if created.is_empty() {
+                    known = i + 1;
+                }
+            } else {
+                self.insert(Node {
+                    id: id.clone(),
+                    parent: parent.clone(),
+                    position: i as u32,
+                    message: Arc::new(m.clone()),
+                    kind: NodeKind::Client,
+                    partial: false,
+                    created_at: now,
+                });
+                created.push(id.clone());
+            }
+            if usable {
+                self.prefix.insert(chain[i], id.clone());
+            }
+            parent = Some(id);
+        }
+        if parent.is_some() {
+            self.head = parent.clone();
+        }
+        Appended {
+            leaf: parent,
+            known,
+            created,
+        }
+    }
+
+    /// Appends the upstream's reply under `parent`. Returns its id and whether it was new.
+    pub fn append_reply(
+        &mut self,
+        parent: Option<NodeId>,
+        message: Value,
+        partial: bool,
+        now: i64,
+    ) -> (NodeId, bool) {
+        let id = node_id(parent.as_deref(), &message);
+        let new = !self.nodes.contains_key(&id);
+        if new {
+            let position = parent
+                .as_ref()
+                .and_then(|p| self.nodes.get(p))
+                .map(|p| p.position + 1)
+                .unwrap_or(0);
+            self.insert(Node {
+                id: id.clone(),
+                parent,
+                position,
+                message: Arc::new(message),
+                kind: NodeKind::Reply,
+                partial,
+                created_at: now,
+            });
+        }
+        self.head = Some(id.clone());
+        (id, new)
+    }
+
+    /// The path from the first message to `leaf`.
+    pub fn path_to(&self, leaf: Option<&NodeId>) -> Vec<&Node> {
+        let mut out = Vec::new();
+        let mut cur = leaf.and_then(|l| self.nodes.get(l));
+        while let Some(n) = cur {
+            out.push(n);
+            cur = n.parent.as_ref().and_then(|p| self.nodes.get(p));
+        }
+        out.reverse();
+        out
+    }
+
+    /// The session's history: the path to the head.
+    pub fn history(&self) -> Vec<&Node> {
+        self.path_to(self.head.as_ref())
+    }
+
+    /// Approximate bytes of the history (the path to the head).
+    pub fn history_bytes(&self) -> usize {
+        self.history()
+            .iter()
+            .map(|n| self.sizes.get(&n.id).copied().unwrap_or(0))
+            .sum()
+    }
+
+    /// Every leaf except the head's: the other branches, oldest first.
+    pub fn other_leaves(&self) -> Vec<&Node> {
+        let mut leaves: Vec<&Node> = self
+            .nodes
+            .values()
+            .filter(|n| !self.children.contains_key(&Some(n.id.clone())))
+            .filter(|n| Some(&n.id) != self.head.as_ref())
+            .collect();
+        leaves.sort_by(|a, b| {
+            (a.created_at, a.position, &a.id).cmp(&(b.created_at, b.position, &b.id))
+        });
+        leaves
+    }
+
+    /// Position at which the path to `leaf` leaves the head's path.
+    pub fn divergence(&self, leaf: &Node) -> u32 {
+        let head: std::collections::HashSet<&NodeId> =
+            self.history().iter().map(|n| &n.id).collect();
+        self.path_to(Some(&leaf.id))
+            .iter()
+            .find(|n| !head.contains(&n.id))
+            .map(|n| n.position)
+            .unwrap_or(leaf.position)
+    }
+
+    /// Every node (unordered).
+    pub fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.values()
+    }
+}
+
+/// Chain hashes: `h[i]` covers the raw hashes of messages `0..=i`.
+fn chain_hashes(raw: &[u64]) -> Vec<u64> {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut acc: u64 = 0x9e37_79b9_7f4a_7c15;
+    for r in raw {
+        acc = xxhash_rust::xxh3::xxh3_64(&[acc.to_le_bytes(), r.to_le_bytes()].concat());
+        out.push(acc);
+    }
+    out
+}
+
+/// Fast hashes of each message's raw bytes in a chat body (empty when the body cannot be read that way).
+pub fn raw_message_hashes(body: &[u8]) -> Vec<u64> {
+    #[derive(serde::Deserialize)]
+    struct Msgs<'a> {
+        #[serde(borrow)]
+        messages: Vec<&'a serde_json::value::RawValue>,
+    }
+    match serde_json::from_slice::<Msgs>(body) {
+        Ok(m) => m
+            .messages
+            .iter()
+            .map(|r| xxhash_rust::xxh3::xxh3_64(r.get().as_bytes()))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn msgs(v: Value) -> Vec<Value> {
+        v.as_array().unwrap().clone()
+    }
+
+    fn raw(m: &[Value]) -> Vec<u64> {
+        raw_message_hashes(json!({ "messages": m }).to_string().as_bytes())
+    }
+
+    fn append(t: &mut Tree, m: &[Value]) -> Appended {
+        t.append_request(m, &raw(m), 0)
+    }
+
+    fn contents(t: &Tree) -> Vec<String> {
+        t.history()
+            .iter()
+            .map(|n| n.message["content"].as_str().unwrap_or("").to_string())
+            .collect()
+    }
+
+    #[test]
+    fn append_extends_and_identical_resend_creates_nothing() {
+        let mut t = Tree::new();
+        let m1 = msgs(json!([{"role":"system","content":"s"},{"role":"user","content":"u1"}]));
+        let a = append(&mut t, &m1);
+        assert_eq!(a.created.len(), 2);
+        let (r, new) = t.append_reply(
+            a.leaf.clone(),
+            json!({"role":"assistant","content":"a1"}),
+            false,
+            0,
+        );
+        assert!(new);
+        let mut m2 = m1.clone();
+        // the client resends the answer with extra null fields: same node
+        m2.push(json!({"role":"assistant","content":"a1","refusal":null,"tool_calls":[]}));
+        m2.push(json!({"role":"user","content":"u2"}));
+        let b = append(&mut t, &m2);
+        assert_eq!(b.created.len(), 1, "only the new user message");
+        assert_eq!(b.known, 3);
+        assert_eq!(t.get(&r).unwrap().kind, NodeKind::Reply);
+        for _ in 0..100 {
+            let again = append(&mut t, &m2);
+            assert!(again.created.is_empty());
+            assert_eq!(again.known, 4);
+        }
+        assert_eq!(t.len(), 4);
+        assert_eq!(contents(&t), ["s", "u1", "a1", "u2"]);
+    }
+
+    #[test]
+    fn regenerate_is_a_sibling_and_edit_is_a_branch() {
+        let mut t = Tree::new();
+        let m = msgs(json!([{"role":"user","content":"q"}]));
+        let a = append(&mut t, &m);
+        t.append_reply(
+            a.leaf.clone(),
+            json!({"role":"assistant","content":"first"}),
+            false,
+            1,
+        );
+        // regenerate: same request again, different answer
+        let a2 = append(&mut t, &m);
+        assert!(a2.created.is_empty());
+        t.append_reply(
+            a2.leaf.clone(),
+            json!({"role":"assistant","content":"second"}),
+            false,
+            2,
+        );
+        assert_eq!(t.len(), 3);
+        assert_eq!(contents(&t), ["q", "second"]);
+        let others = t.other_leaves();
+        assert_eq!(others.len(), 1);
+        assert_eq!(others[0].message["content"], "first");
+        assert_eq!(t.divergence(others[0]), 1);
+        // edit the first message: a new branch from the root
+        let e = append(&mut t, &msgs(json!([{"role":"user","content":"q edited"}])));
+        assert_eq!(e.created.len(), 1);
+        assert_eq!(contents(&t), ["q edited"]);
+        assert_eq!(t.len(), 4, "nothing overwritten");
+    }
+
+    #[test]
+    fn self_trimmed_history_branches_and_shares_nothing_wrongly() {
+        let mut t = Tree::new();
+        let long = msgs(
+            json!([{"role":"system","content":"s"},{"role":"user","content":"1"},
+            {"role":"assistant","content":"2"},{"role":"user","content":"3"}]),
+        );
+        append(&mut t, &long);
+        // the agent dropped message 1 and 2 itself
+        let trimmed = msgs(json!([{"role":"system","content":"s"},{"role":"user","content":"3"}]));
+        let a = append(&mut t, &trimmed);
+        assert_eq!(a.known, 1);
+        assert_eq!(a.created.len(), 1);
+        assert_eq!(contents(&t), ["s", "3"]);
+        assert_eq!(t.len(), 5);
+    }
+
+    #[test]
+    fn differently_serialised_resend_falls_back_to_content_hashes() {
+        let mut t = Tree::new();
+        let m = msgs(json!([{"role":"user","content":"q"},{"role":"assistant","content":"a"}]));
+        append(&mut t, &m);
+        // same messages, different raw bytes (keys reordered)
+        let reordered = vec![
+            json!({"content":"q","role":"user"}),
+            json!({"content":"a","role":"assistant"}),
+            json!({"role":"user","content":"n"}),
+        ];
+        let a = t.append_request(&reordered, &[1, 2, 3], 0);
+        assert_eq!(a.known, 2);
+        assert_eq!(a.created.len(), 1);
+        // mismatched hash count: still correct
+        let b = t.append_request(&reordered, &[], 0);
+        assert!(b.created.is_empty());
+    }
+
+    #[test]
+    fn rebuild_from_nodes() {
+        let mut t = Tree::new();
+        let m = msgs(
+            json!([{"role":"user","content":"q"},{"role":"assistant","content":"a"},{"role":"user","content":"r"}]),
+        );
+        append(&mut t, &m);
+        let nodes: Vec<Node> = t.nodes().cloned().collect();
+        let t2 = Tree::from_nodes(nodes, t.head().cloned());
+        assert_eq!(contents(&t2), ["q", "a", "r"]);
+        let mut t2 = t2;
+        assert!(append(&mut t2, &m).created.is_empty());
+    }
+}

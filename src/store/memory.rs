@@ -1,0 +1,111 @@
+//! The memory backend: the same contract as SQLite, kept in process memory (lost on restart).
+
+use super::{SessionMeta, Store, StoreError, StoredSession, WriteOp};
+use futures_util::future::BoxFuture;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::sync::oneshot;
+
+/// Sessions in a `HashMap`.
+#[derive(Default)]
+pub struct MemoryStore {
+    sessions: Arc<Mutex<HashMap<String, StoredSession>>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl Store for MemoryStore {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
+    fn write(&self, ops: Vec<WriteOp>) -> oneshot::Receiver<Result<(), StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        let mut map = self.sessions.lock();
+        for op in ops {
+            match op {
+                WriteOp::Session(meta) => {
+                    let id = meta.id.clone();
+                    match map.get_mut(&id) {
+                        Some(s) => s.meta = meta,
+                        None => {
+                            map.insert(
+                                id,
+                                StoredSession {
+                                    meta,
+                                    nodes: Vec::new(),
+                                    compressions: Vec::new(),
+                                },
+                            );
+                        }
+                    }
+                }
+                WriteOp::Node { session, node } => {
+                    if let Some(s) = map.get_mut(&session) {
+                        if !s.nodes.iter().any(|n| n.id == node.id) {
+                            s.nodes.push(node);
+                        }
+                    }
+                }
+                WriteOp::Compression {
+                    session, record, ..
+                } => {
+                    if let Some(s) = map.get_mut(&session) {
+                        s.compressions.push(record);
+                    }
+                }
+            }
+        }
+        let _ = tx.send(Ok(()));
+        rx
+    }
+
+    fn load(&self, id: &str) -> BoxFuture<'static, Result<Option<StoredSession>, StoreError>> {
+        let r = self.sessions.lock().get(id).cloned();
+        Box::pin(async move { Ok(r) })
+    }
+
+    fn list(
+        &self,
+        limit: u32,
+        offset: u64,
+    ) -> BoxFuture<'static, Result<(Vec<SessionMeta>, u64), StoreError>> {
+        let mut all: Vec<SessionMeta> = self
+            .sessions
+            .lock()
+            .values()
+            .map(|s| s.meta.clone())
+            .collect();
+        all.sort_by(|a, b| {
+            b.last_active
+                .cmp(&a.last_active)
+                .then_with(|| a.id.cmp(&b.id))
+        });
+        let total = all.len() as u64;
+        let page = all
+            .into_iter()
+            .skip(usize::try_from(offset).unwrap_or(usize::MAX))
+            .take(limit as usize)
+            .collect();
+        Box::pin(async move { Ok((page, total)) })
+    }
+
+    fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        let existed = self.sessions.lock().remove(id).is_some();
+        Box::pin(async move { Ok(existed) })
+    }
+
+    fn purge_idle(&self, before: i64) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let mut map = self.sessions.lock();
+        let n = map.len();
+        map.retain(|_, s| s.meta.last_active >= before);
+        let purged = (n - map.len()) as u64;
+        Box::pin(async move { Ok(purged) })
+    }
+}

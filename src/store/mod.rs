@@ -1,0 +1,123 @@
+//! Durable history: the `Store` trait and its backends (embedded SQLite, memory). The moka cache in front of it
+//! lives in `session::manager`.
+
+mod memory;
+mod sqlite;
+
+pub use memory::MemoryStore;
+pub use sqlite::SqliteStore;
+
+use crate::config::{StoreBackend, StoreConfig};
+use crate::session::tree::Node;
+use futures_util::future::BoxFuture;
+use serde::Serialize;
+use std::sync::Arc;
+use tokio::sync::oneshot;
+
+/// A store failure. Callers degrade to plain proxying; it never fails a chat request.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// The backend reported an error.
+    #[error("{backend} store: {message}")]
+    Backend {
+        /// `sqlite`, `memory`, …
+        backend: &'static str,
+        /// What went wrong (never message content).
+        message: String,
+    },
+    /// The store's worker is gone (shutting down or crashed).
+    #[error("store worker is not running")]
+    Closed,
+    /// A session id belongs to another tenant.
+    #[error("session belongs to another tenant")]
+    TenantMismatch,
+}
+
+/// A session's row: everything but its messages.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionMeta {
+    /// Public session id.
+    pub id: String,
+    /// SHA-256 of the owner's credential.
+    #[serde(skip)]
+    pub tenant: String,
+    /// Unix seconds of the first request.
+    pub created_at: i64,
+    /// Unix seconds of the latest request or reply.
+    pub last_active: i64,
+    /// Messages stored, all branches.
+    pub message_count: u64,
+    /// Rough token count of the current history.
+    pub token_estimate: u64,
+    /// The current leaf.
+    #[serde(skip)]
+    pub head: Option<String>,
+}
+
+/// A session as loaded from the store.
+#[derive(Debug, Clone)]
+pub struct StoredSession {
+    /// Its row.
+    pub meta: SessionMeta,
+    /// Every node, all branches.
+    pub nodes: Vec<Node>,
+    /// Compression records, oldest first (JSON objects).
+    pub compressions: Vec<serde_json::Value>,
+}
+
+/// One write. Writes are applied in the order they were queued.
+#[derive(Debug, Clone)]
+pub enum WriteOp {
+    /// Create or update a session's row.
+    Session(SessionMeta),
+    /// Append a node (ignored when it exists: nodes are immutable).
+    Node {
+        /// Session id.
+        session: String,
+        /// The node.
+        node: Node,
+    },
+    /// Append a compression record.
+    Compression {
+        /// Session id.
+        session: String,
+        /// Unix seconds.
+        created_at: i64,
+        /// The record.
+        record: serde_json::Value,
+    },
+}
+
+/// A durable store of session histories. Writes are queued and committed in order; the returned receiver
+/// resolves once they are durable.
+pub trait Store: Send + Sync + 'static {
+    /// The backend's name for logs and metrics.
+    fn backend(&self) -> &'static str;
+    /// Queues writes; resolves when they (and everything queued before) are committed.
+    fn write(&self, ops: Vec<WriteOp>) -> oneshot::Receiver<Result<(), StoreError>>;
+    /// Loads a session.
+    fn load(&self, id: &str) -> BoxFuture<'static, Result<Option<StoredSession>, StoreError>>;
+    /// Sessions by newest activity, paged; also returns the total.
+    fn list(
+        &self,
+        limit: u32,
+        offset: u64,
+    ) -> BoxFuture<'static, Result<(Vec<SessionMeta>, u64), StoreError>>;
+    /// Deletes a session; true when it existed.
+    fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>>;
+    /// Deletes sessions idle since before `before` (unix seconds); returns how many.
+    fn purge_idle(&self, before: i64) -> BoxFuture<'static, Result<u64, StoreError>>;
+}
+
+/// Opens the configured backend.
+pub fn open(cfg: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(match cfg.backend {
+        StoreBackend::Memory => Arc::new(MemoryStore::new()),
+        StoreBackend::Sqlite => Arc::new(SqliteStore::open(&cfg.path)?),
+    })
+}
+
+/// Waits for a queued write.
+pub async fn committed(rx: oneshot::Receiver<Result<(), StoreError>>) -> Result<(), StoreError> {
+    rx.await.unwrap_or(Err(StoreError::Closed))
+}

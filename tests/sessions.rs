@@ -1,0 +1,318 @@
+//! Sessions through the HTTP gateway: durable history, restart, tenants, deletion, streams, partial replies.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use bytes::Bytes;
+use common::{test_config, Harness};
+use ctxgate::config::StoreBackend;
+use ctxgate::mock::{chunk, MockReply, MockUpstream};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+async fn chat(
+    h: &Harness,
+    key: &str,
+    sid: Option<&str>,
+    messages: &Value,
+    stream: bool,
+) -> (String, Value) {
+    let mut req = h
+        .client
+        .post(h.url("/v1/chat/completions"))
+        .header("authorization", format!("Bearer {key}"))
+        .json(&json!({"model": "gpt-4o", "messages": messages, "stream": stream}));
+    if let Some(s) = sid {
+        req = req.header("x-session-id", s);
+    }
+    let resp = req.send().await.unwrap();
+    let id = resp.headers()["x-ctxgate-session"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let text = resp.text().await.unwrap();
+    let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (id, v)
+}
+
+async fn admin(h: &Harness, path: &str) -> reqwest::Response {
+    h.client.get(h.url(path)).send().await.unwrap()
+}
+
+fn contents(v: &Value) -> Vec<String> {
+    v["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn three_turns_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ctx.db");
+    let mock = MockUpstream::start().await.unwrap();
+    let mut cfg = test_config(&mock.base_url());
+    cfg.store.backend = StoreBackend::Sqlite;
+    cfg.store.path = db.clone();
+    let mut h = Harness::start_config(mock.clone(), cfg.clone()).await;
+    let mut history = vec![json!({"role":"system","content":"be brief"})];
+    let mut sid = String::new();
+    for turn in 1..=3 {
+        history.push(json!({"role":"user","content": format!("question {turn}")}));
+        mock.push(MockReply::completion(&format!("answer {turn}")));
+        let (id, v) = chat(
+            &h,
+            "sk-a",
+            Some("conv-1"),
+            &Value::Array(history.clone()),
+            false,
+        )
+        .await;
+        history.push(v["choices"][0]["message"].clone());
+        sid = id;
+    }
+    h.stop().await;
+    drop(h);
+
+    let h = Harness::start_config(mock, cfg).await;
+    let v: Value = admin(&h, &format!("/admin/sessions/{sid}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        contents(&v),
+        [
+            "be brief",
+            "question 1",
+            "answer 1",
+            "question 2",
+            "answer 2",
+            "question 3",
+            "answer 3"
+        ]
+    );
+    assert_eq!(v["id"], sid);
+    assert_eq!(v["branches"], json!([]));
+    assert_eq!(v["compressions"], json!([]));
+    let list: Value = admin(&h, "/admin/sessions").await.json().await.unwrap();
+    assert_eq!(list["total"], 1);
+    assert_eq!(list["sessions"][0]["id"], sid);
+    assert_eq!(list["sessions"][0]["message_count"], 7);
+}
+
+#[tokio::test]
+async fn tenants_with_the_same_session_id_are_isolated() {
+    let h = Harness::start().await;
+    let m = |t: &str| json!([{"role":"user","content": t}]);
+    let (a, _) = chat(&h, "sk-tenant-a", Some("shared"), &m("from a"), false).await;
+    let (b, _) = chat(&h, "sk-tenant-b", Some("shared"), &m("from b"), false).await;
+    assert_ne!(a, b);
+    let va: Value = admin(&h, &format!("/admin/sessions/{a}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let vb: Value = admin(&h, &format!("/admin/sessions/{b}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(contents(&va), ["from a", "mock reply"]);
+    assert_eq!(contents(&vb), ["from b", "mock reply"]);
+    // same opening without a header: fingerprints differ by tenant too
+    let (fa, _) = chat(&h, "sk-tenant-a", None, &m("same"), false).await;
+    let (fb, _) = chat(&h, "sk-tenant-b", None, &m("same"), false).await;
+    assert_ne!(fa, fb);
+    let body = serde_json::to_string(
+        &admin(&h, "/admin/sessions")
+            .await
+            .json::<Value>()
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(
+        !body.contains("sk-tenant"),
+        "credentials must never be exposed"
+    );
+}
+
+#[tokio::test]
+async fn delete_removes_the_session() {
+    let h = Harness::start().await;
+    let (id, _) = chat(
+        &h,
+        "sk",
+        Some("gone"),
+        &json!([{"role":"user","content":"x"}]),
+        false,
+    )
+    .await;
+    assert_eq!(
+        admin(&h, &format!("/admin/sessions/{id}")).await.status(),
+        200
+    );
+    let resp = h
+        .client
+        .delete(h.url(&format!("/admin/sessions/{id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        admin(&h, &format!("/admin/sessions/{id}")).await.status(),
+        404
+    );
+    let resp = h
+        .client
+        .delete(h.url(&format!("/admin/sessions/{id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+}
+
+#[tokio::test]
+async fn streamed_reply_is_recorded_whole_and_regenerate_is_a_branch() {
+    let h = Harness::start().await;
+    let msgs = json!([{"role":"user","content":"stream please"}]);
+    h.mock
+        .push(MockReply::sse_text(&["Hello", ", ", "world"], true));
+    let (id, _) = chat(&h, "sk", Some("s"), &msgs, true).await;
+    // the reply is committed before the client gets [DONE]: visible at once
+    let v: Value = admin(&h, &format!("/admin/sessions/{id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(contents(&v), ["stream please", "Hello, world"]);
+    assert_eq!(v["partial"], json!([]));
+    // regenerate: same request, new answer → the old one becomes another branch
+    h.mock.push(MockReply::completion("second try"));
+    chat(&h, "sk", Some("s"), &msgs, false).await;
+    let v: Value = admin(&h, &format!("/admin/sessions/{id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(contents(&v), ["stream please", "second try"]);
+    assert_eq!(v["branches"][0]["messages"][0]["content"], "Hello, world");
+    assert_eq!(v["branches"][0]["diverges_at"], 1);
+    assert_eq!(v["message_count"], 3);
+}
+
+#[tokio::test]
+async fn client_disconnect_is_recorded_as_partial() {
+    let h = Harness::start().await;
+    h.mock.push(MockReply::Sse {
+        chunks: vec![(
+            Duration::ZERO,
+            Bytes::from(format!(
+                "data: {}\n\n",
+                chunk(json!({"role":"assistant","content":"half an"}), None)
+            )),
+        )],
+        stall_after: true,
+    });
+    let resp = h
+        .client
+        .post(h.url("/v1/chat/completions"))
+        .header("x-session-id", "p")
+        .json(&json!({"model":"m","stream":true,"messages":[{"role":"user","content":"q"}]}))
+        .send()
+        .await
+        .unwrap();
+    let id = resp.headers()["x-ctxgate-session"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let mut body = resp.bytes_stream();
+    use futures_util::StreamExt;
+    body.next().await.unwrap().unwrap();
+    drop(body);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let v: Value = admin(&h, &format!("/admin/sessions/{id}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        if v["messages"].as_array().unwrap().len() == 2 {
+            assert_eq!(v["messages"][1]["content"], "half an");
+            assert_eq!(v["partial"], json!([1]));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "partial reply not recorded: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn concurrent_requests_on_one_session_lose_nothing() {
+    let h = Harness::start().await;
+    let base = vec![
+        json!({"role":"system","content":"s"}),
+        json!({"role":"user","content":"go"}),
+    ];
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let mut m = base.clone();
+        m.push(json!({"role":"assistant","content":"ok"}));
+        m.push(json!({"role":"user","content": format!("parallel {i}")}));
+        let client = h.client.clone();
+        let url = h.url("/v1/chat/completions");
+        tasks.push(tokio::spawn(async move {
+            client
+                .post(url)
+                .header("x-session-id", "par")
+                .json(&json!({"model":"m","messages":m}))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let list: Value = admin(&h, "/admin/sessions").await.json().await.unwrap();
+    let id = list["sessions"][0]["id"].as_str().unwrap().to_string();
+    let v: Value = admin(&h, &format!("/admin/sessions/{id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    // s, go, ok shared once; 16 user messages, each with one reply (identical replies under different parents)
+    assert_eq!(v["message_count"], 3 + 16 * 2);
+    assert_eq!(v["branches"].as_array().unwrap().len(), 15);
+}
+
+#[tokio::test]
+async fn admin_requires_the_token_when_one_is_set() {
+    let h = Harness::start_with(|c| c.admin.token = Some("admin-secret-token".into())).await;
+    assert_eq!(admin(&h, "/admin/sessions").await.status(), 401);
+    let bad = h
+        .client
+        .get(h.url("/admin/sessions"))
+        .bearer_auth("wrong-token-xx")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 401);
+    let ok = h
+        .client
+        .get(h.url("/admin/sessions"))
+        .bearer_auth("admin-secret-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+}
