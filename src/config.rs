@@ -27,6 +27,8 @@ pub struct Config {
     pub context: ContextConfig,
     /// Parameters of tool-result clearing and run-loop pruning.
     pub prune: PruneConfig,
+    /// The recall and search tools ctxgate offers the model when it pruned something.
+    pub recall: RecallConfig,
     /// Per-model overrides, keyed by exact model name or glob pattern (`gpt-4o*`).
     pub models: BTreeMap<String, ModelEntry>,
 }
@@ -242,6 +244,40 @@ impl Default for PruneConfig {
             keep_run_loops: 2,
             max_run_loops: 50,
             max_age: None,
+        }
+    }
+}
+
+/// `[recall]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RecallConfig {
+    /// Inject the recall and search tools into rewritten requests.
+    pub enabled: bool,
+    /// Name of the injected tool that returns a pruned tool result by its call id.
+    pub tool_name: String,
+    /// Name of the injected tool that searches the session's full history.
+    pub search_tool_name: String,
+    /// Most extra upstream round trips made to answer recall and search calls within one client request.
+    pub max_rounds: u32,
+    /// Characters of a recalled tool result returned to the model (the rest is cut with a marker).
+    pub max_result_chars: usize,
+    /// Characters of search results returned to the model.
+    pub max_search_chars: usize,
+    /// Recallable calls listed in the system note (newest first).
+    pub max_note_calls: usize,
+}
+
+impl Default for RecallConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            tool_name: "recall_tool_call".into(),
+            search_tool_name: "search_history".into(),
+            max_rounds: 3,
+            max_result_chars: 20_000,
+            max_search_chars: 4_000,
+            max_note_calls: 50,
         }
     }
 }
@@ -464,6 +500,23 @@ impl Config {
         }
         if self.prune.max_message_length < 16 {
             e.push("prune.max_message_length: must be at least 16 characters".into());
+        }
+        let r = &self.recall;
+        for (key, name) in [("tool_name", &r.tool_name), ("search_tool_name", &r.search_tool_name)] {
+            let ok = !name.is_empty()
+                && name.len() <= 64
+                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            if !ok {
+                e.push(format!(
+                    "recall.{key}: {name:?} must be 1-64 letters, digits, '_' or '-' (OpenAI function name rules)"
+                ));
+            }
+        }
+        if r.tool_name == r.search_tool_name {
+            e.push("recall.search_tool_name: must differ from recall.tool_name".into());
+        }
+        if r.max_result_chars < 100 || r.max_search_chars < 100 {
+            e.push("recall.max_result_chars and recall.max_search_chars: must be at least 100".into());
         }
         for (pattern, m) in &self.models {
             if pattern.is_empty() {

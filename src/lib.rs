@@ -6,6 +6,7 @@ pub mod config;
 pub mod error;
 pub mod mock;
 pub mod pipeline;
+pub mod recall;
 pub mod relay;
 pub mod server;
 pub mod session;

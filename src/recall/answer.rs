@@ -1,0 +1,235 @@
+//! Answering the injected tools from the session's full history (all branches) and the current request, never
+//! from another session or tenant.
+
+use super::InjectedNames;
+use crate::config::RecallConfig;
+use crate::session::tree::Tree;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// Everything a recall or search may read: the current request's messages (always), then the session's stored
+/// nodes, all branches (when the session could be loaded).
+#[derive(Debug, Clone, Default)]
+pub struct HistorySource {
+    request: Vec<Arc<Value>>,
+    stored: Vec<(u32, Arc<Value>)>,
+}
+
+impl HistorySource {
+    /// A snapshot of the request's messages and the session's nodes.
+    pub fn new(request: &[Value], session: Option<&Tree>) -> Self {
+        let mut stored: Vec<(u32, Arc<Value>)> = session
+            .map(|t| t.nodes().map(|n| (n.position, n.message.clone())).collect())
+            .unwrap_or_default();
+        stored.sort_by_key(|(p, _)| *p);
+        Self {
+            request: request.iter().cloned().map(Arc::new).collect(),
+            stored,
+        }
+    }
+
+    /// Every message with its position: the request's first, then stored ones not identical to a request message.
+    fn all(&self) -> impl Iterator<Item = (u32, &Value)> {
+        let req = self.request.iter().enumerate().map(|(i, m)| (i as u32, &**m));
+        let stored = self.stored.iter().filter_map(|(p, m)| {
+            let dup = self.request.get(*p as usize).is_some_and(|r| **r == **m);
+            (!dup).then_some((*p, &**m))
+        });
+        req.chain(stored)
+    }
+
+    fn tool_result(&self, call_id: &str) -> Option<&Value> {
+        self.all().map(|(_, m)| m).find(|m| {
+            m.get("role").and_then(Value::as_str) == Some("tool")
+                && m.get("tool_call_id").and_then(Value::as_str) == Some(call_id)
+        })
+    }
+
+    fn tool_name(&self, call_id: &str) -> Option<&str> {
+        self.all().find_map(|(_, m)| {
+            m.get("tool_calls")?
+                .as_array()?
+                .iter()
+                .find(|c| c.get("id").and_then(Value::as_str) == Some(call_id))?
+                .pointer("/function/name")?
+                .as_str()
+        })
+    }
+}
+
+/// The text of a message: string content, text parts, refusal and tool-call arguments.
+pub fn message_text(m: &Value) -> String {
+    let mut out = String::new();
+    match m.get("content") {
+        Some(Value::String(s)) => out.push_str(s),
+        Some(Value::Array(parts)) => {
+            for p in parts {
+                if let Some(t) = p.get("text").and_then(Value::as_str) {
+                    if !out.is_empty() {
+                        out.push('\n');
+                    }
+                    out.push_str(t);
+                }
+            }
+        }
+        _ => {}
+    }
+    if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
+        for c in calls {
+            let name = c.pointer("/function/name").and_then(Value::as_str).unwrap_or("");
+            let args = c.pointer("/function/arguments").and_then(Value::as_str).unwrap_or("");
+            out.push_str(&format!("\n{name}({args})"));
+        }
+    }
+    out
+}
+
+fn cut(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let kept: String = s.chars().take(max).collect();
+    let rest = s.chars().count() - max;
+    format!("{kept}\n…[truncated: {rest} more characters]")
+}
+
+/// The tool result ctxgate gives for one injected call.
+pub fn answer_call(call: &Value, names: &InjectedNames, src: &HistorySource, cfg: &RecallConfig) -> String {
+    let name = call.pointer("/function/name").and_then(Value::as_str).unwrap_or("");
+    let args: Value = call
+        .pointer("/function/arguments")
+        .and_then(Value::as_str)
+        .and_then(|a| serde_json::from_str(a).ok())
+        .unwrap_or(Value::Null);
+    if name == names.recall {
+        let Some(id) = args.get("call_id").and_then(Value::as_str) else {
+            return "Error: `call_id` (a string) is required.".into();
+        };
+        match src.tool_result(id) {
+            Some(m) => {
+                let tool = src.tool_name(id).unwrap_or("unknown tool");
+                format!("Result of tool call {id} ({tool}):\n{}", cut(&message_text(m), cfg.max_result_chars))
+            }
+            None => format!("Not found: no tool call with id {id:?} exists in this conversation."),
+        }
+    } else if name == names.search {
+        let Some(q) = args.get("query").and_then(Value::as_str).filter(|q| !q.trim().is_empty()) else {
+            return "Error: `query` (a non-empty string) is required.".into();
+        };
+        let limit = args.get("limit").and_then(Value::as_u64).unwrap_or(5).clamp(1, 20) as usize;
+        search(src, q, limit, cfg.max_search_chars)
+    } else {
+        format!("Error: unknown tool {name:?}.")
+    }
+}
+
+/// Case-insensitive keyword search; the whole phrase scores highest, then term occurrences; newer first on ties.
+fn search(src: &HistorySource, query: &str, limit: usize, max_chars: usize) -> String {
+    let phrase = query.to_lowercase();
+    let terms: Vec<&str> = phrase.split_whitespace().collect();
+    let mut hits: Vec<(usize, u32, &Value, String, usize)> = Vec::new();
+    for (pos, m) in src.all() {
+        let text = message_text(m);
+        let lower = text.to_lowercase();
+        let phrase_hits = lower.matches(phrase.as_str()).count();
+        let term_hits: usize = terms.iter().map(|t| lower.matches(t).count()).sum();
+        let score = phrase_hits * 10 + term_hits;
+        if score == 0 {
+            continue;
+        }
+        let at = lower
+            .find(phrase.as_str())
+            .or_else(|| terms.iter().filter_map(|t| lower.find(t)).min())
+            .unwrap_or(0);
+        hits.push((score, pos, m, text, at));
+    }
+    hits.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
+    let total = hits.len();
+    let mut matches = Vec::new();
+    let mut used = 0;
+    for (_, pos, m, text, at) in hits.into_iter().take(limit) {
+        let snippet = snippet(&text, at, 240);
+        used += snippet.len();
+        if used > max_chars && !matches.is_empty() {
+            break;
+        }
+        let call_id = m
+            .get("tool_call_id")
+            .or_else(|| m.pointer("/tool_calls/0/id"))
+            .cloned()
+            .unwrap_or(Value::Null);
+        matches.push(json!({"position": pos, "role": m.get("role"), "call_id": call_id, "snippet": snippet}));
+    }
+    json!({"query": query, "total_matches": total, "matches": matches}).to_string()
+}
+
+/// About `width` characters of `text` around byte offset `at` (of the lower-cased text; close enough for ASCII,
+/// clamped to char boundaries otherwise).
+fn snippet(text: &str, at: usize, width: usize) -> String {
+    let start_char = text[..floor(text, at)].chars().count().saturating_sub(width / 3);
+    let s: String = text.chars().skip(start_char).take(width).collect();
+    let prefix = if start_char > 0 { "…" } else { "" };
+    let suffix = if start_char + width < text.chars().count() { "…" } else { "" };
+    format!("{prefix}{s}{suffix}")
+}
+
+fn floor(s: &str, mut i: usize) -> usize {
+    i = i.min(s.len());
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> InjectedNames {
+        InjectedNames::from_config(&RecallConfig::default())
+    }
+
+    fn call(name: &str, args: Value) -> Value {
+        json!({"id":"r1","type":"function","function":{"name":name,"arguments":args.to_string()}})
+    }
+
+    fn history() -> Vec<Value> {
+        vec![
+            json!({"role":"user","content":"read the config"}),
+            json!({"role":"assistant","content":null,"tool_calls":[{"id":"call_a","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"c.toml\"}"}}]}),
+            json!({"role":"tool","tool_call_id":"call_a","content":"port = 8080\nsecret_marker = ZEBRA-42"}),
+            json!({"role":"assistant","content":"The port is 8080."}),
+        ]
+    }
+
+    #[test]
+    fn recall_by_id_and_unknown_id() {
+        let src = HistorySource::new(&history(), None);
+        let cfg = RecallConfig::default();
+        let out = answer_call(&call("recall_tool_call", json!({"call_id":"call_a"})), &names(), &src, &cfg);
+        assert!(out.contains("ZEBRA-42") && out.contains("read_file"), "{out}");
+        let out = answer_call(&call("recall_tool_call", json!({"call_id":"nope"})), &names(), &src, &cfg);
+        assert!(out.starts_with("Not found"));
+        let out = answer_call(&call("recall_tool_call", json!({})), &names(), &src, &cfg);
+        assert!(out.starts_with("Error"));
+    }
+
+    #[test]
+    fn search_finds_marker_in_stored_branch_and_caps() {
+        let mut tree = Tree::new();
+        let h = history();
+        tree.append_request(&h, &[], 0);
+        // the current request no longer carries the result (e.g. a trimmed history)
+        let src = HistorySource::new(&h[..1], Some(&tree));
+        let out = answer_call(&call("search_history", json!({"query":"zebra-42"})), &names(), &src, &RecallConfig::default());
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["matches"][0]["call_id"], "call_a");
+        assert_eq!(v["matches"][0]["position"], 2);
+        assert!(v["matches"][0]["snippet"].as_str().unwrap().contains("ZEBRA-42"));
+        let long = "x".repeat(50_000);
+        let src = HistorySource::new(&[json!({"role":"tool","tool_call_id":"big","content":long})], None);
+        let cfg = RecallConfig { max_result_chars: 1000, ..Default::default() };
+        let out = answer_call(&call("recall_tool_call", json!({"call_id":"big"})), &names(), &src, &cfg);
+        assert!(out.len() < 1200 && out.contains("truncated: 49000"));
+    }
+}

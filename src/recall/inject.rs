@@ -1,0 +1,209 @@
+//! Adding the recall and search tools, and a note listing what can be recalled, to an outgoing request.
+
+use crate::config::RecallConfig;
+use serde_json::{json, Map, Value};
+
+/// A pruned tool call the model may recall.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recallable {
+    /// The call id.
+    pub call_id: String,
+    /// The tool's name.
+    pub tool_name: String,
+    /// A one-line digest of the arguments.
+    pub digest: String,
+}
+
+/// What `inject` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Injection {
+    /// The tools and the note were added.
+    Injected,
+    /// Nothing was added, and why.
+    Skipped(&'static str),
+}
+
+/// Adds the recall tools and the note to `body` (an outgoing, already rewritten request). Deterministic: the same
+/// list gives the same bytes. The client's own `tools` entries and `tool_choice` stay as they were.
+pub fn inject(body: &mut Map<String, Value>, recallable: &[Recallable], cfg: &RecallConfig) -> Injection {
+    if !cfg.enabled {
+        return Injection::Skipped("disabled");
+    }
+    if recallable.is_empty() {
+        return Injection::Skipped("nothing to recall");
+    }
+    match body.get("tool_choice") {
+        Some(Value::String(s)) if s == "none" => return Injection::Skipped("tool_choice none"),
+        Some(Value::Object(_)) => return Injection::Skipped("tool_choice forces a function"),
+        _ => {}
+    }
+    let clash = body
+        .get("tools")
+        .and_then(Value::as_array)
+        .is_some_and(|tools| {
+            tools.iter().any(|t| {
+                t.pointer("/function/name")
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| n == cfg.tool_name || n == cfg.search_tool_name)
+            })
+        });
+    if clash {
+        return Injection::Skipped("a client tool has the same name");
+    }
+    if !matches!(body.get("tools"), None | Some(Value::Array(_)) | Some(Value::Null)) {
+        return Injection::Skipped("client tools are not an array");
+    }
+    let tools = body
+        .entry("tools")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if tools.is_null() {
+        *tools = Value::Array(Vec::new());
+    }
+    if let Value::Array(list) = tools {
+        list.push(recall_tool(&cfg.tool_name));
+        list.push(search_tool(&cfg.search_tool_name));
+    }
+    add_note(body, &note(recallable, cfg));
+    Injection::Injected
+}
+
+fn recall_tool(name: &str) -> Value {
+    json!({"type": "function", "function": {
+        "name": name,
+        "description": "Return the full original result of an earlier tool call whose output was removed from this \
+            conversation to save space. Call it when you need the details of a call listed as recallable; pass its id.",
+        "parameters": {"type": "object",
+            "properties": {"call_id": {"type": "string", "description": "The id of the earlier tool call."}},
+            "required": ["call_id"], "additionalProperties": false}}})
+}
+
+fn search_tool(name: &str) -> Value {
+    json!({"type": "function", "function": {
+        "name": name,
+        "description": "Search this conversation's full earlier history, including removed tool results, for \
+            words or a phrase (case-insensitive). Returns matching snippets with their message position and tool \
+            call id.",
+        "parameters": {"type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "Words or a phrase to look for."},
+                "limit": {"type": "integer", "description": "Most snippets to return (1-20, default 5)."}},
+            "required": ["query"], "additionalProperties": false}}})
+}
+
+/// Most characters of the note.
+const NOTE_MAX_CHARS: usize = 6000;
+
+fn note(recallable: &[Recallable], cfg: &RecallConfig) -> String {
+    let mut s = format!(
+        "[ctxgate] Some earlier tool results were removed from this conversation to save space. To get one back, \
+         call `{}` with its call_id; to look for something in the full history, call `{}`. Recallable calls, \
+         newest first:",
+        cfg.tool_name, cfg.search_tool_name
+    );
+    let mut listed = 0;
+    for r in recallable.iter().rev().take(cfg.max_note_calls) {
+        let line = format!("\n- {} {} {}", r.call_id, r.tool_name, r.digest);
+        if s.len() + line.len() > NOTE_MAX_CHARS {
+            break;
+        }
+        s.push_str(&line);
+        listed += 1;
+    }
+    if listed < recallable.len() {
+        s.push_str(&format!("\n(and {} older)", recallable.len() - listed));
+    }
+    s
+}
+
+/// Appends the note to the first system (or developer) message, or inserts a system message first.
+fn add_note(body: &mut Map<String, Value>, note: &str) {
+    let Some(Value::Array(messages)) = body.get_mut("messages") else {
+        return;
+    };
+    let first_system = messages.iter().position(|m| {
+        matches!(m.get("role").and_then(Value::as_str), Some("system") | Some("developer"))
+    });
+    match first_system {
+        Some(i) => {
+            let msg = &mut messages[i];
+            match msg.get_mut("content") {
+                Some(Value::String(c)) => {
+                    c.push_str("\n\n");
+                    c.push_str(note);
+                }
+                Some(Value::Array(parts)) => parts.push(json!({"type": "text", "text": note})),
+                _ => {
+                    messages.insert(i + 1, json!({"role": "system", "content": note}));
+                }
+            }
+        }
+        None => messages.insert(0, json!({"role": "system", "content": note})),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(n: usize) -> Vec<Recallable> {
+        (0..n)
+            .map(|i| Recallable {
+                call_id: format!("call_{i}"),
+                tool_name: "read_file".into(),
+                digest: format!("{{\"path\":\"f{i}\"}}"),
+            })
+            .collect()
+    }
+
+    fn body(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn injects_tools_and_note_deterministically() {
+        let cfg = RecallConfig::default();
+        let mut a = body(json!({"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":"u"}],
+            "tools":[{"type":"function","function":{"name":"read_file","parameters":{}}}],"tool_choice":"auto"}));
+        let mut b = a.clone();
+        assert_eq!(inject(&mut a, &rec(3), &cfg), Injection::Injected);
+        inject(&mut b, &rec(3), &cfg);
+        assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap());
+        let tools = a["tools"].as_array().unwrap();
+        assert_eq!(tools.len(), 3);
+        assert_eq!(tools[0]["function"]["name"], "read_file");
+        assert_eq!(a["tool_choice"], "auto");
+        let sys = a["messages"][0]["content"].as_str().unwrap();
+        assert!(sys.starts_with("sys\n\n[ctxgate]"));
+        assert!(sys.find("call_2").unwrap() < sys.find("call_0").unwrap(), "newest first");
+    }
+
+    #[test]
+    fn never_injects_when_forbidden_or_clashing() {
+        let cfg = RecallConfig::default();
+        let m = json!([{"role":"user","content":"u"}]);
+        for v in [
+            json!({"messages": m, "tool_choice": "none"}),
+            json!({"messages": m, "tool_choice": {"type":"function","function":{"name":"x"}}}),
+            json!({"messages": m, "tools":[{"type":"function","function":{"name":"recall_tool_call"}}]}),
+        ] {
+            let mut b = body(v.clone());
+            assert!(matches!(inject(&mut b, &rec(1), &cfg), Injection::Skipped(_)));
+            assert_eq!(Value::Object(b), v, "untouched");
+        }
+        let mut b = body(json!({"messages": m}));
+        assert_eq!(inject(&mut b, &[], &cfg), Injection::Skipped("nothing to recall"));
+        let off = RecallConfig { enabled: false, ..Default::default() };
+        assert_eq!(inject(&mut b, &rec(1), &off), Injection::Skipped("disabled"));
+    }
+
+    #[test]
+    fn note_is_capped_and_inserted_when_no_system_message() {
+        let cfg = RecallConfig { max_note_calls: 5, ..Default::default() };
+        let mut b = body(json!({"messages":[{"role":"user","content":"u"}]}));
+        inject(&mut b, &rec(40), &cfg);
+        let note = b["messages"][0]["content"].as_str().unwrap();
+        assert_eq!(b["messages"][0]["role"], "system");
+        assert!(note.contains("call_39") && !note.contains("call_34 "));
+        assert!(note.contains("(and 35 older)"));
+    }
+}
