@@ -12,9 +12,13 @@ fn message(i: usize) -> Value {
     let filler = "lorem ipsum dolor sit amet ".repeat(30); // ~800 bytes
     match i % 4 {
         0 => json!({"role":"user","content": format!("step {i}: {filler}")}),
-        1 => json!({"role":"assistant","content":null,"tool_calls":[{"id": format!("call_{i}"),"type":"function",
-              "function":{"name":"read_file","arguments": format!("{{\"path\":\"src/f{i}.rs\"}}")}}]}),
-        2 => json!({"role":"tool","tool_call_id": format!("call_{}", i - 1),"content": format!("{filler}{filler}")}),
+        1 => {
+            json!({"role":"assistant","content":null,"tool_calls":[{"id": format!("call_{i}"),"type":"function",
+              "function":{"name":"read_file","arguments": format!("{{\"path\":\"src/f{i}.rs\"}}")}}]})
+        }
+        2 => {
+            json!({"role":"tool","tool_call_id": format!("call_{}", i - 1),"content": format!("{filler}{filler}")})
+        }
         _ => json!({"role":"assistant","content": format!("done {i}: {filler}")}),
     }
 }
@@ -27,13 +31,20 @@ fn pct(v: &mut [Duration], p: f64) -> f64 {
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
         .ok()
-        .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()))
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<u64>().ok())
+        })
         .map(|pages| pages * 4)
         .unwrap_or(0)
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let dir = tempfile::tempdir().unwrap();
         let cfg = StoreConfig {

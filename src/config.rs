@@ -502,10 +502,15 @@ impl Config {
             e.push("prune.max_message_length: must be at least 16 characters".into());
         }
         let r = &self.recall;
-        for (key, name) in [("tool_name", &r.tool_name), ("search_tool_name", &r.search_tool_name)] {
+        for (key, name) in [
+            ("tool_name", &r.tool_name),
+            ("search_tool_name", &r.search_tool_name),
+        ] {
             let ok = !name.is_empty()
                 && name.len() <= 64
-                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
             if !ok {
                 e.push(format!(
                     "recall.{key}: {name:?} must be 1-64 letters, digits, '_' or '-' (OpenAI function name rules)"
@@ -516,7 +521,9 @@ impl Config {
             e.push("recall.search_tool_name: must differ from recall.tool_name".into());
         }
         if r.max_result_chars < 100 || r.max_search_chars < 100 {
-            e.push("recall.max_result_chars and recall.max_search_chars: must be at least 100".into());
+            e.push(
+                "recall.max_result_chars and recall.max_search_chars: must be at least 100".into(),
+            );
         }
         for (pattern, m) in &self.models {
             if pattern.is_empty() {

@@ -30,7 +30,11 @@ impl HistorySource {
 
     /// Every message with its position: the request's first, then stored ones not identical to a request message.
     fn all(&self) -> impl Iterator<Item = (u32, &Value)> {
-        let req = self.request.iter().enumerate().map(|(i, m)| (i as u32, &**m));
+        let req = self
+            .request
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (i as u32, &**m));
         let stored = self.stored.iter().filter_map(|(p, m)| {
             let dup = self.request.get(*p as usize).is_some_and(|r| **r == **m);
             (!dup).then_some((*p, &**m))
@@ -76,8 +80,14 @@ pub fn message_text(m: &Value) -> String {
     }
     if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
         for c in calls {
-            let name = c.pointer("/function/name").and_then(Value::as_str).unwrap_or("");
-            let args = c.pointer("/function/arguments").and_then(Value::as_str).unwrap_or("");
+            let name = c
+                .pointer("/function/name")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let args = c
+                .pointer("/function/arguments")
+                .and_then(Value::as_str)
+                .unwrap_or("");
             out.push_str(&format!("\n{name}({args})"));
         }
     }
@@ -94,8 +104,16 @@ fn cut(s: &str, max: usize) -> String {
 }
 
 /// The tool result ctxgate gives for one injected call.
-pub fn answer_call(call: &Value, names: &InjectedNames, src: &HistorySource, cfg: &RecallConfig) -> String {
-    let name = call.pointer("/function/name").and_then(Value::as_str).unwrap_or("");
+pub fn answer_call(
+    call: &Value,
+    names: &InjectedNames,
+    src: &HistorySource,
+    cfg: &RecallConfig,
+) -> String {
+    let name = call
+        .pointer("/function/name")
+        .and_then(Value::as_str)
+        .unwrap_or("");
     let args: Value = call
         .pointer("/function/arguments")
         .and_then(Value::as_str)
@@ -108,15 +126,26 @@ pub fn answer_call(call: &Value, names: &InjectedNames, src: &HistorySource, cfg
         match src.tool_result(id) {
             Some(m) => {
                 let tool = src.tool_name(id).unwrap_or("unknown tool");
-                format!("Result of tool call {id} ({tool}):\n{}", cut(&message_text(m), cfg.max_result_chars))
+                format!(
+                    "Result of tool call {id} ({tool}):\n{}",
+                    cut(&message_text(m), cfg.max_result_chars)
+                )
             }
             None => format!("Not found: no tool call with id {id:?} exists in this conversation."),
         }
     } else if name == names.search {
-        let Some(q) = args.get("query").and_then(Value::as_str).filter(|q| !q.trim().is_empty()) else {
+        let Some(q) = args
+            .get("query")
+            .and_then(Value::as_str)
+            .filter(|q| !q.trim().is_empty())
+        else {
             return "Error: `query` (a non-empty string) is required.".into();
         };
-        let limit = args.get("limit").and_then(Value::as_u64).unwrap_or(5).clamp(1, 20) as usize;
+        let limit = args
+            .get("limit")
+            .and_then(Value::as_u64)
+            .unwrap_or(5)
+            .clamp(1, 20) as usize;
         search(src, q, limit, cfg.max_search_chars)
     } else {
         format!("Error: unknown tool {name:?}.")
@@ -158,7 +187,9 @@ fn search(src: &HistorySource, query: &str, limit: usize, max_chars: usize) -> S
             .or_else(|| m.pointer("/tool_calls/0/id"))
             .cloned()
             .unwrap_or(Value::Null);
-        matches.push(json!({"position": pos, "role": m.get("role"), "call_id": call_id, "snippet": snippet}));
+        matches.push(
+            json!({"position": pos, "role": m.get("role"), "call_id": call_id, "snippet": snippet}),
+        );
     }
     json!({"query": query, "total_matches": total, "matches": matches}).to_string()
 }
@@ -166,10 +197,17 @@ fn search(src: &HistorySource, query: &str, limit: usize, max_chars: usize) -> S
 /// About `width` characters of `text` around byte offset `at` (of the lower-cased text; close enough for ASCII,
 /// clamped to char boundaries otherwise).
 fn snippet(text: &str, at: usize, width: usize) -> String {
-    let start_char = text[..floor(text, at)].chars().count().saturating_sub(width / 3);
+    let start_char = text[..floor(text, at)]
+        .chars()
+        .count()
+        .saturating_sub(width / 3);
     let s: String = text.chars().skip(start_char).take(width).collect();
     let prefix = if start_char > 0 { "…" } else { "" };
-    let suffix = if start_char + width < text.chars().count() { "…" } else { "" };
+    let suffix = if start_char + width < text.chars().count() {
+        "…"
+    } else {
+        ""
+    };
     format!("{prefix}{s}{suffix}")
 }
 
@@ -206,9 +244,22 @@ mod tests {
     fn recall_by_id_and_unknown_id() {
         let src = HistorySource::new(&history(), None);
         let cfg = RecallConfig::default();
-        let out = answer_call(&call("recall_tool_call", json!({"call_id":"call_a"})), &names(), &src, &cfg);
-        assert!(out.contains("ZEBRA-42") && out.contains("read_file"), "{out}");
-        let out = answer_call(&call("recall_tool_call", json!({"call_id":"nope"})), &names(), &src, &cfg);
+        let out = answer_call(
+            &call("recall_tool_call", json!({"call_id":"call_a"})),
+            &names(),
+            &src,
+            &cfg,
+        );
+        assert!(
+            out.contains("ZEBRA-42") && out.contains("read_file"),
+            "{out}"
+        );
+        let out = answer_call(
+            &call("recall_tool_call", json!({"call_id":"nope"})),
+            &names(),
+            &src,
+            &cfg,
+        );
         assert!(out.starts_with("Not found"));
         let out = answer_call(&call("recall_tool_call", json!({})), &names(), &src, &cfg);
         assert!(out.starts_with("Error"));
@@ -221,15 +272,34 @@ mod tests {
         tree.append_request(&h, &[], 0);
         // the current request no longer carries the result (e.g. a trimmed history)
         let src = HistorySource::new(&h[..1], Some(&tree));
-        let out = answer_call(&call("search_history", json!({"query":"zebra-42"})), &names(), &src, &RecallConfig::default());
+        let out = answer_call(
+            &call("search_history", json!({"query":"zebra-42"})),
+            &names(),
+            &src,
+            &RecallConfig::default(),
+        );
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["matches"][0]["call_id"], "call_a");
         assert_eq!(v["matches"][0]["position"], 2);
-        assert!(v["matches"][0]["snippet"].as_str().unwrap().contains("ZEBRA-42"));
+        assert!(v["matches"][0]["snippet"]
+            .as_str()
+            .unwrap()
+            .contains("ZEBRA-42"));
         let long = "x".repeat(50_000);
-        let src = HistorySource::new(&[json!({"role":"tool","tool_call_id":"big","content":long})], None);
-        let cfg = RecallConfig { max_result_chars: 1000, ..Default::default() };
-        let out = answer_call(&call("recall_tool_call", json!({"call_id":"big"})), &names(), &src, &cfg);
+        let src = HistorySource::new(
+            &[json!({"role":"tool","tool_call_id":"big","content":long})],
+            None,
+        );
+        let cfg = RecallConfig {
+            max_result_chars: 1000,
+            ..Default::default()
+        };
+        let out = answer_call(
+            &call("recall_tool_call", json!({"call_id":"big"})),
+            &names(),
+            &src,
+            &cfg,
+        );
         assert!(out.len() < 1200 && out.contains("truncated: 49000"));
     }
 }

@@ -25,7 +25,11 @@ pub enum Injection {
 
 /// Adds the recall tools and the note to `body` (an outgoing, already rewritten request). Deterministic: the same
 /// list gives the same bytes. The client's own `tools` entries and `tool_choice` stay as they were.
-pub fn inject(body: &mut Map<String, Value>, recallable: &[Recallable], cfg: &RecallConfig) -> Injection {
+pub fn inject(
+    body: &mut Map<String, Value>,
+    recallable: &[Recallable],
+    cfg: &RecallConfig,
+) -> Injection {
     if !cfg.enabled {
         return Injection::Skipped("disabled");
     }
@@ -50,7 +54,10 @@ pub fn inject(body: &mut Map<String, Value>, recallable: &[Recallable], cfg: &Re
     if clash {
         return Injection::Skipped("a client tool has the same name");
     }
-    if !matches!(body.get("tools"), None | Some(Value::Array(_)) | Some(Value::Null)) {
+    if !matches!(
+        body.get("tools"),
+        None | Some(Value::Array(_)) | Some(Value::Null)
+    ) {
         return Injection::Skipped("client tools are not an array");
     }
     let tools = body
@@ -121,7 +128,10 @@ fn add_note(body: &mut Map<String, Value>, note: &str) {
         return;
     };
     let first_system = messages.iter().position(|m| {
-        matches!(m.get("role").and_then(Value::as_str), Some("system") | Some("developer"))
+        matches!(
+            m.get("role").and_then(Value::as_str),
+            Some("system") | Some("developer")
+        )
     });
     match first_system {
         Some(i) => {
@@ -162,19 +172,27 @@ mod tests {
     #[test]
     fn injects_tools_and_note_deterministically() {
         let cfg = RecallConfig::default();
-        let mut a = body(json!({"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":"u"}],
-            "tools":[{"type":"function","function":{"name":"read_file","parameters":{}}}],"tool_choice":"auto"}));
+        let mut a = body(
+            json!({"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":"u"}],
+            "tools":[{"type":"function","function":{"name":"read_file","parameters":{}}}],"tool_choice":"auto"}),
+        );
         let mut b = a.clone();
         assert_eq!(inject(&mut a, &rec(3), &cfg), Injection::Injected);
         inject(&mut b, &rec(3), &cfg);
-        assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap());
+        assert_eq!(
+            serde_json::to_string(&a).unwrap(),
+            serde_json::to_string(&b).unwrap()
+        );
         let tools = a["tools"].as_array().unwrap();
         assert_eq!(tools.len(), 3);
         assert_eq!(tools[0]["function"]["name"], "read_file");
         assert_eq!(a["tool_choice"], "auto");
         let sys = a["messages"][0]["content"].as_str().unwrap();
         assert!(sys.starts_with("sys\n\n[ctxgate]"));
-        assert!(sys.find("call_2").unwrap() < sys.find("call_0").unwrap(), "newest first");
+        assert!(
+            sys.find("call_2").unwrap() < sys.find("call_0").unwrap(),
+            "newest first"
+        );
     }
 
     #[test]
@@ -187,18 +205,33 @@ mod tests {
             json!({"messages": m, "tools":[{"type":"function","function":{"name":"recall_tool_call"}}]}),
         ] {
             let mut b = body(v.clone());
-            assert!(matches!(inject(&mut b, &rec(1), &cfg), Injection::Skipped(_)));
+            assert!(matches!(
+                inject(&mut b, &rec(1), &cfg),
+                Injection::Skipped(_)
+            ));
             assert_eq!(Value::Object(b), v, "untouched");
         }
         let mut b = body(json!({"messages": m}));
-        assert_eq!(inject(&mut b, &[], &cfg), Injection::Skipped("nothing to recall"));
-        let off = RecallConfig { enabled: false, ..Default::default() };
-        assert_eq!(inject(&mut b, &rec(1), &off), Injection::Skipped("disabled"));
+        assert_eq!(
+            inject(&mut b, &[], &cfg),
+            Injection::Skipped("nothing to recall")
+        );
+        let off = RecallConfig {
+            enabled: false,
+            ..Default::default()
+        };
+        assert_eq!(
+            inject(&mut b, &rec(1), &off),
+            Injection::Skipped("disabled")
+        );
     }
 
     #[test]
     fn note_is_capped_and_inserted_when_no_system_message() {
-        let cfg = RecallConfig { max_note_calls: 5, ..Default::default() };
+        let cfg = RecallConfig {
+            max_note_calls: 5,
+            ..Default::default()
+        };
         let mut b = body(json!({"messages":[{"role":"user","content":"u"}]}));
         inject(&mut b, &rec(40), &cfg);
         let note = b["messages"][0]["content"].as_str().unwrap();

@@ -156,7 +156,9 @@ impl StreamSplicer {
         }
         let mut finish_here = None;
         for choice in choices.iter_mut() {
-            let Some(c) = choice.as_object_mut() else { continue };
+            let Some(c) = choice.as_object_mut() else {
+                continue;
+            };
             if let Some(fr) = c.get("finish_reason").filter(|f| !f.is_null()).cloned() {
                 finish_here = Some(fr);
                 c.insert("finish_reason".into(), Value::Null);
@@ -177,7 +179,10 @@ impl StreamSplicer {
                 for c in cs.iter_mut() {
                     if let Some(c) = c.as_object_mut() {
                         c.insert("delta".into(), Value::Object(Map::new()));
-                        c.insert("finish_reason".into(), finish_here.clone().unwrap_or(Value::Null));
+                        c.insert(
+                            "finish_reason".into(),
+                            finish_here.clone().unwrap_or(Value::Null),
+                        );
                     }
                 }
             }
@@ -205,8 +210,14 @@ impl StreamSplicer {
         };
         let mut relay = Vec::new();
         for (pos, call) in calls.into_iter().enumerate() {
-            let idx = call.get("index").and_then(Value::as_u64).unwrap_or(pos as u64);
-            let name = call.pointer("/function/name").and_then(Value::as_str).map(str::to_string);
+            let idx = call
+                .get("index")
+                .and_then(Value::as_u64)
+                .unwrap_or(pos as u64);
+            let name = call
+                .pointer("/function/name")
+                .and_then(Value::as_str)
+                .map(str::to_string);
             if !self.calls.contains_key(&idx) {
                 self.calls.insert(idx, Call::Pending(Vec::new()));
                 self.order.push(idx);
@@ -251,7 +262,12 @@ impl StreamSplicer {
     /// Ends the current upstream round. `rounds_left`: whether another round may be made.
     pub fn end_round(&mut self, rounds_left: bool) -> RoundEnd {
         let reply = std::mem::take(&mut self.assembler).finish();
-        let injected: Vec<Value> = self.names.injected_calls(&reply.message).into_iter().cloned().collect();
+        let injected: Vec<Value> = self
+            .names
+            .injected_calls(&reply.message)
+            .into_iter()
+            .cloned()
+            .collect();
         let calls = std::mem::take(&mut self.calls);
         let order = std::mem::take(&mut self.order);
         let finish = self.finish.take();
@@ -262,7 +278,10 @@ impl StreamSplicer {
             if let Some(m) = assistant.as_object_mut() {
                 m.insert("tool_calls".into(), Value::Array(injected.clone()));
             }
-            return RoundEnd::Continue { assistant, calls: injected };
+            return RoundEnd::Continue {
+                assistant,
+                calls: injected,
+            };
         }
         // The response ends here: release client calls held back, then one finish chunk and the summed usage.
         let mut out = Vec::new();
@@ -274,7 +293,11 @@ impl StreamSplicer {
                     let ci = self.next_client;
                     self.next_client += 1;
                     let deltas: Vec<Value> = held.into_iter().map(|d| reindex(d, ci)).collect();
-                    out.push(with_delta(&template, serde_json::json!({"tool_calls": deltas}), Value::Null));
+                    out.push(with_delta(
+                        &template,
+                        serde_json::json!({"tool_calls": deltas}),
+                        Value::Null,
+                    ));
                 }
             }
         }
@@ -308,7 +331,10 @@ impl StreamSplicer {
     }
 
     fn blank_chunk(&self) -> Value {
-        let (id, created, model) = self.ident.clone().unwrap_or((Value::Null, Value::Null, Value::Null));
+        let (id, created, model) =
+            self.ident
+                .clone()
+                .unwrap_or((Value::Null, Value::Null, Value::Null));
         serde_json::json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
             "choices": [{"index": 0, "delta": {}, "finish_reason": null}]})
     }
@@ -361,27 +387,52 @@ mod tests {
     fn injected_round_continues_then_finishes_once() {
         let mut s = StreamSplicer::new(names(), true);
         let mut seen = Vec::new();
-        seen.extend(s.on_chunk(chunk(json!({"role":"assistant","content":"Checking. "}), None)));
-        seen.extend(s.on_chunk(chunk(call_delta(0, Some("r1"), Some("recall_tool_call"), ""), None)));
-        seen.extend(s.on_chunk(chunk(call_delta(0, None, None, "{\"call_id\":\"c9\"}"), None)));
+        seen.extend(s.on_chunk(chunk(
+            json!({"role":"assistant","content":"Checking. "}),
+            None,
+        )));
+        seen.extend(s.on_chunk(chunk(
+            call_delta(0, Some("r1"), Some("recall_tool_call"), ""),
+            None,
+        )));
+        seen.extend(s.on_chunk(chunk(
+            call_delta(0, None, None, "{\"call_id\":\"c9\"}"),
+            None,
+        )));
         seen.extend(s.on_chunk(chunk(json!({}), Some("tool_calls"))));
         seen.extend(s.on_chunk(json!({"id":"x","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":3,"total_tokens":13}})));
-        let RoundEnd::Continue { assistant, calls } = s.end_round(true) else { panic!("must continue") };
+        let RoundEnd::Continue { assistant, calls } = s.end_round(true) else {
+            panic!("must continue")
+        };
         assert_eq!(calls.len(), 1);
-        assert_eq!(assistant["tool_calls"][0]["function"]["arguments"], "{\"call_id\":\"c9\"}");
+        assert_eq!(
+            assistant["tool_calls"][0]["function"]["arguments"],
+            "{\"call_id\":\"c9\"}"
+        );
         // round 2: a different id upstream, a second role chunk
         let mut c2 = chunk(json!({"role":"assistant","content":"Found it."}), None);
         c2["id"] = json!("other-id");
         seen.extend(s.on_chunk(c2));
         seen.extend(s.on_chunk(chunk(json!({}), Some("stop"))));
         seen.extend(s.on_chunk(json!({"id":"y","choices":[],"usage":{"prompt_tokens":20,"completion_tokens":2,"total_tokens":22}})));
-        let RoundEnd::Finish(tail) = s.end_round(true) else { panic!("must finish") };
+        let RoundEnd::Finish(tail) = s.end_round(true) else {
+            panic!("must finish")
+        };
         seen.extend(tail);
         let text = serde_json::to_string(&seen).unwrap();
         assert!(!text.contains("recall_tool_call"), "{text}");
         assert!(seen.iter().all(|c| c["id"] == "chatcmpl-mock"));
-        assert_eq!(seen.iter().filter(|c| c.pointer("/choices/0/delta/role").is_some()).count(), 1);
-        let finishes: Vec<&Value> = seen.iter().filter_map(|c| c.pointer("/choices/0/finish_reason")).filter(|f| !f.is_null()).collect();
+        assert_eq!(
+            seen.iter()
+                .filter(|c| c.pointer("/choices/0/delta/role").is_some())
+                .count(),
+            1
+        );
+        let finishes: Vec<&Value> = seen
+            .iter()
+            .filter_map(|c| c.pointer("/choices/0/finish_reason"))
+            .filter(|f| !f.is_null())
+            .collect();
         assert_eq!(finishes, [&json!("stop")]);
         assert_eq!(seen.last().unwrap()["usage"]["total_tokens"], 35);
     }
@@ -390,32 +441,59 @@ mod tests {
     fn client_call_first_is_relayed_and_later_injected_dropped() {
         let mut s = StreamSplicer::new(names(), false);
         let mut seen = Vec::new();
-        seen.extend(s.on_chunk(chunk(call_delta(0, Some("c1"), Some("read_file"), "{}"), None)));
-        seen.extend(s.on_chunk(chunk(call_delta(1, Some("r1"), Some("search_history"), "{\"query\":\"x\"}"), None)));
+        seen.extend(s.on_chunk(chunk(
+            call_delta(0, Some("c1"), Some("read_file"), "{}"),
+            None,
+        )));
+        seen.extend(s.on_chunk(chunk(
+            call_delta(1, Some("r1"), Some("search_history"), "{\"query\":\"x\"}"),
+            None,
+        )));
         seen.extend(s.on_chunk(chunk(json!({}), Some("tool_calls"))));
-        let RoundEnd::Finish(tail) = s.end_round(true) else { panic!("client calls were relayed: finish") };
+        let RoundEnd::Finish(tail) = s.end_round(true) else {
+            panic!("client calls were relayed: finish")
+        };
         seen.extend(tail);
         let text = serde_json::to_string(&seen).unwrap();
         assert!(text.contains("read_file") && !text.contains("search_history"));
-        assert_eq!(seen.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(
+            seen.last().unwrap()["choices"][0]["finish_reason"],
+            "tool_calls"
+        );
     }
 
     #[test]
     fn injected_first_holds_client_calls_and_releases_them_when_rounds_run_out() {
         let mut s = StreamSplicer::new(names(), false);
         let mut seen = Vec::new();
-        seen.extend(s.on_chunk(chunk(call_delta(0, Some("r1"), Some("recall_tool_call"), "{\"call_id\":\"a\"}"), None)));
-        seen.extend(s.on_chunk(chunk(call_delta(1, Some("c1"), Some("ls"), "{\"d\":"), None)));
+        seen.extend(s.on_chunk(chunk(
+            call_delta(
+                0,
+                Some("r1"),
+                Some("recall_tool_call"),
+                "{\"call_id\":\"a\"}",
+            ),
+            None,
+        )));
+        seen.extend(s.on_chunk(chunk(
+            call_delta(1, Some("c1"), Some("ls"), "{\"d\":"),
+            None,
+        )));
         seen.extend(s.on_chunk(chunk(call_delta(1, None, None, "1}"), None)));
         seen.extend(s.on_chunk(chunk(json!({}), Some("tool_calls"))));
         assert!(seen.is_empty(), "nothing relayed yet: {seen:?}");
-        let RoundEnd::Finish(tail) = s.end_round(false) else { panic!("no rounds left") };
+        let RoundEnd::Finish(tail) = s.end_round(false) else {
+            panic!("no rounds left")
+        };
         let mut a = MessageAssembler::new();
         for c in &tail {
             a.on_chunk(c);
         }
         let m = a.finish().message;
-        assert_eq!(m["tool_calls"], json!([{"id":"c1","type":"function","function":{"name":"ls","arguments":"{\"d\":1}"}}]));
+        assert_eq!(
+            m["tool_calls"],
+            json!([{"id":"c1","type":"function","function":{"name":"ls","arguments":"{\"d\":1}"}}])
+        );
     }
 
     #[test]
@@ -428,6 +506,9 @@ mod tests {
         let mut u = None;
         merge_usage(&mut u, &json!({"prompt_tokens":1,"details":{"cached":2}}));
         merge_usage(&mut u, &json!({"prompt_tokens":4,"details":{"cached":1}}));
-        assert_eq!(u.unwrap(), json!({"prompt_tokens":5,"details":{"cached":3}}));
+        assert_eq!(
+            u.unwrap(),
+            json!({"prompt_tokens":5,"details":{"cached":3}})
+        );
     }
 }

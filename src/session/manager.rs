@@ -4,7 +4,7 @@
 
 use super::identity::SessionIdentity;
 use super::tree::{NodeId, Tree};
-use crate::store::{committed, SessionMeta, Store, StoreError, WriteOp};
+use crate::store::{committed, RecordKind, SessionMeta, Store, StoreError, WriteOp};
 use moka::future::Cache;
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -36,6 +36,7 @@ struct EntryState {
     tree: Tree,
     last_active: i64,
     compressions: Vec<Value>,
+    internal: Vec<Value>,
 }
 
 impl SessionEntry {
@@ -98,6 +99,8 @@ pub struct SessionView {
     pub branches: Vec<BranchView>,
     /// Compression records, oldest first.
     pub compressions: Vec<Value>,
+    /// ctxgate's own exchanges with the model (recall rounds), flagged as such; never part of `messages`.
+    pub internal: Vec<Value>,
 }
 
 /// A branch other than the current history.
@@ -155,6 +158,7 @@ impl Sessions {
                             tree: Tree::from_nodes(s.nodes, head),
                             last_active: s.meta.last_active,
                             compressions: s.compressions,
+                            internal: s.internal,
                         };
                         let e = SessionEntry {
                             id: s.meta.id,
@@ -200,6 +204,7 @@ impl Sessions {
                         tree: Tree::new(),
                         last_active: now,
                         compressions: Vec::new(),
+                        internal: Vec::new(),
                     }),
                     weight: AtomicU32::new(512),
                 });
@@ -297,15 +302,23 @@ impl Sessions {
         committed(self.store.write(Vec::new())).await
     }
 
-    /// Appends a compression record to a session.
-    pub async fn record_compression(
+    /// Appends a record (compression or internal exchange) to a session and waits until it is durable.
+    pub async fn record(
         &self,
         mark: &RequestMark,
+        kind: RecordKind,
         record: Value,
     ) -> Result<(), StoreError> {
         let now = now_secs();
-        mark.entry.state.lock().compressions.push(record.clone());
-        committed(self.store.write(vec![WriteOp::Compression {
+        {
+            let mut st = mark.entry.state.lock();
+            match kind {
+                RecordKind::Compression => st.compressions.push(record.clone()),
+                RecordKind::Internal => st.internal.push(record.clone()),
+            }
+        }
+        committed(self.store.write(vec![WriteOp::Record {
+            kind,
             session: mark.entry.id.clone(),
             created_at: now,
             record,
@@ -355,6 +368,7 @@ impl Sessions {
             messages: history.iter().map(|n| (*n.message).clone()).collect(),
             branches,
             compressions: st.compressions.clone(),
+            internal: st.internal.clone(),
         }))
     }
 

@@ -1,6 +1,6 @@
 //! The memory backend: the same contract as SQLite, kept in process memory (lost on restart).
 
-use super::{SessionMeta, Store, StoreError, StoredSession, WriteOp};
+use super::{RecordKind, SessionMeta, Store, StoreError, StoredSession, WriteOp};
 use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -41,6 +41,7 @@ impl Store for MemoryStore {
                                     meta,
                                     nodes: Vec::new(),
                                     compressions: Vec::new(),
+                                    internal: Vec::new(),
                                 },
                             );
                         }
@@ -53,11 +54,17 @@ impl Store for MemoryStore {
                         }
                     }
                 }
-                WriteOp::Compression {
-                    session, record, ..
+                WriteOp::Record {
+                    kind,
+                    session,
+                    record,
+                    ..
                 } => {
                     if let Some(s) = map.get_mut(&session) {
-                        s.compressions.push(record);
+                        match kind {
+                            RecordKind::Compression => s.compressions.push(record),
+                            RecordKind::Internal => s.internal.push(record),
+                        }
                     }
                 }
             }

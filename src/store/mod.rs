@@ -63,6 +63,27 @@ pub struct StoredSession {
     pub nodes: Vec<Node>,
     /// Compression records, oldest first (JSON objects).
     pub compressions: Vec<serde_json::Value>,
+    /// ctxgate's own exchanges with the model (recall rounds), oldest first.
+    pub internal: Vec<serde_json::Value>,
+}
+
+/// Kinds of records kept beside a session's messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordKind {
+    /// A rewrite or summary of what was sent upstream.
+    Compression,
+    /// A recall round: ctxgate's own exchange with the model, never part of the client's history.
+    Internal,
+}
+
+impl RecordKind {
+    /// Name as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordKind::Compression => "compression",
+            RecordKind::Internal => "internal",
+        }
+    }
 }
 
 /// One write. Writes are applied in the order they were queued.
@@ -77,8 +98,10 @@ pub enum WriteOp {
         /// The node.
         node: Node,
     },
-    /// Append a compression record.
-    Compression {
+    /// Append a record (compression or internal exchange).
+    Record {
+        /// Which list it belongs to.
+        kind: RecordKind,
         /// Session id.
         session: String,
         /// Unix seconds.

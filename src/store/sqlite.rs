@@ -1,7 +1,7 @@
 //! The embedded SQLite backend: one worker thread owns the connection (WAL mode) and applies queued commands in
 //! order, committing writes in small groups so that many sessions never queue on SQLite's lock.
 
-use super::{SessionMeta, Store, StoreError, StoredSession, WriteOp};
+use super::{RecordKind, SessionMeta, Store, StoreError, StoredSession, WriteOp};
 use crate::session::tree::{Node, NodeId, NodeKind};
 use futures_util::future::BoxFuture;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -60,9 +60,10 @@ CREATE TABLE IF NOT EXISTS nodes (
     message TEXT NOT NULL,
     PRIMARY KEY (session_id, node_id)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS compressions (
+CREATE TABLE IF NOT EXISTS records (
     session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
     seq INTEGER NOT NULL,
+    kind TEXT NOT NULL,
     created_at INTEGER NOT NULL,
     record TEXT NOT NULL,
     PRIMARY KEY (session_id, seq)
@@ -224,16 +225,17 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: &WriteOp) -> Result<(), rusqlite::E
                 node.message.to_string()
             ])?;
         }
-        WriteOp::Compression {
+        WriteOp::Record {
+            kind,
             session,
             created_at,
             record,
         } => {
             tx.prepare_cached(
-                "INSERT INTO compressions (session_id, seq, created_at, record)
-                 VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM compressions WHERE session_id = ?1), ?2, ?3)",
+                "INSERT INTO records (session_id, seq, kind, created_at, record)
+                 VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM records WHERE session_id = ?1), ?2, ?3, ?4)",
             )?
-            .execute(params![session, created_at, record.to_string()])?;
+            .execute(params![session, kind.as_str(), created_at, record.to_string()])?;
         }
     }
     Ok(())
@@ -308,16 +310,26 @@ fn load(conn: &Connection, id: &str) -> Result<Option<StoredSession>, rusqlite::
         })?
         .collect::<Result<Vec<_>, _>>()?;
     let mut stmt =
-        conn.prepare_cached("SELECT record FROM compressions WHERE session_id = ?1 ORDER BY seq")?;
-    let compressions = stmt
-        .query_map(params![id], |row| row.get::<_, String>(0))?
-        .filter_map(|r| r.ok())
-        .filter_map(|t| serde_json::from_str(&t).ok())
-        .collect();
+        conn.prepare_cached("SELECT kind, record FROM records WHERE session_id = ?1 ORDER BY seq")?;
+    let (mut compressions, mut internal) = (Vec::new(), Vec::new());
+    let rows = stmt.query_map(params![id], |row| {
+        Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+    })?;
+    for (kind, text) in rows.filter_map(Result::ok) {
+        let Ok(v) = serde_json::from_str(&text) else {
+            continue;
+        };
+        if kind == RecordKind::Internal.as_str() {
+            internal.push(v);
+        } else {
+            compressions.push(v);
+        }
+    }
     Ok(Some(StoredSession {
         meta,
         nodes,
         compressions,
+        internal,
     }))
 }
 
@@ -386,10 +398,17 @@ mod tests {
                     session: "s1".into(),
                     node: node("b", Some("a"), 1),
                 },
-                WriteOp::Compression {
+                WriteOp::Record {
+                    kind: RecordKind::Compression,
                     session: "s1".into(),
                     created_at: 5,
                     record: json!({"x":1}),
+                },
+                WriteOp::Record {
+                    kind: RecordKind::Internal,
+                    session: "s1".into(),
+                    created_at: 6,
+                    record: json!({"y":2}),
                 },
                 WriteOp::Session(meta("s2", 20)),
             ];
@@ -400,6 +419,7 @@ mod tests {
         assert_eq!(loaded.nodes.len(), 2);
         assert_eq!(loaded.meta.head.as_deref(), Some("b"));
         assert_eq!(loaded.compressions, vec![json!({"x":1})]);
+        assert_eq!(loaded.internal, vec![json!({"y":2})]);
         let (page, total) = s.list(10, 0).await.unwrap();
         assert_eq!(total, 2);
         assert_eq!(page[0].id, "s2");
