@@ -218,11 +218,10 @@ impl StreamSplicer {
                 .pointer("/function/name")
                 .and_then(Value::as_str)
                 .map(str::to_string);
-            if !self.calls.contains_key(&idx) {
-                self.calls.insert(idx, Call::Pending(Vec::new()));
+            let state = self.calls.remove(&idx).unwrap_or_else(|| {
                 self.order.push(idx);
-            }
-            let state = self.calls.remove(&idx).unwrap_or(Call::Pending(Vec::new()));
+                Call::Pending(Vec::new())
+            });
             let state = match state {
                 Call::Pending(mut held) => {
                     held.push(call);
