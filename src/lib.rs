@@ -3,6 +3,7 @@
 
 pub mod app;
 pub mod config;
+pub mod context;
 pub mod error;
 pub mod mock;
 pub mod pipeline;

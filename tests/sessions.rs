@@ -97,6 +97,14 @@ async fn three_turns_survive_a_restart() {
     assert_eq!(v["id"], sid);
     assert_eq!(v["branches"], json!([]));
     assert_eq!(v["compressions"], json!([]));
+    let loops = v["run_loops"].as_array().unwrap();
+    assert_eq!(loops.len(), 3, "one run loop per question");
+    assert_eq!(loops[1]["user"], "question 2");
+    assert_eq!(loops[1]["final_reply"], "answer 2");
+    assert_eq!(
+        (loops[1]["start"].as_u64(), loops[1]["end"].as_u64()),
+        (Some(3), Some(5))
+    );
     let list: Value = admin(&h, "/admin/sessions").await.json().await.unwrap();
     assert_eq!(list["total"], 1);
     assert_eq!(list["sessions"][0]["id"], sid);

@@ -3,6 +3,7 @@
 
 use super::InjectedNames;
 use crate::config::RecallConfig;
+use crate::session::runloop::message_text;
 use crate::session::tree::Tree;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -59,39 +60,6 @@ impl HistorySource {
                 .as_str()
         })
     }
-}
-
-/// The text of a message: string content, text parts, refusal and tool-call arguments.
-pub fn message_text(m: &Value) -> String {
-    let mut out = String::new();
-    match m.get("content") {
-        Some(Value::String(s)) => out.push_str(s),
-        Some(Value::Array(parts)) => {
-            for p in parts {
-                if let Some(t) = p.get("text").and_then(Value::as_str) {
-                    if !out.is_empty() {
-                        out.push('\n');
-                    }
-                    out.push_str(t);
-                }
-            }
-        }
-        _ => {}
-    }
-    if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
-        for c in calls {
-            let name = c
-                .pointer("/function/name")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            let args = c
-                .pointer("/function/arguments")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            out.push_str(&format!("\n{name}({args})"));
-        }
-    }
-    out
 }
 
 fn cut(s: &str, max: usize) -> String {

@@ -3,6 +3,7 @@
 //! turn is released to the client.
 
 use super::identity::SessionIdentity;
+use super::runloop::{message_text, run_loops, ToolCallRef};
 use super::tree::{NodeId, Tree};
 use crate::store::{committed, RecordKind, SessionMeta, Store, StoreError, WriteOp};
 use moka::future::Cache;
@@ -95,12 +96,55 @@ pub struct SessionView {
     pub messages: Vec<Value>,
     /// Positions in `messages` of replies that were cut short.
     pub partial: Vec<u32>,
+    /// The history's run loops (user message → tool calls → final reply), as a summary.
+    pub run_loops: Vec<RunLoopView>,
     /// The other branches: where they leave the history and their messages from there.
     pub branches: Vec<BranchView>,
     /// Compression records, oldest first.
     pub compressions: Vec<Value>,
     /// ctxgate's own exchanges with the model (recall rounds), flagged as such; never part of `messages`.
     pub internal: Vec<Value>,
+}
+
+/// A run loop as the admin API shows it: positions, the tool calls, and short previews of its ends.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunLoopView {
+    /// Position of its first message.
+    pub start: usize,
+    /// One past its last message.
+    pub end: usize,
+    /// The opening user message, cut to a preview.
+    pub user: Option<String>,
+    /// The tool calls made (id, name, arguments, timestamp, position of the result).
+    pub tool_calls: Vec<ToolCallRef>,
+    /// The final reply, cut to a preview; `null` while the loop is unfinished.
+    pub final_reply: Option<String>,
+}
+
+/// Characters of a message shown in a run loop's preview.
+const PREVIEW_CHARS: usize = 200;
+
+fn preview(m: &Value) -> String {
+    let text = message_text(m);
+    let mut p: String = text.chars().take(PREVIEW_CHARS).collect();
+    if text.chars().nth(PREVIEW_CHARS).is_some() {
+        p.push('…');
+    }
+    p
+}
+
+fn run_loop_views(messages: &[Value], timestamps: &[i64]) -> Vec<RunLoopView> {
+    run_loops(messages, Some(timestamps))
+        .loops
+        .into_iter()
+        .map(|l| RunLoopView {
+            start: l.start,
+            end: l.end,
+            user: l.user.map(|i| preview(&messages[i])),
+            final_reply: l.final_reply.map(|i| preview(&messages[i])),
+            tool_calls: l.tool_calls,
+        })
+        .collect()
 }
 
 /// A branch other than the current history.
@@ -354,6 +398,8 @@ impl Sessions {
                 }
             })
             .collect();
+        let messages: Vec<Value> = history.iter().map(|n| (*n.message).clone()).collect();
+        let timestamps: Vec<i64> = history.iter().map(|n| n.created_at).collect();
         Ok(Some(SessionView {
             id: entry.id.clone(),
             created_at: entry.created_at,
@@ -365,7 +411,8 @@ impl Sessions {
                 .filter(|n| n.partial)
                 .map(|n| n.position)
                 .collect(),
-            messages: history.iter().map(|n| (*n.message).clone()).collect(),
+            run_loops: run_loop_views(&messages, &timestamps),
+            messages,
             branches,
             compressions: st.compressions.clone(),
             internal: st.internal.clone(),

@@ -2,6 +2,7 @@
 
 pub mod identity;
 pub mod manager;
+pub mod runloop;
 pub mod tree;
 
 pub use identity::{identify, SessionIdentity};

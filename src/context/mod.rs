@@ -1,0 +1,14 @@
+//! The context engine: counts tokens and, when a request outgrows its budget, plans the rewrite of what goes
+//! upstream (tool-result clearing, run-loop pruning, the hard limit). **Pure: no I/O, no network, no store.**
+
+pub mod models;
+pub mod plan;
+pub mod shape;
+mod stages;
+pub mod tokens;
+pub mod units;
+
+pub use plan::{plan, CompressionRecord, Plan, PlanInput, PrunedCall, Rewrite};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,239 @@
+//! The planner: given a request's messages and the budget of its model, decide whether to forward them as they
+//! are, rewrite them (and how), or refuse them. Deterministic: the same messages and settings give the same bytes.
+
+use super::shape::digest;
+use super::stages::{Cuts, Limits, Mode, Model};
+use super::tokens::{Encoding, TokenCounter};
+use crate::config::{ContextConfig, PruneConfig, Strategy};
+use serde::Serialize;
+use serde_json::Value;
+
+/// Everything the planner needs to know about one request.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanInput<'a> {
+    /// The request's messages.
+    pub messages: &'a [Value],
+    /// The request's `tools`, counted in the budget.
+    pub tools: Option<&'a Value>,
+    /// Unix seconds each message was first seen (aligned with `messages`); `now` when unknown.
+    pub first_seen: Option<&'a [i64]>,
+    /// Unix seconds now.
+    pub now: i64,
+    /// The tokenizer of the model.
+    pub encoding: Encoding,
+    /// Calibration: real tokens per estimated token for this model (1.0 when unknown).
+    pub ratio: f64,
+    /// The strategy in force (config, or the `x-ctxgate-strategy` header).
+    pub strategy: Strategy,
+    /// The model's context window in tokens.
+    pub window: u64,
+    /// Name of the recall tool when it will be offered with this request (placeholders then say how to use it).
+    pub recall_tool: Option<&'a str>,
+    /// Tokens the caller will add to a rewritten request (the recall tools and note), kept free of the target.
+    pub reserve: u64,
+}
+
+/// A tool call whose result is not in the rewritten request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PrunedCall {
+    /// The call id.
+    pub call_id: String,
+    /// The tool's name.
+    pub tool_name: String,
+    /// A one-line digest of its arguments.
+    pub digest: String,
+}
+
+/// What a rewrite did, kept with the session and shown by the admin API.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CompressionRecord {
+    /// The strategy in force.
+    pub strategy: &'static str,
+    /// The stages that changed something: `cleared`, `pruned`, `truncated`.
+    pub stages: Vec<&'static str>,
+    /// Messages the client sent.
+    pub messages_before: usize,
+    /// Messages sent upstream.
+    pub messages_after: usize,
+    /// Estimated (calibrated) tokens of the client's request.
+    pub tokens_before: u64,
+    /// Estimated (calibrated) tokens sent upstream, before the recall tools are added.
+    pub tokens_after: u64,
+    /// The model's context window.
+    pub context_window: u64,
+    /// Tool results replaced by a placeholder.
+    pub cleared_results: usize,
+    /// Past run loops cut to their user message and final reply.
+    pub pruned_loops: usize,
+    /// Run loops dropped for count or age.
+    pub dropped_loops: usize,
+    /// Messages dropped by the hard limit.
+    pub dropped_messages: usize,
+    /// Ids of the tool calls whose results are not sent (recallable).
+    pub pruned_call_ids: Vec<String>,
+    /// Where the rewrite cut (message indexes): equal cuts on two turns mean an identical rewritten prefix.
+    pub cuts: [usize; 4],
+}
+
+/// A rewritten request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rewrite {
+    /// The messages to send upstream.
+    pub messages: Vec<Value>,
+    /// What was done.
+    pub record: CompressionRecord,
+    /// The calls the model may recall, oldest first.
+    pub pruned: Vec<PrunedCall>,
+}
+
+/// The planner's decision.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Plan {
+    /// Send the client's request as it is.
+    Forward {
+        /// Its estimated (calibrated) tokens; `None` when not counted (clearly below the threshold).
+        tokens: Option<u64>,
+    },
+    /// Send `Rewrite::messages` instead.
+    Rewrite(Box<Rewrite>),
+    /// Even the smallest valid rewrite does not fit under the hard limit: refuse without calling upstream.
+    Reject {
+        /// Estimated tokens of the smallest rewrite.
+        tokens: u64,
+        /// The hard limit in tokens.
+        limit: u64,
+        /// The model's context window.
+        window: u64,
+    },
+}
+
+/// Plans one request.
+pub fn plan(
+    input: &PlanInput,
+    ctx: &ContextConfig,
+    prune: &PruneConfig,
+    counter: &TokenCounter,
+) -> Plan {
+    if input.strategy == Strategy::Off || input.messages.is_empty() {
+        return Plan::Forward { tokens: None };
+    }
+    // A quantized ratio keeps the cut points still while the calibration drifts a little.
+    let ratio = ((input.ratio * 20.0).round() / 20.0).clamp(0.5, 2.0);
+    let raw = |frac: f64| (frac * input.window as f64 / ratio) as u64;
+    let lim = Limits {
+        threshold: raw(ctx.threshold),
+        target: raw(ctx.target).saturating_sub(input.reserve),
+        hard: raw(ctx.hard_limit),
+    };
+    let calibrated = |t: u64| (t as f64 * ratio).ceil() as u64;
+    let base = 3 + input
+        .tools
+        .map_or(0, |t| counter.tools_tokens(input.encoding, t));
+    let times = match input.first_seen {
+        Some(t) if t.len() == input.messages.len() => t.to_vec(),
+        _ => vec![input.now; input.messages.len()],
+    };
+    let mut model = Model::new(
+        input.messages,
+        times,
+        counter,
+        input.encoding,
+        prune,
+        input.recall_tool,
+    );
+    let (cuts, cost) = model.simulate(base, lim);
+    if cuts == Cuts::default() {
+        let full = cost; // no cut: this is the whole request
+        return Plan::Forward {
+            tokens: Some(calibrated(full)),
+        };
+    }
+    if cost > lim.hard {
+        return Plan::Reject {
+            tokens: calibrated(cost),
+            limit: (ctx.hard_limit * input.window as f64) as u64,
+            window: input.window,
+        };
+    }
+    let before = base + model.total();
+    build(
+        input,
+        &mut model,
+        &cuts,
+        calibrated(before),
+        calibrated(cost),
+    )
+}
+
+fn build(input: &PlanInput, model: &mut Model, cuts: &Cuts, before: u64, after: u64) -> Plan {
+    let mut messages = Vec::with_capacity(input.messages.len());
+    let mut changed = false;
+    let mut gone = Vec::new();
+    let (mut cleared, mut dropped) = (0, 0);
+    for (i, original) in input.messages.iter().enumerate() {
+        let mode = model.mode(i, cuts);
+        match model.rendered(i, mode) {
+            Some((v, _)) => {
+                changed |= v != *original;
+                cleared += usize::from(mode == Mode::Cleared);
+                messages.push(v);
+            }
+            None => {
+                changed = true;
+                dropped += usize::from(mode == Mode::Dropped);
+            }
+        }
+        if matches!(mode, Mode::Cleared | Mode::Omitted | Mode::Dropped) {
+            gone.push(i);
+        }
+    }
+    if !changed {
+        return Plan::Forward {
+            tokens: Some(before),
+        };
+    }
+    let loop_count = |cut: usize| model.loops.iter().filter(|l| l.end <= cut).count();
+    let dropped_loops = loop_count(cuts.drop_loops);
+    let pruned_loops = loop_count(cuts.prune.max(cuts.drop_loops)) - dropped_loops;
+    let pruned: Vec<PrunedCall> = model
+        .loops
+        .iter()
+        .flat_map(|l| &l.tool_calls)
+        .filter(|c| c.result.is_some_and(|r| gone.binary_search(&r).is_ok()))
+        .map(|c| PrunedCall {
+            call_id: c.id.clone(),
+            tool_name: c.name.clone(),
+            digest: digest(&c.arguments, 80),
+        })
+        .collect();
+    let mut stages = Vec::new();
+    if cleared > 0 {
+        stages.push("cleared");
+    }
+    if pruned_loops + dropped_loops > 0 {
+        stages.push("pruned");
+    }
+    if dropped > 0 {
+        stages.push("truncated");
+    }
+    let record = CompressionRecord {
+        strategy: input.strategy.as_str(),
+        stages,
+        messages_before: input.messages.len(),
+        messages_after: messages.len(),
+        tokens_before: before,
+        tokens_after: after,
+        context_window: input.window,
+        cleared_results: cleared,
+        pruned_loops,
+        dropped_loops,
+        dropped_messages: dropped,
+        pruned_call_ids: pruned.iter().map(|p| p.call_id.clone()).collect(),
+        cuts: [cuts.clear, cuts.prune, cuts.drop_loops, cuts.drop],
+    };
+    Plan::Rewrite(Box::new(Rewrite {
+        messages,
+        record,
+        pruned,
+    }))
+}

@@ -1,0 +1,303 @@
+//! The cost model of a rewrite and its cut points. A rewrite is described by a few cuts (tool results cleared
+//! before `clear`, run loops pruned before `prune`, loops dropped before `drop_loops`, whole units dropped before
+//! `drop`). The cuts are found by replaying the conversation's growth message by message: they move only when the
+//! request crosses the threshold, and then down to the target, so consecutive turns share an identical prefix.
+
+use super::shape::{is_placeholder, placeholder, truncated};
+use super::tokens::{Encoding, TokenCounter};
+use super::units::{units, Unit};
+use crate::config::PruneConfig;
+use crate::session::runloop::{is_system, role, run_loops, RunLoop};
+use serde_json::Value;
+use std::collections::HashMap;
+
+/// Where the rewrite cuts. All zero: nothing rewritten.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cuts {
+    /// Eligible tool results before this index are cleared.
+    pub clear: usize,
+    /// Run loops ending at or before this index keep only their user message and final reply (cut).
+    pub prune: usize,
+    /// Run loops ending at or before this index are dropped entirely.
+    pub drop_loops: usize,
+    /// Units starting before this index are dropped (hard limit), except system messages and `keep_user`.
+    pub drop: usize,
+    /// The user message the hard limit kept.
+    pub keep_user: Option<usize>,
+}
+
+/// What happens to one message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Sent as is.
+    Keep,
+    /// A tool result replaced by a placeholder.
+    Cleared,
+    /// A past run loop's user message or final reply, cut to length.
+    Truncated,
+    /// Not sent: part of a pruned or dropped run loop.
+    Omitted,
+    /// Not sent: dropped by the hard limit.
+    Dropped,
+}
+
+/// Token limits, in the estimator's units (already divided by the calibration ratio).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Above this a rewrite starts.
+    pub threshold: u64,
+    /// A rewrite aims for this.
+    pub target: u64,
+    /// Above this whole units are dropped; a request that cannot get under it is refused.
+    pub hard: u64,
+}
+
+/// The messages with everything the cuts need, computed once per request.
+pub struct Model<'a> {
+    msgs: &'a [Value],
+    counter: &'a TokenCounter,
+    enc: Encoding,
+    prune: &'a PruneConfig,
+    recall_tool: Option<&'a str>,
+    tok: Vec<u64>,
+    eligible: Vec<bool>,
+    tools: Vec<usize>,
+    users: Vec<usize>,
+    /// The run loops, oldest first.
+    pub loops: Vec<RunLoop>,
+    loop_of: Vec<Option<usize>>,
+    units: Vec<Unit>,
+    unit_of: Vec<usize>,
+    times: Vec<i64>,
+    /// Tool message index → the name of the tool that produced it.
+    pub tool_names: HashMap<usize, String>,
+    alt: HashMap<usize, (Value, u64)>,
+}
+
+impl<'a> Model<'a> {
+    /// Counts and indexes `msgs`. `times` are first-seen unix seconds aligned with `msgs`.
+    pub fn new(
+        msgs: &'a [Value],
+        times: Vec<i64>,
+        counter: &'a TokenCounter,
+        enc: Encoding,
+        prune: &'a PruneConfig,
+        recall_tool: Option<&'a str>,
+    ) -> Self {
+        let tok: Vec<u64> = msgs
+            .iter()
+            .map(|m| counter.message_tokens(enc, m))
+            .collect();
+        let rl = run_loops(msgs, None);
+        let mut loop_of = vec![None; msgs.len()];
+        let mut tool_names = HashMap::new();
+        for (li, l) in rl.loops.iter().enumerate() {
+            loop_of[l.start..l.end]
+                .iter_mut()
+                .for_each(|x| *x = Some(li));
+            for c in &l.tool_calls {
+                if let Some(r) = c.result {
+                    tool_names.insert(r, c.name.clone());
+                }
+            }
+        }
+        let units = units(msgs);
+        let mut unit_of = vec![0; msgs.len()];
+        for (ui, u) in units.iter().enumerate() {
+            unit_of[u.start..u.end].iter_mut().for_each(|x| *x = ui);
+        }
+        let eligible = msgs
+            .iter()
+            .zip(&tok)
+            .map(|(m, t)| role(m) == "tool" && *t >= prune.min_result_tokens && !is_placeholder(m))
+            .collect();
+        let idx = |r: &str| -> Vec<usize> {
+            msgs.iter()
+                .enumerate()
+                .filter(|(_, m)| role(m) == r)
+                .map(|(i, _)| i)
+                .collect()
+        };
+        Self {
+            msgs,
+            counter,
+            enc,
+            prune,
+            recall_tool,
+            tok,
+            eligible,
+            tools: idx("tool"),
+            users: idx("user"),
+            loops: rl.loops,
+            loop_of,
+            units,
+            unit_of,
+            times,
+            tool_names,
+            alt: HashMap::new(),
+        }
+    }
+
+    /// Tokens of the messages as the client sent them.
+    pub fn total(&self) -> u64 {
+        self.tok.iter().sum()
+    }
+
+    /// What the cuts do to message `i`.
+    pub fn mode(&self, i: usize, c: &Cuts) -> Mode {
+        if is_system(&self.msgs[i]) {
+            return Mode::Keep;
+        }
+        let u = self.unit_of[i];
+        if self.units[u].start < c.drop && c.keep_user.is_none_or(|k| self.unit_of[k] != u) {
+            return Mode::Dropped;
+        }
+        if let Some(l) = self.loop_of[i].map(|l| &self.loops[l]) {
+            if l.end <= c.drop_loops {
+                return Mode::Omitted;
+            }
+            if l.end <= c.prune {
+                let end_of_loop = l.user == Some(i) || l.final_reply == Some(i);
+                return if end_of_loop {
+                    Mode::Truncated
+                } else {
+                    Mode::Omitted
+                };
+            }
+        }
+        if i < c.clear && self.eligible[i] {
+            return Mode::Cleared;
+        }
+        Mode::Keep
+    }
+
+    /// The message as sent under `mode`, and its tokens.
+    pub fn rendered(&mut self, i: usize, mode: Mode) -> Option<(Value, u64)> {
+        match mode {
+            Mode::Keep => Some((self.msgs[i].clone(), self.tok[i])),
+            Mode::Omitted | Mode::Dropped => None,
+            Mode::Cleared | Mode::Truncated => Some(self.alt(i, mode).clone()),
+        }
+    }
+
+    fn alt(&mut self, i: usize, mode: Mode) -> &(Value, u64) {
+        let (msgs, names, prune, recall) =
+            (self.msgs, &self.tool_names, self.prune, self.recall_tool);
+        let (counter, enc) = (self.counter, self.enc);
+        self.alt.entry(i).or_insert_with(|| {
+            let v = if mode == Mode::Cleared {
+                let name = names.get(&i).map_or("unknown tool", String::as_str);
+                placeholder(&msgs[i], name, recall)
+            } else {
+                truncated(&msgs[i], prune.max_message_length)
+            };
+            let t = counter.message_tokens(enc, &v);
+            (v, t)
+        })
+    }
+
+    fn tokens(&mut self, i: usize, c: &Cuts) -> u64 {
+        match self.mode(i, c) {
+            Mode::Keep => self.tok[i],
+            Mode::Omitted | Mode::Dropped => 0,
+            m => self.alt(i, m).1,
+        }
+    }
+
+    fn range_tokens(&mut self, from: usize, to: usize, c: &Cuts) -> u64 {
+        (from..to).map(|i| self.tokens(i, c)).sum()
+    }
+
+    /// Replays the conversation's growth and returns the final cuts and the cost (tokens, `base` included) of
+    /// the whole list under them.
+    pub fn simulate(&mut self, base: u64, lim: Limits) -> (Cuts, u64) {
+        let mut cuts = Cuts::default();
+        let mut cost = base;
+        for j in 1..=self.msgs.len() {
+            cost += self.tokens(j - 1, &cuts);
+            if cost > lim.threshold {
+                cost = self.recompute(j, &mut cuts, cost, base, lim);
+            }
+        }
+        (cuts, cost)
+    }
+
+    /// Moves the cuts for the first `j` messages until they cost at most the target, stage by stage.
+    fn recompute(&mut self, j: usize, c: &mut Cuts, mut cost: u64, base: u64, lim: Limits) -> u64 {
+        // 1. Tool-result clearing, oldest first, never the newest `keep_tool_results`.
+        let k = self.prune.keep_tool_results;
+        let seen = self.tools.partition_point(|&t| t < j);
+        let bound = if k == 0 {
+            j
+        } else if seen > k {
+            self.tools[seen - k]
+        } else {
+            0
+        };
+        while cost > lim.target && c.clear < bound {
+            let i = c.clear;
+            let before = self.tokens(i, c);
+            c.clear = i + 1;
+            cost = cost - before + self.tokens(i, c);
+        }
+        // 2. Run-loop pruning: drop loops past the count and age limits, then cut past loops, oldest first.
+        let started = self.loops.partition_point(|l| l.start < j);
+        let keep = self.prune.keep_run_loops.max(1);
+        if cost > lim.target && started > keep {
+            let prunable = started - keep;
+            if started > self.prune.max_run_loops {
+                let last_dropped = &self.loops[started - self.prune.max_run_loops - 1];
+                c.drop_loops = c
+                    .drop_loops
+                    .max(last_dropped.end.min(self.loops[prunable].start));
+            }
+            if let Some(age) = self.prune.max_age {
+                let now = self.times[j - 1];
+                let old = self.loops[..prunable]
+                    .iter()
+                    .filter(|l| self.times[l.end - 1].saturating_add(age.secs() as i64) < now)
+                    .map(|l| l.end)
+                    .max();
+                c.drop_loops = c.drop_loops.max(old.unwrap_or(0));
+            }
+            cost = base + self.range_tokens(0, j, c);
+            for li in 0..prunable {
+                if cost <= lim.target {
+                    break;
+                }
+                let (start, end) = (self.loops[li].start, self.loops[li].end);
+                if end <= c.prune.max(c.drop_loops) {
+                    continue;
+                }
+                let before = self.range_tokens(start, end, c);
+                c.prune = end;
+                cost = cost - before + self.range_tokens(start, end, c);
+            }
+        }
+        // 3. Hard limit: drop the oldest whole units, keeping system messages, the newest user message and the
+        //    newest message's unit.
+        if cost > lim.hard {
+            c.keep_user = self.users[..self.users.partition_point(|&u| u < j)]
+                .last()
+                .copied();
+            cost = base + self.range_tokens(0, j, c);
+            let last = self.unit_of[j - 1];
+            let first = self.units.partition_point(|u| u.start < c.drop);
+            for ui in first..last {
+                if cost <= lim.target {
+                    break;
+                }
+                let Unit { start, end } = self.units[ui];
+                let protected = is_system(&self.msgs[start])
+                    || c.keep_user.is_some_and(|k| k >= start && k < end);
+                if protected {
+                    continue;
+                }
+                let before = self.range_tokens(start, end, c);
+                c.drop = end;
+                cost -= before;
+            }
+        }
+        cost
+    }
+}

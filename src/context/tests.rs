@@ -1,0 +1,434 @@
+//! Planner tests: each strategy on hand-made conversations, stability across turns, and property tests of the
+//! invariants every rewritten request keeps.
+
+use super::tokens::{Encoding, TokenCounter};
+use super::units::check_sequence;
+use super::*;
+use crate::config::{ContextConfig, PruneConfig, Strategy as Rewriting};
+use crate::session::runloop::{is_system, role, run_loops};
+use proptest::prelude::*;
+use serde_json::{json, Value};
+
+fn sys(t: &str) -> Value {
+    json!({"role":"system","content":t})
+}
+fn user(t: &str) -> Value {
+    json!({"role":"user","content":t})
+}
+fn reply(t: &str) -> Value {
+    json!({"role":"assistant","content":t})
+}
+fn calls(ids: &[String]) -> Value {
+    let cs: Vec<Value> = ids
+        .iter()
+        .map(|id| json!({"id":id,"type":"function","function":{"name":"read_file","arguments":format!("{{\"path\":\"{id}.rs\"}}")}}))
+        .collect();
+    json!({"role":"assistant","content":null,"tool_calls":cs})
+}
+fn result(id: &str, words: usize) -> Value {
+    let body: Vec<String> = (0..words).map(|w| format!("w{w}")).collect();
+    json!({"role":"tool","tool_call_id":id,"content":format!("{id}: {}", body.join(" "))})
+}
+
+/// A coding-agent run: one task, `n` tool calls with results of `words` words each.
+fn agent_run(n: usize, words: usize) -> Vec<Value> {
+    let mut m = vec![sys("You are a coding agent."), user("Fix the bug.")];
+    for i in 0..n {
+        let id = format!("call_{i}");
+        m.push(calls(std::slice::from_ref(&id)));
+        m.push(result(&id, words));
+    }
+    m
+}
+
+/// A chat with `loops` finished run loops, each with one small tool call.
+fn chat_loops(loops: usize, words: usize) -> Vec<Value> {
+    let mut m = vec![sys("You help travellers.")];
+    for l in 0..loops {
+        let id = format!("c{l}");
+        m.push(user(&format!("question {l} {}", "please ".repeat(words))));
+        m.push(calls(std::slice::from_ref(&id)));
+        m.push(result(&id, 5));
+        m.push(reply(&format!("answer {l} {}", "indeed ".repeat(words))));
+    }
+    m.push(user("last question"));
+    m
+}
+
+fn input<'a>(messages: &'a [Value], window: u64) -> PlanInput<'a> {
+    PlanInput {
+        messages,
+        tools: None,
+        first_seen: None,
+        now: 1_000_000,
+        encoding: Encoding::O200k,
+        ratio: 1.0,
+        strategy: Rewriting::Prune,
+        window,
+        recall_tool: Some("recall_tool_call"),
+        reserve: 0,
+    }
+}
+
+fn run(messages: &[Value], window: u64) -> Plan {
+    run_with(
+        &input(messages, window),
+        &ContextConfig::default(),
+        &PruneConfig::default(),
+    )
+}
+
+fn run_with(i: &PlanInput, ctx: &ContextConfig, prune: &PruneConfig) -> Plan {
+    plan(i, ctx, prune, &TokenCounter::new())
+}
+
+fn rewrite(p: Plan) -> Rewrite {
+    match p {
+        Plan::Rewrite(r) => *r,
+        other => panic!("expected a rewrite, got {other:?}"),
+    }
+}
+
+fn count(m: &[Value]) -> u64 {
+    TokenCounter::new().request_tokens(Encoding::O200k, m, None)
+}
+
+#[test]
+fn small_requests_and_strategy_off_are_forwarded() {
+    let m = agent_run(3, 10);
+    assert!(matches!(run(&m, 128_000), Plan::Forward { .. }));
+    let big = agent_run(40, 400);
+    let mut i = input(&big, 8_000);
+    i.strategy = Rewriting::Off;
+    assert_eq!(
+        run_with(&i, &ContextConfig::default(), &PruneConfig::default()),
+        Plan::Forward { tokens: None }
+    );
+}
+
+#[test]
+fn clearing_replaces_old_results_and_keeps_the_newest() {
+    let m = agent_run(20, 300);
+    let window = count(&m) * 10 / 9; // ~0.9 of the window: above the threshold
+    let r = rewrite(run(&m, window));
+    assert_eq!(r.record.stages, ["cleared"]);
+    assert_eq!(r.messages.len(), m.len(), "clearing keeps every message");
+    check_sequence(&r.messages).unwrap();
+    let last3: Vec<&Value> = m
+        .iter()
+        .rev()
+        .filter(|x| role(x) == "tool")
+        .take(3)
+        .collect();
+    for t in last3 {
+        assert!(r.messages.contains(t), "the newest results stay whole");
+    }
+    let first = r.messages[3]["content"].as_str().unwrap();
+    assert!(first.starts_with(shape::PLACEHOLDER_PREFIX) && first.contains("call_0"));
+    assert!(first.contains("read_file") && first.contains("recall_tool_call"));
+    assert_eq!(r.pruned[0].call_id, "call_0");
+    assert_eq!(r.pruned[0].digest, "{\"path\":\"call_0.rs\"}");
+    assert!(
+        r.record.tokens_after <= window * 8 / 10,
+        "under the threshold: {:?}",
+        r.record
+    );
+    assert_eq!(r.record.tokens_after, count(&r.messages));
+}
+
+#[test]
+fn small_results_are_never_cleared() {
+    let m = agent_run(30, 20); // ~60 tokens each, under min_result_tokens
+    let window = count(&m) * 10 / 9;
+    match run(&m, window) {
+        Plan::Rewrite(r) => assert!(!r.record.stages.contains(&"cleared"), "{:?}", r.record),
+        Plan::Forward { .. } | Plan::Reject { .. } => {}
+    }
+}
+
+#[test]
+fn past_run_loops_keep_user_and_reply_cut_to_length() {
+    let m = chat_loops(12, 400);
+    let window = count(&m) * 10 / 9;
+    let prune = PruneConfig {
+        max_message_length: 100,
+        ..Default::default()
+    };
+    let r = rewrite(run_with(
+        &input(&m, window),
+        &ContextConfig::default(),
+        &prune,
+    ));
+    assert!(r.record.stages.contains(&"pruned"), "{:?}", r.record);
+    check_sequence(&r.messages).unwrap();
+    assert_eq!(r.messages[1]["role"], "user");
+    let q0 = r.messages[1]["content"].as_str().unwrap();
+    assert!(q0.starts_with("question 0") && q0.ends_with(shape::TRUNCATED_MARKER));
+    assert_eq!(
+        q0.chars().count(),
+        100 + shape::TRUNCATED_MARKER.chars().count()
+    );
+    assert_eq!(r.messages[2]["role"], "assistant");
+    assert!(r.messages[2].get("tool_calls").is_none());
+    assert!(
+        r.pruned.iter().any(|p| p.call_id == "c0"),
+        "the pruned loop's call is recallable"
+    );
+    // the newest two loops (the current one included) are whole
+    assert_eq!(r.messages[r.messages.len() - 5..], m[m.len() - 5..]);
+}
+
+#[test]
+fn loops_beyond_max_run_loops_are_dropped() {
+    let m = chat_loops(12, 400);
+    let window = count(&m) * 10 / 9;
+    let prune = PruneConfig {
+        max_run_loops: 4,
+        keep_run_loops: 2,
+        ..Default::default()
+    };
+    let r = rewrite(run_with(
+        &input(&m, window),
+        &ContextConfig::default(),
+        &prune,
+    ));
+    // dropped when the cuts last moved (a few turns ago): all but the newest four loops of that turn
+    assert!(r.record.dropped_loops >= 7, "{:?}", r.record);
+    let first_user = r.messages.iter().find(|x| role(x) == "user").unwrap();
+    assert!(first_user["content"]
+        .as_str()
+        .unwrap()
+        .starts_with("question 7"));
+    check_sequence(&r.messages).unwrap();
+}
+
+#[test]
+fn hard_limit_drops_whole_units_and_keeps_system_and_newest_turn() {
+    let mut m = agent_run(30, 300);
+    m.insert(3, sys("mid-way instructions"));
+    let prune = PruneConfig {
+        min_result_tokens: 1_000_000, // nothing clearable
+        ..Default::default()
+    };
+    let window = count(&m) / 2;
+    let r = rewrite(run_with(
+        &input(&m, window),
+        &ContextConfig::default(),
+        &prune,
+    ));
+    assert_eq!(r.record.stages, ["truncated"]);
+    check_sequence(&r.messages).unwrap();
+    assert_eq!(r.messages[0], m[0]);
+    assert_eq!(r.messages[1], m[1], "the newest user message is kept");
+    assert!(r.messages.contains(&m[3]), "system messages are kept");
+    assert_eq!(r.messages.last(), m.last());
+    assert_ne!(
+        role(&r.messages[2]),
+        "tool",
+        "never begins on a tool message"
+    );
+    assert!(r.record.tokens_after as f64 <= window as f64 * 0.95);
+}
+
+#[test]
+fn a_request_that_cannot_fit_is_rejected() {
+    let m = vec![sys("s"), user(&"word ".repeat(5_000))];
+    match run(&m, 2_000) {
+        Plan::Reject {
+            tokens,
+            limit,
+            window,
+        } => {
+            assert!(tokens > limit);
+            assert_eq!((limit, window), (1_900, 2_000));
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+#[test]
+fn later_turns_reuse_the_cuts_so_the_prefix_stays_identical() {
+    let full = agent_run(80, 200);
+    let window = 16_000;
+    let mut previous: Option<(Vec<Value>, [usize; 4])> = None;
+    let mut moves = 0;
+    let mut rewritten = 0;
+    // the client's requests: every prefix ending with a tool result
+    for n in (4..=full.len()).step_by(2) {
+        let Plan::Rewrite(r) = run(&full[..n], window) else {
+            continue;
+        };
+        rewritten += 1;
+        check_sequence(&r.messages).unwrap();
+        assert!(r.record.tokens_after <= (window as f64 * 0.8) as u64);
+        if let Some((prev, cuts)) = &previous {
+            if *cuts == r.record.cuts {
+                assert_eq!(
+                    &r.messages[..prev.len()],
+                    &prev[..],
+                    "identical prefix between moves"
+                );
+            } else {
+                moves += 1;
+                assert!(
+                    r.record.tokens_after <= window / 2,
+                    "a move prunes down to the target"
+                );
+            }
+        }
+        previous = Some((r.messages.clone(), r.record.cuts));
+    }
+    assert!(rewritten > 20, "rewritten {rewritten}");
+    assert!(
+        moves * 4 < rewritten,
+        "cuts moved {moves} times in {rewritten} rewritten turns"
+    );
+}
+
+#[test]
+fn the_calibration_ratio_scales_the_budget() {
+    let m = agent_run(20, 300);
+    let window = count(&m) * 10 / 7; // ~0.7: under the threshold at ratio 1
+    assert!(matches!(run(&m, window), Plan::Forward { .. }));
+    let mut i = input(&m, window);
+    i.ratio = 1.3;
+    assert!(matches!(
+        run_with(&i, &ContextConfig::default(), &PruneConfig::default()),
+        Plan::Rewrite(_)
+    ));
+}
+
+// ---- property tests ----
+
+/// Random valid histories: loops of user messages (string, null, empty or parts content), parallel tool calls with
+/// results from empty to huge, mid-way system messages, consecutive user messages, unfinished loops.
+fn history() -> impl Strategy<Value = Vec<Value>> {
+    let content = prop_oneof![
+        (0usize..400).prop_map(|n| json!("lorem ipsum ".repeat(n))),
+        Just(Value::Null),
+        Just(json!("")),
+        (0usize..50).prop_map(|n| json!([{"type":"text","text":"part ".repeat(n)},{"type":"image_url","image_url":{"url":"data:x"}}])),
+    ];
+    let round = prop::collection::vec(prop_oneof![Just(0usize), 1usize..30, 200usize..1500], 1..4);
+    let lp = (
+        content,
+        prop::collection::vec(round, 0..5),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    );
+    (any::<bool>(), prop::collection::vec(lp, 1..10)).prop_map(|(start_with_reply, loops)| {
+        let mut m = vec![sys("system prompt")];
+        if start_with_reply {
+            m.push(reply("Hello! How can I help?"));
+        }
+        let mut id = 0;
+        for (content, rounds, finished, mid_system, double_user) in loops {
+            if double_user {
+                m.push(user("also this"));
+            }
+            m.push(json!({"role":"user","content":content}));
+            if mid_system {
+                m.push(sys("mid-way note"));
+            }
+            for round in rounds {
+                let ids: Vec<String> = round
+                    .iter()
+                    .map(|_| {
+                        id += 1;
+                        format!("call_{id}")
+                    })
+                    .collect();
+                m.push(calls(&ids));
+                for (i, words) in ids.iter().zip(round) {
+                    m.push(result(i, words));
+                }
+            }
+            if finished {
+                m.push(reply(&"done ".repeat(id % 300)));
+            }
+        }
+        m
+    })
+}
+
+fn check_invariants(m: &[Value], window: u64, ctx: &ContextConfig) -> Result<(), TestCaseError> {
+    let prune = PruneConfig::default();
+    let before = m.to_vec();
+    let counter = TokenCounter::new();
+    let i = input(m, window);
+    let p = plan(&i, ctx, &prune, &counter);
+    prop_assert_eq!(m, &before[..], "the client's messages are untouched");
+    prop_assert_eq!(
+        &p,
+        &plan(&i, ctx, &prune, &TokenCounter::new()),
+        "deterministic"
+    );
+    let r = match p {
+        Plan::Rewrite(r) => r,
+        Plan::Forward { .. } | Plan::Reject { .. } => return Ok(()),
+    };
+    let out = &r.messages;
+    prop_assert!(
+        check_sequence(out).is_ok(),
+        "invalid: {:?}",
+        check_sequence(out)
+    );
+    let systems = |x: &[Value]| {
+        x.iter()
+            .filter(|v| is_system(v))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    prop_assert_eq!(systems(out), systems(m), "system messages kept");
+    prop_assert_eq!(out.last(), m.last(), "newest message kept");
+    let newest_user = |x: &[Value]| x.iter().rev().find(|v| role(v) == "user").cloned();
+    prop_assert_eq!(newest_user(out), newest_user(m), "newest user message kept");
+    if !r.record.stages.contains(&"truncated") {
+        // the current run loop keeps every message; only its older tool results may be cleared
+        let current = run_loops(m, None).loops.last().map_or(0, |l| l.start);
+        let tail = &m[current..];
+        prop_assert!(out.len() >= tail.len());
+        for (o, t) in out[out.len() - tail.len()..].iter().zip(tail) {
+            prop_assert!(
+                o == t
+                    || (role(t) == "tool"
+                        && shape::is_placeholder(o)
+                        && o["tool_call_id"] == t["tool_call_id"])
+            );
+        }
+    }
+    prop_assert_eq!(
+        r.record.tokens_after,
+        counter.request_tokens(Encoding::O200k, out, None)
+    );
+    prop_assert!(r.record.tokens_after as f64 <= ctx.hard_limit.max(ctx.threshold) * window as f64);
+    // idempotent: rewriting the output changes nothing
+    match plan(&input(out, window), ctx, &prune, &counter) {
+        Plan::Forward { .. } => {}
+        Plan::Rewrite(again) => prop_assert_eq!(&again.messages, out, "idempotent"),
+        Plan::Reject { .. } => prop_assert!(false, "the output of a rewrite was rejected"),
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn rewrites_keep_every_invariant(m in history(), window in prop_oneof![Just(1_500u64), Just(4_000), Just(16_000)]) {
+        check_invariants(&m, window, &ContextConfig::default())?;
+    }
+
+    /// With the hard limit at the target, a first rewrite (the turn before went through whole) must reach the
+    /// target unless it is refused.
+    #[test]
+    fn the_target_is_reached_whenever_achievable(m in history(), window in prop_oneof![Just(2_000u64), Just(6_000)]) {
+        let ctx = ContextConfig { threshold: 0.8, target: 0.5, hard_limit: 0.5, ..ContextConfig::default() };
+        check_invariants(&m, window, &ctx)?;
+        let first = matches!(run_with(&input(&m[..m.len() - 1], window), &ctx, &PruneConfig::default()), Plan::Forward { .. });
+        if let (true, Plan::Rewrite(r)) = (first, run_with(&input(&m, window), &ctx, &PruneConfig::default())) {
+            prop_assert!(r.record.tokens_after <= window / 2, "{:?}", r.record);
+        }
+    }
+}

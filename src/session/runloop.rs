@@ -1,0 +1,274 @@
+//! Run loops, a pure view of a message list: one user message → the tool calls it caused → the final reply (the
+//! first assistant message without tool calls). The context engine prunes by run loop; recall finds tool results
+//! by call id through the index kept here.
+
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::HashMap;
+
+/// One tool call made inside a run loop.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ToolCallRef {
+    /// The call id.
+    pub id: String,
+    /// The function's name.
+    pub name: String,
+    /// The arguments as the model wrote them (JSON text).
+    pub arguments: String,
+    /// Index of the assistant message that made the call.
+    pub position: usize,
+    /// Unix seconds when that message was first seen, when known.
+    pub timestamp: Option<i64>,
+    /// Index of the tool message carrying its result, when there is one.
+    pub result: Option<usize>,
+}
+
+/// One run loop: the messages `start..end` of the list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RunLoop {
+    /// Index of its first message.
+    pub start: usize,
+    /// One past its last message.
+    pub end: usize,
+    /// Index of the user message that opened it (`None` for a history that starts with an assistant message).
+    pub user: Option<usize>,
+    /// The tool calls made in it, in order.
+    pub tool_calls: Vec<ToolCallRef>,
+    /// Index of the final reply: the first assistant message without tool calls.
+    pub final_reply: Option<usize>,
+}
+
+impl RunLoop {
+    /// True when the loop ended with a final reply.
+    pub fn is_complete(&self) -> bool {
+        self.final_reply.is_some()
+    }
+}
+
+/// The run loops of a message list, and its tool results indexed by call id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunLoops {
+    /// The loops, oldest first. Leading system messages belong to none.
+    pub loops: Vec<RunLoop>,
+    results: HashMap<String, usize>,
+}
+
+impl RunLoops {
+    /// Index of the tool message answering `call_id` (O(1)).
+    pub fn result_of(&self, call_id: &str) -> Option<usize> {
+        self.results.get(call_id).copied()
+    }
+
+    /// The loop holding message `index`.
+    pub fn loop_of(&self, index: usize) -> Option<&RunLoop> {
+        let i = self.loops.partition_point(|l| l.end <= index);
+        self.loops.get(i).filter(|l| l.start <= index)
+    }
+}
+
+/// The role of a message (`""` when absent).
+pub fn role(m: &Value) -> &str {
+    m.get("role").and_then(Value::as_str).unwrap_or("")
+}
+
+/// True for `system` and `developer` messages: instructions, never pruned.
+pub fn is_system(m: &Value) -> bool {
+    matches!(role(m), "system" | "developer")
+}
+
+/// The tool calls of an assistant message (empty for any other message).
+pub fn tool_calls(m: &Value) -> &[Value] {
+    if role(m) != "assistant" {
+        return &[];
+    }
+    m.get("tool_calls")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
+/// The text of a message: string content, text parts, refusal and tool-call arguments.
+pub fn message_text(m: &Value) -> String {
+    let mut out = String::new();
+    match m.get("content") {
+        Some(Value::String(s)) => out.push_str(s),
+        Some(Value::Array(parts)) => {
+            for p in parts {
+                if let Some(t) = p.get("text").and_then(Value::as_str) {
+                    if !out.is_empty() {
+                        out.push('\n');
+                    }
+                    out.push_str(t);
+                }
+            }
+        }
+        _ => {}
+    }
+    if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
+        for c in calls {
+            let name = c
+                .pointer("/function/name")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let args = c
+                .pointer("/function/arguments")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            out.push_str(&format!("\n{name}({args})"));
+        }
+    }
+    out
+}
+
+/// Splits `messages` into run loops. `timestamps`, when given, is aligned with `messages` (first-seen times).
+pub fn run_loops(messages: &[Value], timestamps: Option<&[i64]>) -> RunLoops {
+    let mut out = RunLoops::default();
+    let mut current: Option<RunLoop> = None;
+    for (i, m) in messages.iter().enumerate() {
+        let r = role(m);
+        if r == "user" || (current.is_none() && !is_system(m)) {
+            if let Some(done) = current.take() {
+                out.loops.push(done);
+            }
+            current = Some(RunLoop {
+                start: i,
+                end: i + 1,
+                user: (r == "user").then_some(i),
+                tool_calls: Vec::new(),
+                final_reply: None,
+            });
+        }
+        if r == "tool" {
+            if let Some(id) = m.get("tool_call_id").and_then(Value::as_str) {
+                out.results.insert(id.to_string(), i);
+            }
+        }
+        let Some(lp) = current.as_mut() else {
+            continue; // leading system messages
+        };
+        lp.end = i + 1;
+        if r != "assistant" || lp.final_reply.is_some() {
+            continue;
+        }
+        let calls = tool_calls(m);
+        if calls.is_empty() {
+            lp.final_reply = Some(i);
+        }
+        for c in calls {
+            let s = |p: &str| c.pointer(p).and_then(Value::as_str).unwrap_or_default();
+            lp.tool_calls.push(ToolCallRef {
+                id: s("/id").to_string(),
+                name: s("/function/name").to_string(),
+                arguments: s("/function/arguments").to_string(),
+                position: i,
+                timestamp: timestamps.and_then(|t| t.get(i).copied()),
+                result: None,
+            });
+        }
+    }
+    out.loops.extend(current);
+    for lp in &mut out.loops {
+        for c in &mut lp.tool_calls {
+            c.result = out.results.get(&c.id).copied();
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn user(t: &str) -> Value {
+        json!({"role":"user","content":t})
+    }
+    fn reply(t: &str) -> Value {
+        json!({"role":"assistant","content":t})
+    }
+    fn calls(ids: &[&str]) -> Value {
+        let cs: Vec<Value> = ids
+            .iter()
+            .map(
+                |id| json!({"id":id,"type":"function","function":{"name":"read","arguments":"{}"}}),
+            )
+            .collect();
+        json!({"role":"assistant","content":null,"tool_calls":cs})
+    }
+    fn result(id: &str) -> Value {
+        json!({"role":"tool","tool_call_id":id,"content":"r"})
+    }
+
+    #[test]
+    fn loops_with_parallel_calls_and_result_index() {
+        let m = vec![
+            json!({"role":"system","content":"s"}),
+            user("a"),
+            calls(&["c1", "c2"]),
+            result("c1"),
+            result("c2"),
+            reply("done a"),
+            user("b"),
+            calls(&["c3"]),
+            result("c3"),
+        ];
+        let ts: Vec<i64> = (0..m.len() as i64).map(|i| 100 + i).collect();
+        let rl = run_loops(&m, Some(&ts));
+        assert_eq!(rl.loops.len(), 2);
+        let a = &rl.loops[0];
+        assert_eq!(
+            (a.start, a.end, a.user, a.final_reply),
+            (1, 6, Some(1), Some(5))
+        );
+        assert_eq!(a.tool_calls.len(), 2);
+        assert_eq!(a.tool_calls[1].id, "c2");
+        assert_eq!(a.tool_calls[1].result, Some(4));
+        assert_eq!(a.tool_calls[1].timestamp, Some(102));
+        let b = &rl.loops[1];
+        assert!(!b.is_complete(), "a loop that never finished");
+        assert_eq!((b.start, b.end), (6, 9));
+        assert_eq!(rl.result_of("c3"), Some(8));
+        assert_eq!(rl.result_of("nope"), None);
+        assert_eq!(rl.loop_of(3).map(|l| l.start), Some(1));
+        assert_eq!(rl.loop_of(0), None, "leading system message");
+    }
+
+    #[test]
+    fn consecutive_users_and_assistant_first() {
+        let m = vec![
+            reply("hello, I am the bot"),
+            user("x"),
+            user("y"),
+            reply("z"),
+        ];
+        let rl = run_loops(&m, None);
+        let shape: Vec<(usize, usize, Option<usize>, Option<usize>)> = rl
+            .loops
+            .iter()
+            .map(|l| (l.start, l.end, l.user, l.final_reply))
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                (0, 1, None, Some(0)),
+                (1, 2, Some(1), None),
+                (2, 4, Some(2), Some(3))
+            ]
+        );
+    }
+
+    #[test]
+    fn only_the_first_plain_reply_ends_a_loop_and_mid_system_stays_inside() {
+        let m = vec![
+            user("a"),
+            reply("first"),
+            json!({"role":"system","content":"note"}),
+            reply("second"),
+        ];
+        let rl = run_loops(&m, None);
+        assert_eq!(rl.loops.len(), 1);
+        assert_eq!(rl.loops[0].final_reply, Some(1));
+        assert_eq!(rl.loops[0].end, 4);
+        assert!(run_loops(&[], None).loops.is_empty());
+    }
+}
