@@ -1,6 +1,8 @@
 //! The shared state of a running gateway: config, the upstream client, and the channels other parts listen on.
 
 use crate::config::Config;
+use crate::context::models::ModelTable;
+use crate::context::tokens::TokenCounter;
 use crate::error::GatewayError;
 use crate::relay::RelayOutcome;
 use crate::session::Sessions;
@@ -33,12 +35,20 @@ pub struct AppState {
     pub sessions: Arc<Sessions>,
     /// Work that must finish even when its client is gone (recording turns); drained on shutdown.
     pub tasks: TaskTracker,
+    /// Token counts (cached per message) and the per-model calibration.
+    pub counter: Arc<TokenCounter>,
+    /// Context windows: the shipped model table under the config's `[models]` entries.
+    pub models: ModelTable,
 }
 
 impl AppState {
     /// Builds the state from a validated config.
     pub fn new(config: Config) -> Result<Arc<Self>, GatewayError> {
         let upstream = Upstream::new(&config.upstream)?;
+        let models = ModelTable::new(&config.models, config.context.default_context_window)
+            .map_err(|e| {
+                GatewayError::Internal(format!("the shipped model table is broken: {e}"))
+            })?;
         let store = crate::store::open(&config.store)
             .map_err(|e| GatewayError::Internal(format!("cannot open the store: {e}")))?;
         let sessions = Arc::new(Sessions::new(store, config.store.cache_max_bytes));
@@ -53,6 +63,8 @@ impl AppState {
             turns,
             sessions,
             tasks,
+            counter: Arc::new(TokenCounter::new()),
+            models,
         }))
     }
 

@@ -1,20 +1,27 @@
-//! The life of a chat request, stage by stage: read → parse → identify the session → plan → forward → relay
-//! with a tap → record.
+//! The life of a chat request, stage by stage: read → parse → identify the session → plan (count, rewrite) →
+//! forward → relay with a tap (or answer recall rounds) → record.
 
+mod plan;
 mod request;
+mod rounds;
 
+pub use plan::{plan_request, Outgoing, Rewritten, STRATEGY_HEADER};
 pub use request::{read_body, ChatRequest};
 
 use crate::app::{AppState, TurnEvent};
 use crate::error::GatewayError;
+use crate::recall::HistorySource;
 use crate::relay::{self, RelayOutcome};
+use crate::session::manager::now_secs;
 use crate::session::tree::raw_message_hashes;
 use crate::session::{identify, RequestMark, SessionIdentity};
+use crate::store::RecordKind;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use http::{HeaderValue, Method};
+use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -32,10 +39,14 @@ pub async fn chat(state: Arc<AppState>, req: Request) -> Response {
         Ok(b) => b,
         Err(e) => return own_error(e, None, started, false, ""),
     };
-    // 2. Parse, keeping every field and its order; refuse what is not a chat request.
+    // 2. Parse, keeping every field and its order; refuse what is not a chat request (or names no strategy).
     let chat = match ChatRequest::parse(raw) {
         Ok(c) => c,
         Err(e) => return own_error(e, None, started, false, ""),
+    };
+    let strategy = match plan::strategy(&parts.headers, cfg.context.strategy) {
+        Ok(s) => s,
+        Err(e) => return own_error(e, None, started, chat.stream, &chat.model),
     };
     // 3. Identify the conversation (namespaced by the caller's credential).
     let body_value = serde_json::Value::Object(chat.body.clone());
@@ -54,22 +65,39 @@ pub async fn chat(state: Arc<AppState>, req: Request) -> Response {
         }
     };
 
-    // 4. Nothing to rewrite: the client's own bytes go upstream, untouched.
-    let outgoing = chat.raw.clone();
+    // 4. Plan: count the request against its model's window; over budget, rewrite what goes upstream. Without a
+    //    rewrite the client's own bytes go upstream, untouched.
+    let first_seen = mark
+        .as_ref()
+        .map(|m| m.first_seen.as_slice())
+        .filter(|f| f.len() == chat.messages().len());
+    let outgoing = match plan_request(&state, strategy, &chat, first_seen, now_secs()) {
+        Ok(o) => o,
+        Err(e) => return own_error(e, Some(&session), started, chat.stream, &chat.model),
+    };
+    if let (Some(rw), Some(mark)) = (&outgoing.rewrite, &mark) {
+        record_compression(&state, mark, rw, &chat.model);
+    }
 
     // 5. Forward.
     let url = state.upstream.url("chat/completions", parts.uri.query());
-    let headers = state.upstream.request_headers(&parts.headers, true);
+    let mut headers = state.upstream.request_headers(&parts.headers, true);
+    headers.remove(STRATEGY_HEADER);
     let upstream_started = Instant::now();
     let resp = match state
         .upstream
-        .send(Method::POST, &url, headers, outgoing.into())
+        .send(
+            Method::POST,
+            &url,
+            headers.clone(),
+            outgoing.body.clone().into(),
+        )
         .await
     {
         Ok(r) => r,
         Err(e) => return own_error(e, Some(&session), started, chat.stream, &chat.model),
     };
-    let upstream_headers_at = Instant::now();
+    let upstream_wait = upstream_started.elapsed();
 
     // 6. Relay the answer as it arrives; the tap assembles the reply and finishes the turn.
     let status = resp.status();
@@ -78,50 +106,182 @@ pub async fn chat(state: Arc<AppState>, req: Request) -> Response {
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
+    let turn = Turn {
+        state: state.clone(),
+        mark: mark.clone(),
+        session_id: session.id.clone(),
+        model: chat.model.clone(),
+        stream: chat.stream,
+        status,
+        upstream_wait,
+        started,
+    };
+    // 6b. The model may call the recall tools we offered: ctxgate answers them and asks again, within the same
+    //     response. Anything but a successful first answer is relayed as it is.
+    if let Some(rw) = outgoing
+        .rewrite
+        .filter(|r| r.injected && status.is_success())
+    {
+        let source = match &mark {
+            Some(m) => m
+                .entry
+                .with_tree(|t| HistorySource::new(chat.messages(), Some(t))),
+            None => HistorySource::new(chat.messages(), None),
+        };
+        let rounds = rounds::Rounds {
+            state: state.clone(),
+            url,
+            headers,
+            body: rw.body,
+            source,
+            finisher: turn.finisher(None),
+            on_round: record_round(&state, mark.clone()),
+        };
+        let mut builder = Response::builder().status(status);
+        for (k, v) in crate::upstream::strip_hop_by_hop(resp.headers()).iter() {
+            if k != http::header::CONTENT_LENGTH {
+                builder = builder.header(k, v);
+            }
+        }
+        builder = with_session_header(builder, &session);
+        let body = if is_sse {
+            let usage = chat
+                .body
+                .get("stream_options")
+                .and_then(|o| o.get("include_usage"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            Body::from_stream(rounds.stream(resp, usage))
+        } else {
+            let (status, headers, bytes) = rounds.json(resp).await;
+            builder = Response::builder().status(status);
+            for (k, v) in crate::upstream::strip_hop_by_hop(&headers).iter() {
+                if k != http::header::CONTENT_LENGTH {
+                    builder = builder.header(k, v);
+                }
+            }
+            builder = with_session_header(builder, &session);
+            Body::from(bytes)
+        };
+        return builder
+            .body(body)
+            .unwrap_or_else(|e| GatewayError::Internal(e.to_string()).into_response());
+    }
     let mut builder = Response::builder().status(status);
     for (k, v) in crate::upstream::strip_hop_by_hop(resp.headers()).iter() {
         builder = builder.header(k, v);
     }
     builder = with_session_header(builder, &session);
-    let finisher = {
-        let state = state.clone();
-        let session_id = session.id.clone();
-        let model = chat.model.clone();
-        let stream = chat.stream;
-        Box::new(move |outcome: RelayOutcome| {
-            Box::pin(async move {
-                // 7. The turn is complete (or cut short): record the reply (durably, before the client gets the
-                //    last bytes), log it and announce it.
-                if let Some(mark) = &mark {
-                    record_reply(&state, mark, status, &outcome).await;
-                }
-                log_turn(
-                    status.as_u16(),
-                    &model,
-                    stream,
-                    upstream_headers_at.duration_since(upstream_started),
-                    started,
-                    &session_id,
-                    &outcome,
-                );
-                let _ = state.turns.send(TurnEvent {
-                    session_id,
-                    status: status.as_u16(),
-                    outcome,
-                });
-            }) as futures_util::future::BoxFuture<'static, ()>
-        }) as relay::Finisher
-    };
     let body = relay::relay(
         resp.bytes_stream().boxed(),
         is_sse,
         state.upstream.timeout(),
         state.tasks.clone(),
-        finisher,
+        turn.finisher(outgoing.estimate),
     );
     builder
         .body(Body::from_stream(body))
         .unwrap_or_else(|e| GatewayError::Internal(e.to_string()).into_response())
+}
+
+/// What the end of a turn needs to know.
+struct Turn {
+    state: Arc<AppState>,
+    mark: Option<RequestMark>,
+    session_id: String,
+    model: String,
+    stream: bool,
+    status: http::StatusCode,
+    upstream_wait: std::time::Duration,
+    started: Instant,
+}
+
+impl Turn {
+    /// 7. The turn is complete (or cut short): record the reply (durably, before the client gets the last
+    ///    bytes), calibrate the token estimate against the upstream's count, log it and announce it.
+    ///    `estimate`: the estimated tokens of what was sent, when one upstream call answered it.
+    fn finisher(self, estimate: Option<u64>) -> relay::Finisher {
+        Box::new(move |outcome: RelayOutcome| {
+            Box::pin(async move {
+                let state = &self.state;
+                if let Some(mark) = &self.mark {
+                    record_reply(state, mark, self.status, &outcome).await;
+                }
+                if let (Some(est), Some(actual)) = (estimate, outcome.reply.prompt_tokens()) {
+                    state.counter.observe(&self.model, est, actual);
+                }
+                log_turn(
+                    self.status.as_u16(),
+                    &self.model,
+                    self.stream,
+                    self.upstream_wait,
+                    self.started,
+                    &self.session_id,
+                    &outcome,
+                );
+                let _ = state.turns.send(TurnEvent {
+                    session_id: self.session_id,
+                    status: self.status.as_u16(),
+                    outcome,
+                });
+            }) as futures_util::future::BoxFuture<'static, ()>
+        })
+    }
+}
+
+/// Keeps the rewrite's record with the session when its cut points moved (later turns that reuse them are the
+/// same rewrite). Written in the background: it never delays the request.
+fn record_compression(state: &Arc<AppState>, mark: &RequestMark, rw: &Rewritten, model: &str) {
+    let same = mark
+        .entry
+        .last_compression()
+        .is_some_and(|last| last.get("cuts") == serde_json::to_value(rw.record.cuts).ok().as_ref());
+    if same {
+        return;
+    }
+    let mut record = serde_json::to_value(&rw.record).unwrap_or(Value::Null);
+    if let Some(o) = record.as_object_mut() {
+        o.insert("at".into(), Value::from(now_secs()));
+        o.insert("model".into(), Value::from(model));
+        o.insert("recall_offered".into(), Value::from(rw.injected));
+    }
+    tracing::info!(
+        session = %mark.entry.id,
+        stages = ?rw.record.stages,
+        tokens_before = rw.record.tokens_before,
+        tokens_after = rw.record.tokens_after,
+        "context: rewrote the request"
+    );
+    let (state, mark) = (state.clone(), mark.clone());
+    state.tasks.clone().spawn(async move {
+        if let Err(e) = state.sessions.record(&mark, RecordKind::Compression, record).await {
+            tracing::warn!(error = %e, session = %mark.entry.id, "session: could not store a compression record");
+        }
+    });
+}
+
+/// Stores each recall round as an internal exchange of the session (never part of its client history).
+fn record_round(
+    state: &Arc<AppState>,
+    mark: Option<RequestMark>,
+) -> Box<dyn Fn(Value) + Send + Sync> {
+    let state = state.clone();
+    Box::new(move |exchange: Value| {
+        let Some(mark) = mark.clone() else {
+            return;
+        };
+        let st = state.clone();
+        state.tasks.spawn(async move {
+            let mut record = exchange;
+            if let Some(o) = record.as_object_mut() {
+                o.insert("at".into(), Value::from(now_secs()));
+                o.insert("by".into(), Value::from("ctxgate"));
+            }
+            if let Err(e) = st.sessions.record(&mark, RecordKind::Internal, record).await {
+                tracing::warn!(error = %e, session = %mark.entry.id, "session: could not store a recall round");
+            }
+        });
+    })
 }
 
 /// Stores the assistant's reply when the upstream gave one; a reply cut short is stored marked partial.

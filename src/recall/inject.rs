@@ -30,35 +30,11 @@ pub fn inject(
     recallable: &[Recallable],
     cfg: &RecallConfig,
 ) -> Injection {
-    if !cfg.enabled {
-        return Injection::Skipped("disabled");
-    }
     if recallable.is_empty() {
         return Injection::Skipped("nothing to recall");
     }
-    match body.get("tool_choice") {
-        Some(Value::String(s)) if s == "none" => return Injection::Skipped("tool_choice none"),
-        Some(Value::Object(_)) => return Injection::Skipped("tool_choice forces a function"),
-        _ => {}
-    }
-    let clash = body
-        .get("tools")
-        .and_then(Value::as_array)
-        .is_some_and(|tools| {
-            tools.iter().any(|t| {
-                t.pointer("/function/name")
-                    .and_then(Value::as_str)
-                    .is_some_and(|n| n == cfg.tool_name || n == cfg.search_tool_name)
-            })
-        });
-    if clash {
-        return Injection::Skipped("a client tool has the same name");
-    }
-    if !matches!(
-        body.get("tools"),
-        None | Some(Value::Array(_)) | Some(Value::Null)
-    ) {
-        return Injection::Skipped("client tools are not an array");
+    if let Err(why) = can_inject(body, cfg) {
+        return Injection::Skipped(why);
     }
     let tools = body
         .entry("tools")
@@ -72,6 +48,35 @@ pub fn inject(
     }
     add_note(body, &note(recallable, cfg));
     Injection::Injected
+}
+
+/// Whether the recall tools may be added to `body`: not when disabled, when the client forbids tools
+/// (`tool_choice: "none"`) or forces a function, or when a client tool already has one of their names.
+pub fn can_inject(body: &Map<String, Value>, cfg: &RecallConfig) -> Result<(), &'static str> {
+    if !cfg.enabled {
+        return Err("disabled");
+    }
+    match body.get("tool_choice") {
+        Some(Value::String(s)) if s == "none" => return Err("tool_choice none"),
+        Some(Value::Object(_)) => return Err("tool_choice forces a function"),
+        _ => {}
+    }
+    match body.get("tools") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Array(tools)) => {
+            let clash = tools.iter().any(|t| {
+                t.pointer("/function/name")
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| n == cfg.tool_name || n == cfg.search_tool_name)
+            });
+            if clash {
+                Err("a client tool has the same name")
+            } else {
+                Ok(())
+            }
+        }
+        Some(_) => Err("client tools are not an array"),
+    }
 }
 
 fn recall_tool(name: &str) -> Value {
@@ -99,6 +104,16 @@ fn search_tool(name: &str) -> Value {
 
 /// Most characters of the note.
 const NOTE_MAX_CHARS: usize = 6000;
+
+/// Tokens to keep free in a rewritten request for what `inject` adds: the two tool schemas (~200 tokens), the
+/// note's header (~70) and up to `max_note_calls` lines of ~25 tokens, capped with the note's size.
+pub fn reserve_tokens(cfg: &RecallConfig) -> u64 {
+    if !cfg.enabled {
+        return 0;
+    }
+    let lines = (cfg.max_note_calls as u64).saturating_mul(25);
+    270 + lines.min(NOTE_MAX_CHARS as u64 / 4)
+}
 
 fn note(recallable: &[Recallable], cfg: &RecallConfig) -> String {
     let mut s = format!(

@@ -329,6 +329,31 @@ impl StreamSplicer {
         RoundEnd::Finish(out)
     }
 
+    /// Ends the response early (a follow-up round failed): what `end_round` gives with no rounds left, plus a
+    /// `stop` finish chunk when there was none.
+    pub fn abort(&mut self) -> Vec<Value> {
+        let RoundEnd::Finish(mut out) = self.end_round(false) else {
+            return Vec::new();
+        };
+        let finished = out.iter().any(|c| {
+            c.pointer("/choices/0/finish_reason")
+                .is_some_and(|f| !f.is_null())
+        });
+        if !finished {
+            let fin = with_delta(
+                &self.blank_chunk(),
+                Value::Object(Map::new()),
+                Value::from("stop"),
+            );
+            let at = out
+                .iter()
+                .position(|c| c.get("usage").is_some())
+                .unwrap_or(out.len());
+            out.insert(at, fin);
+        }
+        out
+    }
+
     fn blank_chunk(&self) -> Value {
         let (id, created, model) =
             self.ident

@@ -58,6 +58,11 @@ impl SessionEntry {
         self.weight.store(w, Ordering::Relaxed);
     }
 
+    /// The newest compression record, if any.
+    pub fn last_compression(&self) -> Option<Value> {
+        self.state.lock().compressions.last().cloned()
+    }
+
     /// Runs `f` on the session's tree.
     pub fn with_tree<T>(&self, f: impl FnOnce(&Tree) -> T) -> T {
         f(&self.state.lock().tree)
