@@ -4,8 +4,10 @@ use crate::config::Config;
 use crate::context::models::ModelTable;
 use crate::context::tokens::TokenCounter;
 use crate::error::GatewayError;
+use crate::metrics::Metrics;
 use crate::relay::RelayOutcome;
 use crate::session::Sessions;
+use crate::summary::Summarizer;
 use crate::upstream::Upstream;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +41,10 @@ pub struct AppState {
     pub counter: Arc<TokenCounter>,
     /// Context windows: the shipped model table under the config's `[models]` entries.
     pub models: ModelTable,
+    /// Writes LLM summaries; `None` when `[summary] model` is unset.
+    pub summarizer: Option<Arc<Summarizer>>,
+    /// The Prometheus registry and every metric's handles.
+    pub metrics: Arc<Metrics>,
 }
 
 impl AppState {
@@ -49,9 +55,23 @@ impl AppState {
             .map_err(|e| {
                 GatewayError::Internal(format!("the shipped model table is broken: {e}"))
             })?;
-        let store = crate::store::open(&config.store)
+        let metrics = Arc::new(new_metrics(&config)?);
+        let store = crate::store::open_with_metrics(&config.store, &metrics)
             .map_err(|e| GatewayError::Internal(format!("cannot open the store: {e}")))?;
-        let sessions = Arc::new(Sessions::new(store, config.store.cache_max_bytes));
+        let sessions = Arc::new(
+            Sessions::new(store, config.store.cache_max_bytes)
+                .with_metrics(metrics.session_metrics()),
+        );
+        let summarizer = Summarizer::from_config(&config)?.map(Arc::new);
+        match &summarizer {
+            Some(s) => tracing::info!(
+                model = s.model(),
+                "summaries on: older history is summarized by this model"
+            ),
+            None => tracing::info!(
+                "summaries off ([summary] model is unset): the context engine prunes only"
+            ),
+        }
         let (turns, _) = broadcast::channel(1024);
         let tasks = TaskTracker::new();
         if config.store.retention_days > 0 {
@@ -65,6 +85,8 @@ impl AppState {
             tasks,
             counter: Arc::new(TokenCounter::new()),
             models,
+            summarizer,
+            metrics,
         }))
     }
 
@@ -76,6 +98,14 @@ impl AppState {
             tracing::error!(error = %e, "store: could not flush queued writes on shutdown");
         }
     }
+}
+
+/// The metrics registry; model labels go through the model table (its entries are the allowlist).
+fn new_metrics(config: &Config) -> Result<Metrics, GatewayError> {
+    let table = ModelTable::new(&config.models, config.context.default_context_window)
+        .map_err(|e| GatewayError::Internal(format!("the shipped model table is broken: {e}")))?;
+    Metrics::new(Box::new(move |model: &str| table.matching_entry(model)))
+        .map_err(|e| GatewayError::Internal(format!("cannot register the metrics: {e}")))
 }
 
 /// Purges idle sessions an hour apart (the first time a minute after start).

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 /// The whole configuration. Every section and key is optional; missing ones take the documented defaults.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// The listening socket and request limits.
@@ -23,18 +23,22 @@ pub struct Config {
     pub store: StoreConfig,
     /// The admin API.
     pub admin: AdminConfig,
+    /// Prometheus metrics.
+    pub metrics: MetricsConfig,
     /// When and how outgoing requests are rewritten.
     pub context: ContextConfig,
     /// Parameters of tool-result clearing and run-loop pruning.
     pub prune: PruneConfig,
     /// The recall and search tools ctxgate offers the model when it pruned something.
     pub recall: RecallConfig,
+    /// LLM-written summaries of older history (strategies `summarize` and `hybrid`).
+    pub summary: SummaryConfig,
     /// Per-model overrides, keyed by exact model name or glob pattern (`gpt-4o*`).
     pub models: BTreeMap<String, ModelEntry>,
 }
 
 /// `[server]`
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Address and port to listen on.
@@ -59,7 +63,9 @@ impl Default for ServerConfig {
 }
 
 /// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Human-readable lines.
@@ -69,7 +75,7 @@ pub enum LogFormat {
 }
 
 /// `[upstream]`
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamConfig {
     /// Base URL of the OpenAI-compatible API; `/v1/<rest>` is forwarded to `<base_url>/<rest>`.
@@ -94,7 +100,7 @@ impl Default for UpstreamConfig {
 }
 
 /// `[session]`
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SessionConfig {
     /// Request header that names the conversation explicitly.
@@ -110,7 +116,7 @@ impl Default for SessionConfig {
 }
 
 /// `[store]`
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
     /// Durable backend: `sqlite` (embedded, default) or `memory` (lost on restart).
@@ -135,7 +141,7 @@ impl Default for StoreConfig {
 }
 
 /// Which durable store keeps the history.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreBackend {
     /// Embedded SQLite database (WAL mode).
@@ -145,15 +151,24 @@ pub enum StoreBackend {
 }
 
 /// `[admin]`
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     /// Bearer token required by `/admin/*`; when unset, only loopback peers are served.
     pub token: Option<String>,
 }
 
+/// `[metrics]`
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Address of a separate listener serving only `GET /metrics`; unset means the main listener only (which
+    /// always serves `/metrics`).
+    pub listen: Option<String>,
+}
+
 /// `[context]`
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ContextConfig {
     /// Rewrite strategy: `off`, `prune`, `summarize` or `hybrid`.
@@ -181,7 +196,7 @@ impl Default for ContextConfig {
 }
 
 /// The rewrite strategy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Strategy {
     /// Never rewrite.
@@ -218,7 +233,7 @@ impl Strategy {
 }
 
 /// `[prune]`
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PruneConfig {
     /// Newest tool results kept in full by tool-result clearing.
@@ -249,7 +264,7 @@ impl Default for PruneConfig {
 }
 
 /// `[recall]`
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RecallConfig {
     /// Inject the recall and search tools into rewritten requests.
@@ -282,8 +297,49 @@ impl Default for RecallConfig {
     }
 }
 
+/// `[summary]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct SummaryConfig {
+    /// Model that writes summaries; unset turns summaries off (the engine then prunes only).
+    pub model: Option<String>,
+    /// Base URL of the API the summary requests go to; unset means the main upstream.
+    pub base_url: Option<String>,
+    /// API key for summary requests; unset means the client's own credentials (or `upstream.api_key`).
+    pub api_key: Option<String>,
+    /// Newest messages never summarized (more when needed so a tool call stays with its results).
+    pub keep_recent: usize,
+    /// Longest summary accepted, in tokens (`max_tokens` of the summary request).
+    pub max_tokens: u64,
+    /// Seconds a summary request may take.
+    pub timeout_secs: u64,
+    /// Fraction of the window at which the next summary is computed in the background, ahead of the threshold.
+    pub precompute_at: f64,
+    /// Milliseconds a request over the threshold may wait for a summary being computed (0: never wait; prune
+    /// instead until it is ready).
+    pub wait_ms: u64,
+    /// File with the summary prompt; unset means the shipped `config/summary_prompt.txt`.
+    pub prompt_file: Option<PathBuf>,
+}
+
+impl Default for SummaryConfig {
+    fn default() -> Self {
+        Self {
+            model: None,
+            base_url: None,
+            api_key: None,
+            keep_recent: 10,
+            max_tokens: 1000,
+            timeout_secs: 30,
+            precompute_at: 0.6,
+            wait_ms: 0,
+            prompt_file: None,
+        }
+    }
+}
+
 /// `[models."<pattern>"]`
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelEntry {
     /// The model's context window in tokens.
@@ -315,6 +371,19 @@ impl DurationSpec {
     /// The duration in seconds.
     pub fn secs(self) -> u64 {
         self.0
+    }
+}
+
+impl schemars::JsonSchema for DurationSpec {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Duration".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": ["string", "integer"],
+            "description": "seconds, or a number with s, m, h or d (\"90m\", \"24h\", \"7d\")"
+        })
     }
 }
 
@@ -459,6 +528,13 @@ impl Config {
         if self.store.backend == StoreBackend::Sqlite && self.store.path.as_os_str().is_empty() {
             e.push("store.path: must not be empty with backend = \"sqlite\"".into());
         }
+        if let Some(l) = &self.metrics.listen {
+            if l.parse::<SocketAddr>().is_err() {
+                e.push(format!(
+                    "metrics.listen: {l:?} is not an address like 127.0.0.1:9187"
+                ));
+            }
+        }
         if let Some(t) = &self.admin.token {
             if t.len() < 8 {
                 e.push("admin.token: must be at least 8 characters".into());
@@ -525,6 +601,45 @@ impl Config {
                 "recall.max_result_chars and recall.max_search_chars: must be at least 100".into(),
             );
         }
+        let sm = &self.summary;
+        if sm.model.as_deref().is_some_and(|m| m.trim().is_empty()) {
+            e.push(
+                "summary.model: must not be empty (leave it unset to turn summaries off)".into(),
+            );
+        }
+        if let Some(u) = &sm.base_url {
+            if !matches!(reqwest::Url::parse(u), Ok(u) if u.scheme() == "http" || u.scheme() == "https")
+            {
+                e.push(format!("summary.base_url: {u:?} is not an http(s) URL"));
+            }
+        }
+        if let Some(k) = &sm.api_key {
+            if k.trim().is_empty() || http::HeaderValue::from_str(&format!("Bearer {k}")).is_err() {
+                e.push("summary.api_key: must be a non-empty printable string".into());
+            }
+        }
+        if sm.max_tokens < 50 {
+            e.push("summary.max_tokens: must be at least 50".into());
+        }
+        if sm.timeout_secs == 0 {
+            e.push("summary.timeout_secs: must be greater than 0".into());
+        }
+        if !(sm.precompute_at > 0.0 && sm.precompute_at <= 1.0) {
+            e.push(format!(
+                "summary.precompute_at: {} must be a fraction in (0, 1]",
+                sm.precompute_at
+            ));
+        }
+        if let Some(p) = &sm.prompt_file {
+            match std::fs::read_to_string(p) {
+                Ok(t) if !t.trim().is_empty() => {}
+                Ok(_) => e.push(format!("summary.prompt_file: {} is empty", p.display())),
+                Err(err) => e.push(format!(
+                    "summary.prompt_file: cannot read {}: {err}",
+                    p.display()
+                )),
+            }
+        }
         for (pattern, m) in &self.models {
             if pattern.is_empty() {
                 e.push("models: a model pattern must not be empty".into());
@@ -557,6 +672,9 @@ impl Config {
         let mut c = self.clone();
         if c.upstream.api_key.is_some() {
             c.upstream.api_key = Some("***".into());
+        }
+        if c.summary.api_key.is_some() {
+            c.summary.api_key = Some("***".into());
         }
         if c.admin.token.is_some() {
             c.admin.token = Some("***".into());

@@ -3,14 +3,18 @@
 
 pub mod app;
 pub mod config;
+pub mod config_reference;
 pub mod context;
 pub mod error;
+pub mod metrics;
 pub mod mock;
 pub mod pipeline;
 pub mod recall;
 pub mod relay;
+pub mod replay;
 pub mod server;
 pub mod session;
 pub mod sse;
 pub mod store;
+pub mod summary;
 pub mod upstream;

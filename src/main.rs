@@ -1,8 +1,10 @@
-//! The `ctxgate` command line: `serve`, `check-config`, `sessions`, `mock-upstream`.
+//! The `ctxgate` command line: `serve`, `check-config`, `sessions`, `mock-upstream`, `replay`.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use ctxgate::config::{Config, LogFormat};
+use ctxgate::config::{Config, LogFormat, Strategy};
+use ctxgate::replay::{ReplayOptions, ReplayReport, ReplayTotals};
+use serde::Serialize;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -47,12 +49,48 @@ enum Command {
         #[arg(long, value_name = "PATH", global = true)]
         config: Option<PathBuf>,
     },
+    /// Print the configuration reference (Markdown, from the config structs' doc comments):
+    /// `ctxgate config-reference > docs/configuration.md`.
+    ConfigReference,
     /// Run the in-repo mock OpenAI upstream (for trying ctxgate and for client tests; never calls a provider).
     MockUpstream {
         /// Listen address.
         #[arg(long, default_value = "127.0.0.1:8788", value_name = "ADDR")]
         listen: String,
     },
+    /// Replay recorded conversations (`../shared/traces/*.json`) through the context planner, offline: per turn
+    /// the tokens the client sent and those that would go upstream, what was rewritten, and whether the request
+    /// stays valid. Exits non-zero if any request would be invalid.
+    Replay {
+        /// Trace files: `{"id", "model", "tools", "messages": [...]}`.
+        #[arg(required = true, value_name = "TRACE.json")]
+        traces: Vec<PathBuf>,
+        /// Context window in tokens (default: the model table's window for the trace's model).
+        #[arg(long, value_name = "N")]
+        window: Option<u64>,
+        /// Strategy (default: `[context] strategy`, hybrid).
+        #[arg(long, value_parser = parse_strategy, value_name = "off|prune|summarize|hybrid")]
+        strategy: Option<Strategy>,
+        /// Model name for the tokenizer and the window (default: the first word of the trace's `model`).
+        #[arg(long, value_name = "NAME")]
+        model: Option<String>,
+        /// Simulate summaries (strategies summarize and hybrid; on anyway when the config sets `summary.model`):
+        /// every summary the planner asks for is taken as written, with `summary.max_tokens` tokens, by the next
+        /// turn.
+        #[arg(long)]
+        summaries: bool,
+        /// Config file for `[context]`, `[prune]`, `[recall]`, `[summary]` and `[models]`.
+        #[arg(long, value_name = "PATH")]
+        config: Option<PathBuf>,
+        /// Print the reports as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_strategy(s: &str) -> Result<Strategy, String> {
+    Strategy::parse(s)
+        .ok_or_else(|| format!("unknown strategy {s:?} (off, prune, summarize, hybrid)"))
 }
 
 #[derive(Subcommand, Debug)]
@@ -121,6 +159,63 @@ async fn sessions_cmd(config: Option<PathBuf>, action: SessionsAction) -> anyhow
     Ok(())
 }
 
+/// One file's replay, as printed by `replay --json`.
+#[derive(Serialize)]
+struct FileReport<'a> {
+    file: String,
+    #[serde(flatten)]
+    report: &'a ReplayReport,
+}
+
+fn replay_cmd(
+    traces: &[PathBuf],
+    opts: &ReplayOptions,
+    config: Option<PathBuf>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let cfg = Config::load(config.as_deref())?;
+    let mut reports = Vec::with_capacity(traces.len());
+    for path in traces {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let trace: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+        let report = ctxgate::replay::replay_trace(&trace, opts, &cfg)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let name = path.file_stem().map_or_else(
+            || path.display().to_string(),
+            |s| s.to_string_lossy().into_owned(),
+        );
+        reports.push((name, report));
+    }
+    let overall = ReplayTotals::of(reports.iter().flat_map(|(_, r)| &r.steps));
+    let mut out = std::io::stdout().lock();
+    if json {
+        let files: Vec<FileReport> = reports
+            .iter()
+            .zip(traces)
+            .map(|((_, report), path)| FileReport {
+                file: path.display().to_string(),
+                report,
+            })
+            .collect();
+        let doc = serde_json::json!({"files": files, "overall": overall});
+        writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+    } else {
+        for (name, report) in &reports {
+            ctxgate::replay::write_text(&mut out, name, report)?;
+        }
+        if reports.len() > 1 {
+            writeln!(out)?;
+            ctxgate::replay::write_summary(&mut out, &reports)?;
+        }
+    }
+    if overall.invalid > 0 {
+        anyhow::bail!("{} request(s) would be sent invalid", overall.invalid);
+    }
+    Ok(())
+}
+
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CTXGATE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -185,6 +280,28 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Sessions { action, config } => sessions_cmd(config, action).await,
+        Command::Replay {
+            traces,
+            window,
+            strategy,
+            model,
+            summaries,
+            config,
+            json,
+        } => {
+            let opts = ReplayOptions {
+                window,
+                strategy,
+                model,
+                summaries,
+            };
+            replay_cmd(&traces, &opts, config, json)
+        }
+        Command::ConfigReference => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(ctxgate::config_reference::render().as_bytes())?;
+            Ok(())
+        }
         Command::MockUpstream { listen } => {
             init_logging(LogFormat::Text);
             let addr = listen

@@ -1,11 +1,26 @@
 //! An in-process mock of an OpenAI-compatible upstream: records every request's raw bytes and answers from a
 //! script (JSON, SSE with per-chunk delays, HTTP errors, mid-stream errors, stalls). Used by the tests, the
 //! benchmarks and `ctxgate mock-upstream`; it never calls a real provider.
+//!
+//! Tests outside Rust (the client-library suites in `tests/clients/`) script it over HTTP through a small
+//! control API that every instance serves beside its `/v1/*` answers (it is never reached through ctxgate,
+//! which only forwards `/v1/*`):
+//!
+//! | request | effect |
+//! |---|---|
+//! | `POST /_mock/script` | queue replies, answered in order (a JSON list of specs, or one spec; see [`MockReply::from_spec`]) |
+//! | `GET /_mock/requests` | every other request so far, in arrival order: `method`, `uri`, `headers`, `body` (JSON or `null`), `raw` (the body as text) and `reply` (what the mock answered: `status` and `body`, or `sse` with the stream's text) |
+//! | `POST /_mock/reset` | forget the queued replies and the recorded requests |
+//!
+//! With nothing queued, the mock answers by default: the model list for `…/models`, otherwise a chat completion
+//! saying `mock reply` (as JSON, or as an SSE stream when the request says `"stream": true`, with a usage chunk
+//! when it asks for `stream_options.include_usage`). Multi-turn tool-using runs are scripted turn by turn.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::Response;
+use axum::routing::{get, post};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -124,6 +139,148 @@ impl MockReply {
         }
         self
     }
+
+    /// A reply from its JSON spec, as `POST /_mock/script` takes it. One of:
+    ///
+    /// - `{"json": <body>}` or `{"status": 429, "body": <body>}`: a JSON body (`status` defaults to 200);
+    /// - `{"sse": [<chunk or raw data string>…], "usage": <usage>}`: an SSE stream, one `data:` event per item,
+    ///   then (when `usage` is given) a chunk with no choices carrying it, then `data: [DONE]`.
+    ///
+    /// Both take optional `"headers": {"name": "value"}` (JSON replies only) and `"delay_ms"` (before the
+    /// response headers, or between two stream events).
+    pub fn from_spec(spec: &Value) -> Result<MockReply, String> {
+        let o = spec
+            .as_object()
+            .ok_or_else(|| format!("a reply spec must be an object, got {spec}"))?;
+        let delay = Duration::from_millis(o.get("delay_ms").and_then(Value::as_u64).unwrap_or(0));
+        if let Some(events) = o.get("sse") {
+            let events = events.as_array().ok_or("\"sse\" must be a list")?;
+            let mut data: Vec<String> = events
+                .iter()
+                .map(|e| match e {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                })
+                .collect();
+            if let Some(usage) = o.get("usage") {
+                let first = events.iter().find(|e| e.is_object());
+                let field = |k: &str, d: Value| first.and_then(|c| c.get(k)).cloned().unwrap_or(d);
+                data.push(
+                    json!({"id": field("id", json!("chatcmpl-mock")), "object": "chat.completion.chunk",
+                        "created": field("created", json!(1_700_000_000)), "model": field("model", json!("mock-model")),
+                        "choices": [], "usage": usage})
+                    .to_string(),
+                );
+            }
+            data.push("[DONE]".into());
+            let chunks = data
+                .into_iter()
+                .map(|d| (delay, Bytes::from(format!("data: {d}\n\n"))))
+                .collect();
+            return Ok(MockReply::Sse {
+                chunks,
+                stall_after: false,
+            });
+        }
+        let body = o
+            .get("json")
+            .or_else(|| o.get("body"))
+            .ok_or("a reply spec needs \"json\", \"body\" or \"sse\"")?;
+        let status = match o.get("status") {
+            None => 200,
+            Some(s) => s
+                .as_u64()
+                .and_then(|s| u16::try_from(s).ok())
+                .filter(|s| StatusCode::from_u16(*s).is_ok())
+                .ok_or_else(|| format!("bad status {s}"))?,
+        };
+        let mut reply = MockReply::json(status, body.clone()).delayed(delay);
+        if let (MockReply::Json { headers, .. }, Some(extra)) = (&mut reply, o.get("headers")) {
+            let extra = extra.as_object().ok_or("\"headers\" must be an object")?;
+            for (k, v) in extra {
+                let v = v
+                    .as_str()
+                    .ok_or_else(|| format!("header {k} must be a string"))?;
+                headers.retain(|(name, _)| !name.eq_ignore_ascii_case(k));
+                headers.push((k.clone(), v.to_string()));
+            }
+        }
+        Ok(reply)
+    }
+
+    /// What this reply sends, as `GET /_mock/requests` shows it: `{"status", "body"}` with the body as text, or
+    /// `{"status": 200, "sse"}` with the whole stream as text.
+    fn describe(&self) -> Value {
+        match self {
+            MockReply::Json { status, body, .. } => {
+                json!({"status": status, "body": String::from_utf8_lossy(body)})
+            }
+            MockReply::Sse { chunks, .. } => {
+                let text: String = chunks
+                    .iter()
+                    .map(|(_, b)| String::from_utf8_lossy(b))
+                    .collect();
+                json!({"status": 200, "sse": text})
+            }
+        }
+    }
+}
+
+/// `POST /_mock/script`: queues the replies described by the body (a list of specs, or one spec).
+async fn control_script(State(state): State<Arc<MockState>>, body: Bytes) -> Response {
+    let parsed: Result<Vec<MockReply>, String> = serde_json::from_slice::<Value>(&body)
+        .map_err(|e| format!("body is not JSON: {e}"))
+        .and_then(|v| match v {
+            Value::Array(specs) => specs.iter().map(MockReply::from_spec).collect(),
+            one => MockReply::from_spec(&one).map(|r| vec![r]),
+        });
+    match parsed {
+        Ok(replies) => {
+            let mut script = state.script.lock();
+            script.extend(replies);
+            control_json(StatusCode::OK, json!({"queued": script.len()}))
+        }
+        Err(e) => control_json(StatusCode::BAD_REQUEST, json!({"error": e})),
+    }
+}
+
+/// `GET /_mock/requests`: every request received (the control API's own excepted) with the reply it got.
+async fn control_requests(State(state): State<Arc<MockState>>) -> Response {
+    let replies = state.replies.lock().clone();
+    let list: Vec<Value> = state
+        .requests
+        .lock()
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let headers: serde_json::Map<String, Value> = r
+                .headers
+                .iter()
+                .map(|(k, v)| {
+                    (k.to_string(), Value::from(String::from_utf8_lossy(v.as_bytes())))
+                })
+                .collect();
+            json!({"method": r.method.as_str(), "uri": r.uri, "headers": headers, "body": r.json(),
+                   "raw": String::from_utf8_lossy(&r.body), "reply": replies.get(i).cloned().unwrap_or(Value::Null)})
+        })
+        .collect();
+    control_json(StatusCode::OK, Value::Array(list))
+}
+
+/// `POST /_mock/reset`: forgets queued replies and recorded requests.
+async fn control_reset(State(state): State<Arc<MockState>>) -> Response {
+    state.script.lock().clear();
+    state.requests.lock().clear();
+    state.replies.lock().clear();
+    control_json(StatusCode::OK, json!({"reset": true}))
+}
+
+fn control_json(status: StatusCode, body: Value) -> Response {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap_or_else(|_| Response::new(Body::empty()))
 }
 
 /// A `chat.completion.chunk` with one choice.
@@ -139,6 +296,8 @@ pub type Responder = Arc<dyn Fn(&RecordedRequest) -> Option<MockReply> + Send + 
 struct MockState {
     script: Mutex<VecDeque<MockReply>>,
     requests: Mutex<Vec<RecordedRequest>>,
+    /// What was answered to `requests[i]` (as shown by `GET /_mock/requests`).
+    replies: Mutex<Vec<Value>>,
     responder: Mutex<Option<Responder>>,
     streams_dropped: AtomicUsize,
 }
@@ -158,6 +317,9 @@ impl MockUpstream {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let app = axum::Router::new()
+            .route("/_mock/script", post(control_script))
+            .route("/_mock/requests", get(control_requests))
+            .route("/_mock/reset", post(control_reset))
             .fallback(handle)
             .with_state(state.clone());
         tokio::spawn(async move {
@@ -208,12 +370,23 @@ async fn handle(State(state): State<Arc<MockState>>, req: Request) -> Response {
         headers: parts.headers.clone(),
         body,
     };
-    state.requests.lock().push(rec.clone());
+    let index = {
+        let mut requests = state.requests.lock();
+        requests.push(rec.clone());
+        requests.len() - 1
+    };
     let responder = state.responder.lock().clone();
     let reply = responder
         .and_then(|f| f(&rec))
         .or_else(|| state.script.lock().pop_front())
         .unwrap_or_else(|| default_reply(&rec));
+    {
+        let mut replies = state.replies.lock();
+        if replies.len() <= index {
+            replies.resize(index + 1, Value::Null);
+        }
+        replies[index] = reply.describe();
+    }
     render(reply, state).await
 }
 

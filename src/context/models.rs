@@ -115,6 +115,36 @@ impl ModelTable {
         all.dedup();
         all
     }
+
+    /// The entry (exact name or pattern, lowercased) that decides `model`'s window, found in the order of
+    /// [`ModelTable::context_window`]; `None` when the default applies. Always one of
+    /// [`ModelTable::known_models`]: it is the model's metric label.
+    pub fn matching_entry(&self, model: &str) -> Option<String> {
+        let full = model.trim().to_lowercase();
+        let bare = full.rsplit('/').next().unwrap_or_default();
+        let names: &[&str] = if bare.len() < full.len() {
+            &[&full, bare]
+        } else {
+            &[&full]
+        };
+        let exact = |l: &Layer| {
+            names
+                .iter()
+                .find_map(|n| l.exact.get_key_value(*n).map(|(k, _)| k.clone()))
+        };
+        let glob = |l: &Layer| {
+            names.iter().find_map(|n| {
+                l.globs
+                    .iter()
+                    .find(|(p, _)| glob_match(p, n))
+                    .map(|(p, _)| p.clone())
+            })
+        };
+        exact(&self.user)
+            .or_else(|| exact(&self.shipped))
+            .or_else(|| glob(&self.user))
+            .or_else(|| glob(&self.shipped))
+    }
 }
 
 /// Whether `name` matches `pattern`, where `*` matches any run of characters and `?` exactly one. Iterative,
@@ -245,6 +275,28 @@ mod tests {
         assert!(known.contains(&"my-model".to_string()));
         assert!(known.contains(&"gpt-4o*".to_string()));
         assert!(known.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn matching_entry_is_the_entry_that_decides_the_window() {
+        let t = table(&[("gpt-4o*", 100), ("My-Model", 1)]);
+        assert_eq!(
+            t.matching_entry("gpt-4o-2024-05-13").as_deref(),
+            Some("gpt-4o*")
+        );
+        assert_eq!(t.matching_entry("openai/GPT-4").as_deref(), Some("gpt-4"));
+        assert_eq!(t.matching_entry("my-model").as_deref(), Some("my-model"));
+        assert_eq!(t.matching_entry("some-local-model"), None);
+        let known = t.known_models();
+        for m in [
+            "gpt-4o-mini",
+            "claude-3-5-sonnet-20241022",
+            "o3-mini",
+            "gemini-2.5-pro",
+        ] {
+            let e = t.matching_entry(m).unwrap();
+            assert!(known.contains(&e), "{m} -> {e}");
+        }
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! are, rewrite them (and how), or refuse them. Deterministic: the same messages and settings give the same bytes.
 
 use super::shape::digest;
+pub use super::stages::Summaries;
 use super::stages::{Cuts, Limits, Mode, Model};
 use super::tokens::{Encoding, TokenCounter};
 use crate::config::{ContextConfig, PruneConfig, Strategy};
@@ -31,6 +32,10 @@ pub struct PlanInput<'a> {
     pub recall_tool: Option<&'a str>,
     /// Tokens the caller will add to a rewritten request (the recall tools and note), kept free of the target.
     pub reserve: u64,
+    /// Summaries (`None`: summaries are off; `summarize` and `hybrid` then prune).
+    pub summaries: Option<Summaries<'a>>,
+    /// Fraction of the window from which the next summary is wanted ahead of time.
+    pub precompute_at: f64,
 }
 
 /// A tool call whose result is not in the rewritten request.
@@ -49,7 +54,7 @@ pub struct PrunedCall {
 pub struct CompressionRecord {
     /// The strategy in force.
     pub strategy: &'static str,
-    /// The stages that changed something: `cleared`, `pruned`, `truncated`.
+    /// The stages that changed something: `cleared`, `pruned`, `summarized`, `truncated`.
     pub stages: Vec<&'static str>,
     /// Messages the client sent.
     pub messages_before: usize,
@@ -69,10 +74,13 @@ pub struct CompressionRecord {
     pub dropped_loops: usize,
     /// Messages dropped by the hard limit.
     pub dropped_messages: usize,
+    /// Messages covered by the summary sent (0: none).
+    pub summary_upto: usize,
     /// Ids of the tool calls whose results are not sent (recallable).
     pub pruned_call_ids: Vec<String>,
-    /// Where the rewrite cut (message indexes): equal cuts on two turns mean an identical rewritten prefix.
-    pub cuts: [usize; 4],
+    /// Where the rewrite cut (message indexes: clear, prune, drop loops, drop, summary): equal cuts on two turns
+    /// mean an identical rewritten prefix.
+    pub cuts: [usize; 5],
 }
 
 /// A rewritten request.
@@ -84,6 +92,8 @@ pub struct Rewrite {
     pub record: CompressionRecord,
     /// The calls the model may recall, oldest first.
     pub pruned: Vec<PrunedCall>,
+    /// A summary of the first N messages that should be written (in the background) for this or later turns.
+    pub wanted_summary: Option<usize>,
 }
 
 /// The planner's decision.
@@ -93,6 +103,8 @@ pub enum Plan {
     Forward {
         /// Its estimated (calibrated) tokens; `None` when not counted (clearly below the threshold).
         tokens: Option<u64>,
+        /// A summary of the first N messages that should be written ahead of the threshold.
+        wanted_summary: Option<usize>,
     },
     /// Send `Rewrite::messages` instead.
     Rewrite(Box<Rewrite>),
@@ -115,7 +127,10 @@ pub fn plan(
     counter: &TokenCounter,
 ) -> Plan {
     if input.strategy == Strategy::Off || input.messages.is_empty() {
-        return Plan::Forward { tokens: None };
+        return Plan::Forward {
+            tokens: None,
+            wanted_summary: None,
+        };
     }
     // A quantized ratio keeps the cut points still while the calibration drifts a little.
     let ratio = ((input.ratio * 20.0).round() / 20.0).clamp(0.5, 2.0);
@@ -141,11 +156,25 @@ pub fn plan(
         prune,
         input.recall_tool,
     );
-    let (cuts, cost) = model.simulate(base, lim);
+    let summarizing = input.summaries.is_some()
+        && matches!(input.strategy, Strategy::Summarize | Strategy::Hybrid);
+    model.summaries = input.summaries.filter(|_| summarizing);
+    model.clearing = !(summarizing && input.strategy == Strategy::Summarize);
+    let (mut cuts, mut cost) = model.simulate(base, lim);
+    let mut wanted = None;
+    if cuts.summary > 0 && model.ready_summary(cuts.summary).is_none() {
+        // The summary this turn needs is not written yet: prune this time, and have it written.
+        wanted = Some(cuts.summary);
+        model.summaries = None;
+        model.clearing = true;
+        (cuts, cost) = model.simulate(base, lim);
+    } else if summarizing && cost as f64 >= raw(input.precompute_at) as f64 {
+        wanted = precompute(&mut model, &cuts, base, lim);
+    }
     if cuts == Cuts::default() {
-        let full = cost; // no cut: this is the whole request
         return Plan::Forward {
-            tokens: Some(calibrated(full)),
+            tokens: Some(calibrated(cost)),
+            wanted_summary: wanted,
         };
     }
     if cost > lim.hard {
@@ -162,15 +191,59 @@ pub fn plan(
         &cuts,
         calibrated(before),
         calibrated(cost),
+        wanted,
     )
 }
 
-fn build(input: &PlanInput, model: &mut Model, cuts: &Cuts, before: u64, after: u64) -> Plan {
+/// The summary to write ahead of time: up to the bound of a summary made now, unless a ready one would already
+/// bring the next rewrite down to the target.
+fn precompute(model: &mut Model, cuts: &Cuts, base: u64, lim: Limits) -> Option<usize> {
+    let n = model.len();
+    let bound = model.summary_bound(n);
+    if !model.summarizable(cuts.summary, bound, model.newest_user_before(n)) {
+        return None;
+    }
+    let ready = model.summaries.and_then(|s| {
+        s.ready
+            .iter()
+            .filter(|(u, _)| *u > cuts.summary && *u <= bound)
+            .max_by_key(|(u, _)| *u)
+            .cloned()
+    });
+    if let Some((upto, msg)) = ready {
+        let mut t = *cuts;
+        t.summary = upto;
+        t.summary_tokens = model.message_tokens(&msg);
+        t.keep_user = model.newest_user_before(n);
+        if model.cost(n, &t, base) <= lim.target {
+            return None;
+        }
+    }
+    Some(bound)
+}
+
+fn build(
+    input: &PlanInput,
+    model: &mut Model,
+    cuts: &Cuts,
+    before: u64,
+    after: u64,
+    wanted_summary: Option<usize>,
+) -> Plan {
     let mut messages = Vec::with_capacity(input.messages.len());
     let mut changed = false;
     let mut gone = Vec::new();
     let (mut cleared, mut dropped) = (0, 0);
+    let summary = model
+        .ready_summary(cuts.summary)
+        .filter(|_| cuts.summary > 0);
     for (i, original) in input.messages.iter().enumerate() {
+        if i == cuts.summary {
+            if let Some(s) = summary {
+                messages.push(s.clone());
+                changed = true;
+            }
+        }
         let mode = model.mode(i, cuts);
         match model.rendered(i, mode) {
             Some((v, _)) => {
@@ -190,6 +263,7 @@ fn build(input: &PlanInput, model: &mut Model, cuts: &Cuts, before: u64, after: 
     if !changed {
         return Plan::Forward {
             tokens: Some(before),
+            wanted_summary,
         };
     }
     let loop_count = |cut: usize| model.loops.iter().filter(|l| l.end <= cut).count();
@@ -213,6 +287,9 @@ fn build(input: &PlanInput, model: &mut Model, cuts: &Cuts, before: u64, after: 
     if pruned_loops + dropped_loops > 0 {
         stages.push("pruned");
     }
+    if summary.is_some() {
+        stages.push("summarized");
+    }
     if dropped > 0 {
         stages.push("truncated");
     }
@@ -228,12 +305,20 @@ fn build(input: &PlanInput, model: &mut Model, cuts: &Cuts, before: u64, after: 
         pruned_loops,
         dropped_loops,
         dropped_messages: dropped,
+        summary_upto: if summary.is_some() { cuts.summary } else { 0 },
         pruned_call_ids: pruned.iter().map(|p| p.call_id.clone()).collect(),
-        cuts: [cuts.clear, cuts.prune, cuts.drop_loops, cuts.drop],
+        cuts: [
+            cuts.clear,
+            cuts.prune,
+            cuts.drop_loops,
+            cuts.drop,
+            cuts.summary,
+        ],
     };
     Plan::Rewrite(Box::new(Rewrite {
         messages,
         record,
         pruned,
+        wanted_summary,
     }))
 }

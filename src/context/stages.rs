@@ -22,7 +22,11 @@ pub struct Cuts {
     pub drop_loops: usize,
     /// Units starting before this index are dropped (hard limit), except system messages and `keep_user`.
     pub drop: usize,
-    /// The user message the hard limit kept.
+    /// Messages before this index (but system messages and `keep_user`) are replaced by a summary.
+    pub summary: usize,
+    /// Tokens of the summary message.
+    pub summary_tokens: u64,
+    /// The user message the summary or the hard limit kept.
     pub keep_user: Option<usize>,
 }
 
@@ -52,6 +56,17 @@ pub struct Limits {
     pub hard: u64,
 }
 
+/// Summaries the planner may use.
+#[derive(Debug, Clone, Copy)]
+pub struct Summaries<'a> {
+    /// Newest messages never summarized.
+    pub keep_recent: usize,
+    /// Tokens assumed for a summary not written yet.
+    pub max_tokens: u64,
+    /// Summaries ready for this request: (messages covered from the start, the summary message).
+    pub ready: &'a [(usize, Value)],
+}
+
 /// The messages with everything the cuts need, computed once per request.
 pub struct Model<'a> {
     msgs: &'a [Value],
@@ -59,6 +74,10 @@ pub struct Model<'a> {
     enc: Encoding,
     prune: &'a PruneConfig,
     recall_tool: Option<&'a str>,
+    /// Summaries, when the strategy uses them; `None` prunes instead.
+    pub summaries: Option<Summaries<'a>>,
+    /// Tool-result clearing runs (not for `summarize`).
+    pub clearing: bool,
     tok: Vec<u64>,
     eligible: Vec<bool>,
     tools: Vec<usize>,
@@ -124,6 +143,8 @@ impl<'a> Model<'a> {
             enc,
             prune,
             recall_tool,
+            summaries: None,
+            clearing: true,
             tok,
             eligible,
             tools: idx("tool"),
@@ -151,6 +172,9 @@ impl<'a> Model<'a> {
         let u = self.unit_of[i];
         if self.units[u].start < c.drop && c.keep_user.is_none_or(|k| self.unit_of[k] != u) {
             return Mode::Dropped;
+        }
+        if i < c.summary && c.keep_user != Some(i) {
+            return Mode::Omitted;
         }
         if let Some(l) = self.loop_of[i].map(|l| &self.loops[l]) {
             if l.end <= c.drop_loops {
@@ -208,6 +232,91 @@ impl<'a> Model<'a> {
         (from..to).map(|i| self.tokens(i, c)).sum()
     }
 
+    /// The cost of the first `j` messages under `c`, the summary message included.
+    pub fn cost(&mut self, j: usize, c: &Cuts, base: u64) -> u64 {
+        let summary = if c.summary > 0 { c.summary_tokens } else { 0 };
+        base + summary + self.range_tokens(0, j, c)
+    }
+
+    /// The summary ready for the first `upto` messages.
+    pub fn ready_summary(&self, upto: usize) -> Option<&'a Value> {
+        let s = self.summaries?;
+        s.ready.iter().find(|(u, _)| *u == upto).map(|(_, m)| m)
+    }
+
+    /// Where a summary made at step `j` would end: `keep_recent` messages before `j`, moved back to the start
+    /// of a unit so that no tool call is split from its results. 0 when nothing can be summarized.
+    pub fn summary_bound(&self, j: usize) -> usize {
+        let Some(s) = self.summaries else {
+            return 0;
+        };
+        let at = j.saturating_sub(s.keep_recent);
+        if at == 0 || at >= self.msgs.len() {
+            return 0;
+        }
+        self.units[self.unit_of[at]].start
+    }
+
+    /// Number of messages.
+    pub fn len(&self) -> usize {
+        self.msgs.len()
+    }
+
+    /// Tokens of any message (cached).
+    pub fn message_tokens(&self, m: &Value) -> u64 {
+        self.counter.message_tokens(self.enc, m)
+    }
+
+    /// Whether a summary of `from..to` would replace anything (system messages and `keep_user` stay anyway).
+    pub fn summarizable(&self, from: usize, to: usize, keep_user: Option<usize>) -> bool {
+        (from..to.min(self.msgs.len())).any(|i| !is_system(&self.msgs[i]) && Some(i) != keep_user)
+    }
+
+    /// The newest user message before `j`.
+    pub fn newest_user_before(&self, j: usize) -> Option<usize> {
+        self.users[..self.users.partition_point(|&u| u < j)]
+            .last()
+            .copied()
+    }
+
+    /// Summarizes up to the newest ready summary when that gets under the threshold, else up to the bound.
+    fn summarize(&mut self, j: usize, c: &mut Cuts, cost: u64, base: u64, lim: Limits) -> u64 {
+        let Some(s) = self.summaries else {
+            return cost;
+        };
+        let bound = self.summary_bound(j);
+        let keep_user = self.newest_user_before(j);
+        if !self.summarizable(c.summary, bound, keep_user) {
+            return cost;
+        }
+        let unit_start = |u: usize| self.units[self.unit_of[u]].start == u;
+        let ready = s
+            .ready
+            .iter()
+            .filter(|(u, _)| *u > c.summary && *u <= bound && unit_start(*u))
+            .max_by_key(|(u, _)| *u);
+        if let Some((upto, msg)) = ready {
+            let mut t = *c;
+            t.summary = *upto;
+            t.summary_tokens = self.counter.message_tokens(self.enc, msg);
+            t.keep_user = keep_user;
+            let with_ready = self.cost(j, &t, base);
+            // A ready summary that gets the request under the threshold beats waiting for a fresher one (which
+            // the planner then asks for ahead of time).
+            if with_ready <= lim.threshold || *upto == bound {
+                *c = t;
+                return with_ready;
+            }
+        }
+        c.summary = bound;
+        c.summary_tokens = match self.ready_summary(bound) {
+            Some(m) => self.counter.message_tokens(self.enc, m),
+            None => s.max_tokens + 20,
+        };
+        c.keep_user = keep_user;
+        self.cost(j, c, base)
+    }
+
     /// Replays the conversation's growth and returns the final cuts and the cost (tokens, `base` included) of
     /// the whole list under them.
     pub fn simulate(&mut self, base: u64, lim: Limits) -> (Cuts, u64) {
@@ -234,16 +343,20 @@ impl<'a> Model<'a> {
         } else {
             0
         };
-        while cost > lim.target && c.clear < bound {
+        while self.clearing && cost > lim.target && c.clear < bound {
             let i = c.clear;
             let before = self.tokens(i, c);
             c.clear = i + 1;
             cost = cost - before + self.tokens(i, c);
         }
-        // 2. Run-loop pruning: drop loops past the count and age limits, then cut past loops, oldest first.
+        // 2. With summaries: replace everything but the newest messages by a summary. Without: run-loop pruning,
+        //    which drops loops past the count and age limits, then cuts past loops, oldest first.
+        if self.summaries.is_some() && cost > lim.target {
+            cost = self.summarize(j, c, cost, base, lim);
+        }
         let started = self.loops.partition_point(|l| l.start < j);
         let keep = self.prune.keep_run_loops.max(1);
-        if cost > lim.target && started > keep {
+        if self.summaries.is_none() && cost > lim.target && started > keep {
             let prunable = started - keep;
             if started > self.prune.max_run_loops {
                 let last_dropped = &self.loops[started - self.prune.max_run_loops - 1];
@@ -260,7 +373,7 @@ impl<'a> Model<'a> {
                     .max();
                 c.drop_loops = c.drop_loops.max(old.unwrap_or(0));
             }
-            cost = base + self.range_tokens(0, j, c);
+            cost = self.cost(j, c, base);
             for li in 0..prunable {
                 if cost <= lim.target {
                     break;
@@ -277,10 +390,8 @@ impl<'a> Model<'a> {
         // 3. Hard limit: drop the oldest whole units, keeping system messages, the newest user message and the
         //    newest message's unit.
         if cost > lim.hard {
-            c.keep_user = self.users[..self.users.partition_point(|&u| u < j)]
-                .last()
-                .copied();
-            cost = base + self.range_tokens(0, j, c);
+            c.keep_user = self.newest_user_before(j);
+            cost = self.cost(j, c, base);
             let last = self.unit_of[j - 1];
             let first = self.units.partition_point(|u| u.start < c.drop);
             for ui in first..last {

@@ -7,6 +7,35 @@ use super::*;
 use crate::config::{ContextConfig, PruneConfig, Strategy as Rewriting};
 use crate::session::runloop::{is_system, role, run_loops};
 use proptest::prelude::*;
+use stages::Summaries;
+
+const SUMMARY: &str = "Summary of the earlier conversation: ";
+
+fn summary_msg(upto: usize) -> Value {
+    json!({"role":"system","content":format!("{SUMMARY}the user wants a fix; call_1 read the config (covers {upto})")})
+}
+
+fn with_summaries<'a>(
+    mut i: PlanInput<'a>,
+    strategy: Rewriting,
+    ready: &'a [(usize, Value)],
+) -> PlanInput<'a> {
+    i.strategy = strategy;
+    i.summaries = Some(Summaries {
+        keep_recent: 4,
+        max_tokens: 300,
+        ready,
+    });
+    i
+}
+
+fn wanted(p: &Plan) -> Option<usize> {
+    match p {
+        Plan::Forward { wanted_summary, .. } => *wanted_summary,
+        Plan::Rewrite(r) => r.wanted_summary,
+        Plan::Reject { .. } => None,
+    }
+}
 use serde_json::{json, Value};
 
 fn sys(t: &str) -> Value {
@@ -67,6 +96,8 @@ fn input<'a>(messages: &'a [Value], window: u64) -> PlanInput<'a> {
         window,
         recall_tool: Some("recall_tool_call"),
         reserve: 0,
+        summaries: None,
+        precompute_at: 0.6,
     }
 }
 
@@ -102,7 +133,10 @@ fn small_requests_and_strategy_off_are_forwarded() {
     i.strategy = Rewriting::Off;
     assert_eq!(
         run_with(&i, &ContextConfig::default(), &PruneConfig::default()),
-        Plan::Forward { tokens: None }
+        Plan::Forward {
+            tokens: None,
+            wanted_summary: None
+        }
     );
 }
 
@@ -250,7 +284,7 @@ fn a_request_that_cannot_fit_is_rejected() {
 fn later_turns_reuse_the_cuts_so_the_prefix_stays_identical() {
     let full = agent_run(80, 200);
     let window = 16_000;
-    let mut previous: Option<(Vec<Value>, [usize; 4])> = None;
+    let mut previous: Option<(Vec<Value>, [usize; 5])> = None;
     let mut moves = 0;
     let mut rewritten = 0;
     // the client's requests: every prefix ending with a tool result
@@ -296,6 +330,106 @@ fn the_calibration_ratio_scales_the_budget() {
         run_with(&i, &ContextConfig::default(), &PruneConfig::default()),
         Plan::Rewrite(_)
     ));
+}
+
+#[test]
+fn hybrid_prunes_until_the_summary_is_ready_then_uses_it() {
+    let m = chat_loops(12, 400);
+    let window = count(&m) * 10 / 9;
+    let ctx = ContextConfig::default();
+    let first = run_with(
+        &with_summaries(input(&m, window), Rewriting::Hybrid, &[]),
+        &ctx,
+        &PruneConfig::default(),
+    );
+    let upto = wanted(&first).expect("a summary is wanted");
+    assert!(
+        upto > 0 && upto <= m.len() - 4,
+        "keeps the newest messages: {upto}"
+    );
+    let Plan::Rewrite(pruned) = first else {
+        panic!("pruned meanwhile")
+    };
+    assert!(!pruned.record.stages.contains(&"summarized"));
+    check_sequence(&pruned.messages).unwrap();
+    let ready = vec![(upto, summary_msg(upto))];
+    let r = rewrite(run_with(
+        &with_summaries(input(&m, window), Rewriting::Hybrid, &ready),
+        &ctx,
+        &PruneConfig::default(),
+    ));
+    assert!(r.record.stages.contains(&"summarized"), "{:?}", r.record);
+    assert_eq!(r.record.summary_upto, upto);
+    assert_eq!(r.wanted_summary, None, "nothing more to write");
+    check_sequence(&r.messages).unwrap();
+    assert_eq!(r.messages[0], m[0], "the client's system prompt first");
+    assert_eq!(r.messages[1], ready[0].1, "then the summary");
+    assert_eq!(
+        r.messages[2..],
+        m[upto..],
+        "then the recent messages, untouched"
+    );
+    assert!(
+        r.pruned.iter().any(|p| p.call_id == "c0"),
+        "summarized calls stay recallable"
+    );
+    assert!(r.record.tokens_after <= window / 2);
+}
+
+#[test]
+fn summarize_keeps_the_task_of_a_single_long_run() {
+    let m = agent_run(40, 200);
+    let window = count(&m) * 10 / 9;
+    let ctx = ContextConfig::default();
+    let first = run_with(
+        &with_summaries(input(&m, window), Rewriting::Summarize, &[]),
+        &ctx,
+        &PruneConfig::default(),
+    );
+    let upto = wanted(&first).unwrap();
+    let ready = vec![(upto, summary_msg(upto))];
+    let r = rewrite(run_with(
+        &with_summaries(input(&m, window), Rewriting::Summarize, &ready),
+        &ctx,
+        &PruneConfig::default(),
+    ));
+    assert_eq!(r.record.stages, ["summarized"], "summarize does not clear");
+    assert_eq!(
+        &r.messages[..3],
+        &[m[0].clone(), m[1].clone(), ready[0].1.clone()],
+        "system, task, summary"
+    );
+    check_sequence(&r.messages).unwrap();
+}
+
+#[test]
+fn a_summary_is_precomputed_before_the_threshold() {
+    let m = agent_run(20, 300);
+    let window = count(&m) * 10 / 7; // ~0.7: over precompute_at, under the threshold
+    let p = run_with(
+        &with_summaries(input(&m, window), Rewriting::Hybrid, &[]),
+        &ContextConfig::default(),
+        &PruneConfig::default(),
+    );
+    assert!(
+        matches!(
+            p,
+            Plan::Forward {
+                wanted_summary: Some(_),
+                ..
+            }
+        ),
+        "{p:?}"
+    );
+    // once one is ready that would bring the next rewrite under the target, no other is wanted
+    let upto = wanted(&p).unwrap();
+    let ready = vec![(upto, summary_msg(upto))];
+    let p = run_with(
+        &with_summaries(input(&m, window), Rewriting::Hybrid, &ready),
+        &ContextConfig::default(),
+        &PruneConfig::default(),
+    );
+    assert_eq!(wanted(&p), None);
 }
 
 // ---- property tests ----
@@ -353,10 +487,14 @@ fn history() -> impl Strategy<Value = Vec<Value>> {
 }
 
 fn check_invariants(m: &[Value], window: u64, ctx: &ContextConfig) -> Result<(), TestCaseError> {
+    check_with(input(m, window), ctx)
+}
+
+fn check_with(i: PlanInput, ctx: &ContextConfig) -> Result<(), TestCaseError> {
+    let (m, window) = (i.messages, i.window);
     let prune = PruneConfig::default();
     let before = m.to_vec();
     let counter = TokenCounter::new();
-    let i = input(m, window);
     let p = plan(&i, ctx, &prune, &counter);
     prop_assert_eq!(m, &before[..], "the client's messages are untouched");
     prop_assert_eq!(
@@ -374,9 +512,14 @@ fn check_invariants(m: &[Value], window: u64, ctx: &ContextConfig) -> Result<(),
         "invalid: {:?}",
         check_sequence(out)
     );
+    let ours = |v: &Value| {
+        v["content"]
+            .as_str()
+            .is_some_and(|c| c.starts_with(SUMMARY))
+    };
     let systems = |x: &[Value]| {
         x.iter()
-            .filter(|v| is_system(v))
+            .filter(|v| is_system(v) && !ours(v))
             .cloned()
             .collect::<Vec<_>>()
     };
@@ -384,7 +527,7 @@ fn check_invariants(m: &[Value], window: u64, ctx: &ContextConfig) -> Result<(),
     prop_assert_eq!(out.last(), m.last(), "newest message kept");
     let newest_user = |x: &[Value]| x.iter().rev().find(|v| role(v) == "user").cloned();
     prop_assert_eq!(newest_user(out), newest_user(m), "newest user message kept");
-    if !r.record.stages.contains(&"truncated") {
+    if !r.record.stages.contains(&"truncated") && !r.record.stages.contains(&"summarized") {
         // the current run loop keeps every message; only its older tool results may be cleared
         let current = run_loops(m, None).loops.last().map_or(0, |l| l.start);
         let tail = &m[current..];
@@ -403,7 +546,11 @@ fn check_invariants(m: &[Value], window: u64, ctx: &ContextConfig) -> Result<(),
         counter.request_tokens(Encoding::O200k, out, None)
     );
     prop_assert!(r.record.tokens_after as f64 <= ctx.hard_limit.max(ctx.threshold) * window as f64);
-    // idempotent: rewriting the output changes nothing
+    // idempotent: rewriting the output changes nothing (summaries are keyed by the prefix they cover, so a
+    // summarized output is checked for validity and determinism only)
+    if r.record.stages.contains(&"summarized") {
+        return Ok(());
+    }
     match plan(&input(out, window), ctx, &prune, &counter) {
         Plan::Forward { .. } => {}
         Plan::Rewrite(again) => prop_assert_eq!(&again.messages, out, "idempotent"),
@@ -418,6 +565,23 @@ proptest! {
     #[test]
     fn rewrites_keep_every_invariant(m in history(), window in prop_oneof![Just(1_500u64), Just(4_000), Just(16_000)]) {
         check_invariants(&m, window, &ContextConfig::default())?;
+    }
+
+    /// Summaries: the rewrite that uses a ready summary keeps every invariant and is deterministic given it.
+    #[test]
+    fn summarized_rewrites_keep_every_invariant(
+        m in history(),
+        window in prop_oneof![Just(1_500u64), Just(4_000)],
+        hybrid in any::<bool>(),
+    ) {
+        let strategy = if hybrid { Rewriting::Hybrid } else { Rewriting::Summarize };
+        let ctx = ContextConfig::default();
+        let first = run_with(&with_summaries(input(&m, window), strategy, &[]), &ctx, &PruneConfig::default());
+        check_with(with_summaries(input(&m, window), strategy, &[]), &ctx)?;
+        if let Some(upto) = wanted(&first) {
+            let ready = vec![(upto, summary_msg(upto))];
+            check_with(with_summaries(input(&m, window), strategy, &ready), &ctx)?;
+        }
     }
 
     /// With the hard limit at the target, a first rewrite (the turn before went through whole) must reach the

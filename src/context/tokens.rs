@@ -215,12 +215,23 @@ impl TokenCounter {
         msgs + tools.map_or(0, |t| self.tools_tokens(enc, t)) + REPLY_PRIMING
     }
 
-    /// Records the upstream's `usage.prompt_tokens` (`actual`) against our `estimated` count for `model`.
+    /// Records the upstream's `usage.prompt_tokens` (`actual`) against our `estimated` count for `model`. A sample
+    /// outside [0.5, 2] is not a tokenizer difference but a miscount (a proxy, a mock, a provider that reports
+    /// something else): it is ignored rather than allowed to skew every later estimate.
     pub fn observe(&self, model: &str, estimated: u64, actual: u64) {
         if estimated == 0 || actual == 0 || model.len() > MAX_MODEL_NAME {
             return;
         }
-        let sample = (actual as f64 / estimated as f64).clamp(RATIO_MIN, RATIO_MAX);
+        let sample = actual as f64 / estimated as f64;
+        if !(RATIO_MIN..=RATIO_MAX).contains(&sample) {
+            tracing::debug!(
+                model,
+                estimated,
+                actual,
+                "calibration: implausible usage sample ignored"
+            );
+            return;
+        }
         let mut ratios = self.ratios.write();
         if let Some(r) = ratios.get_mut(model) {
             *r += ALPHA * (sample - *r);
@@ -493,7 +504,7 @@ mod tests {
     }
 
     #[test]
-    fn calibration_ema_and_clamp() {
+    fn calibration_ema_bounds_and_outliers() {
         let c = TokenCounter::new();
         assert_eq!(c.ratio("m"), 1.0);
         c.observe("m", 100, 110);
@@ -502,8 +513,11 @@ mod tests {
         assert!((c.ratio("m") - 1.12).abs() < 1e-9);
         assert_eq!(c.calibrated("m", 100), 112);
         c.observe("big", 100, 1000);
+        assert_eq!(c.ratio("big"), 1.0, "implausible samples are ignored");
+        c.observe("big", 100, 200);
         assert_eq!(c.ratio("big"), RATIO_MAX);
         c.observe("small", 100, 1);
+        c.observe("small", 100, 50);
         assert_eq!(c.ratio("small"), RATIO_MIN);
         c.observe("zero", 0, 10);
         c.observe("zero", 10, 0);

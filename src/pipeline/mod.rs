@@ -1,6 +1,7 @@
 //! The life of a chat request, stage by stage: read → parse → identify the session → plan (count, rewrite) →
 //! forward → relay with a tap (or answer recall rounds) → record.
 
+mod measure;
 mod plan;
 mod request;
 mod rounds;
@@ -10,6 +11,7 @@ pub use request::{read_body, ChatRequest};
 
 use crate::app::{AppState, TurnEvent};
 use crate::error::GatewayError;
+use crate::metrics::{RequestTimer, Route};
 use crate::recall::HistorySource;
 use crate::relay::{self, RelayOutcome};
 use crate::session::manager::now_secs;
@@ -31,6 +33,22 @@ pub const SESSION_HEADER: &str = "x-ctxgate-session";
 /// Handles `POST /v1/chat/completions`.
 pub async fn chat(state: Arc<AppState>, req: Request) -> Response {
     let started = Instant::now();
+    // Counts the request in flight; the turn takes it over when the upstream answers, otherwise it records the
+    // error answered here (or 499 when the client went away first).
+    let mut timer = Some(state.metrics.start(Route::Chat, started));
+    let resp = handle(state, req, started, &mut timer).await;
+    if let Some(t) = timer.as_mut() {
+        t.set_status(resp.status().as_u16());
+    }
+    resp
+}
+
+async fn handle(
+    state: Arc<AppState>,
+    req: Request,
+    started: Instant,
+    timer: &mut Option<RequestTimer>,
+) -> Response {
     let (parts, body) = req.into_parts();
     let cfg = &state.config;
 
@@ -44,6 +62,9 @@ pub async fn chat(state: Arc<AppState>, req: Request) -> Response {
         Ok(c) => c,
         Err(e) => return own_error(e, None, started, false, ""),
     };
+    if let Some(t) = timer.as_mut() {
+        t.set_stream(chat.stream);
+    }
     let strategy = match plan::strategy(&parts.headers, cfg.context.strategy) {
         Ok(s) => s,
         Err(e) => return own_error(e, None, started, chat.stream, &chat.model),
@@ -67,14 +88,18 @@ pub async fn chat(state: Arc<AppState>, req: Request) -> Response {
 
     // 4. Plan: count the request against its model's window; over budget, rewrite what goes upstream. Without a
     //    rewrite the client's own bytes go upstream, untouched.
-    let first_seen = mark
-        .as_ref()
-        .map(|m| m.first_seen.as_slice())
-        .filter(|f| f.len() == chat.messages().len());
-    let outgoing = match plan_request(&state, strategy, &chat, first_seen, now_secs()) {
-        Ok(o) => o,
-        Err(e) => return own_error(e, Some(&session), started, chat.stream, &chat.model),
-    };
+    let auth = parts.headers.get(http::header::AUTHORIZATION);
+    let outgoing =
+        match plan_request(&state, strategy, &chat, mark.as_ref(), auth, now_secs()).await {
+            Ok(o) => o,
+            Err(e) => {
+                measure::plan_failed(&state, strategy, &chat.model, &e);
+                return own_error(e, Some(&session), started, chat.stream, &chat.model);
+            }
+        };
+    if let Some(rw) = &outgoing.rewrite {
+        measure::rewrite(&state, strategy, &chat.model, &rw.record);
+    }
     if let (Some(rw), Some(mark)) = (&outgoing.rewrite, &mark) {
         record_compression(&state, mark, rw, &chat.model);
     }
@@ -84,6 +109,9 @@ pub async fn chat(state: Arc<AppState>, req: Request) -> Response {
     let mut headers = state.upstream.request_headers(&parts.headers, true);
     headers.remove(STRATEGY_HEADER);
     let upstream_started = Instant::now();
+    if let Some(t) = timer.as_mut() {
+        t.upstream_sent();
+    }
     let resp = match state
         .upstream
         .send(
@@ -95,7 +123,10 @@ pub async fn chat(state: Arc<AppState>, req: Request) -> Response {
         .await
     {
         Ok(r) => r,
-        Err(e) => return own_error(e, Some(&session), started, chat.stream, &chat.model),
+        Err(e) => {
+            measure::send_failed(&state, timer, &e);
+            return own_error(e, Some(&session), started, chat.stream, &chat.model);
+        }
     };
     let upstream_wait = upstream_started.elapsed();
 
@@ -106,6 +137,10 @@ pub async fn chat(state: Arc<AppState>, req: Request) -> Response {
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
+    let mut timer = timer.take();
+    if let (Some(t), true) = (timer.as_mut(), is_sse) {
+        t.streaming();
+    }
     let turn = Turn {
         state: state.clone(),
         mark: mark.clone(),
@@ -115,6 +150,11 @@ pub async fn chat(state: Arc<AppState>, req: Request) -> Response {
         status,
         upstream_wait,
         started,
+        timer,
+        planned: measure::PlannedTokens {
+            rewritten_from: outgoing.rewrite.as_ref().map(|r| r.record.tokens_before),
+            sent_estimate: outgoing.estimate,
+        },
     };
     // 6b. The model may call the recall tools we offered: ctxgate answers them and asks again, within the same
     //     response. Anything but a successful first answer is relayed as it is.
@@ -194,6 +234,10 @@ struct Turn {
     status: http::StatusCode,
     upstream_wait: std::time::Duration,
     started: Instant,
+    /// Records the request when dropped, at the end of the turn.
+    timer: Option<RequestTimer>,
+    /// For the token metrics.
+    planned: measure::PlannedTokens,
 }
 
 impl Turn {
@@ -204,12 +248,21 @@ impl Turn {
         Box::new(move |outcome: RelayOutcome| {
             Box::pin(async move {
                 let state = &self.state;
+                let mut timer = self.timer;
+                if let Some(t) = timer.as_mut() {
+                    t.upstream_ended();
+                    t.set_status(self.status.as_u16());
+                    if let Some(at) = outcome.first_byte_at {
+                        t.first_byte(at);
+                    }
+                }
                 if let Some(mark) = &self.mark {
                     record_reply(state, mark, self.status, &outcome).await;
                 }
                 if let (Some(est), Some(actual)) = (estimate, outcome.reply.prompt_tokens()) {
                     state.counter.observe(&self.model, est, actual);
                 }
+                measure::turn(state, &self.model, self.status, self.planned, &outcome);
                 log_turn(
                     self.status.as_u16(),
                     &self.model,
@@ -219,6 +272,7 @@ impl Turn {
                     &self.session_id,
                     &outcome,
                 );
+                drop(timer); // records the request: the turn is over
                 let _ = state.turns.send(TurnEvent {
                     session_id: self.session_id,
                     status: self.status.as_u16(),

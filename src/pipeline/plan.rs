@@ -4,13 +4,17 @@
 use super::ChatRequest;
 use crate::app::AppState;
 use crate::config::Strategy;
+use crate::context::plan::Summaries;
 use crate::context::tokens::Encoding;
 use crate::context::{self, CompressionRecord, Plan, PlanInput, PrunedCall};
 use crate::error::GatewayError;
 use crate::recall::{self, Injection, Recallable};
+use crate::session::RequestMark;
+use crate::summary;
 use bytes::Bytes;
-use http::HeaderMap;
+use http::{HeaderMap, HeaderValue};
 use serde_json::{Map, Value};
+use std::sync::Arc;
 
 /// Request header choosing the strategy for one request.
 pub const STRATEGY_HEADER: &str = "x-ctxgate-strategy";
@@ -51,12 +55,13 @@ pub fn strategy(headers: &HeaderMap, default: Strategy) -> Result<Strategy, Gate
     })
 }
 
-/// Plans the request. `first_seen` are the messages' first-seen times from the session, when known.
-pub fn plan_request(
-    state: &AppState,
+/// Plans the request. `mark` is where its messages landed in the session (for first-seen times and summaries).
+pub async fn plan_request(
+    state: &Arc<AppState>,
     strategy: Strategy,
     chat: &ChatRequest,
-    first_seen: Option<&[i64]>,
+    mark: Option<&RequestMark>,
+    auth: Option<&HeaderValue>,
     now: i64,
 ) -> Result<Outgoing, GatewayError> {
     let cfg = &state.config;
@@ -71,32 +76,89 @@ pub fn plan_request(
     // Every token covers at least one byte of the body and an image part's JSON is over half its flat price, so
     // a body under half the threshold (in bytes) cannot be over it: no need to count.
     let threshold = cfg.context.threshold * window as f64;
-    if strategy == Strategy::Off || (chat.raw.len() as f64) * 2.0 * ratio <= threshold {
+    let precompute = cfg.summary.precompute_at.min(cfg.context.threshold) * window as f64;
+    if strategy == Strategy::Off
+        || (chat.raw.len() as f64) * 2.0 * ratio <= threshold.min(precompute)
+    {
         return Ok(forward(None, None));
     }
-    let recall_ok = recall::can_inject(&chat.body, &cfg.recall).is_ok();
-    let input = PlanInput {
-        messages: chat.messages(),
-        tools: chat.body.get("tools"),
-        first_seen,
-        now,
-        encoding: Encoding::for_model(&chat.model),
-        ratio,
-        strategy,
-        window,
-        recall_tool: recall_ok.then_some(cfg.recall.tool_name.as_str()),
-        reserve: if recall_ok {
-            recall::reserve_tokens(&cfg.recall)
-        } else {
-            0
-        },
+    let messages = chat.messages();
+    let aligned = mark.filter(|m| m.path.len() == messages.len());
+    let summarizer = state
+        .summarizer
+        .as_ref()
+        .filter(|_| matches!(strategy, Strategy::Summarize | Strategy::Hybrid))
+        .zip(aligned);
+    let mut ready = match summarizer {
+        Some((_, m)) => summary::ready(&m.entry.compressions(), &m.path),
+        None => Vec::new(),
     };
-    let rw = match context::plan(&input, &cfg.context, &cfg.prune, &state.counter) {
-        Plan::Forward { tokens } => {
+    let recall_ok = recall::can_inject(&chat.body, &cfg.recall).is_ok();
+    let encoding = Encoding::for_model(&chat.model);
+    let plan_with = |ready: &[(usize, Value, String)]| {
+        let pairs: Vec<(usize, Value)> = ready.iter().map(|(u, m, _)| (*u, m.clone())).collect();
+        let input = PlanInput {
+            messages,
+            tools: chat.body.get("tools"),
+            first_seen: aligned.map(|m| m.first_seen.as_slice()),
+            now,
+            encoding,
+            ratio,
+            strategy,
+            window,
+            recall_tool: recall_ok.then_some(cfg.recall.tool_name.as_str()),
+            // What the recall tools and note add, but never more than a tenth of a small window.
+            reserve: if recall_ok {
+                recall::reserve_tokens(&cfg.recall).min(window / 10)
+            } else {
+                0
+            },
+            summaries: summarizer.map(|_| Summaries {
+                keep_recent: cfg.summary.keep_recent,
+                max_tokens: cfg.summary.max_tokens,
+                ready: &pairs,
+            }),
+            precompute_at: cfg.summary.precompute_at,
+        };
+        context::plan(&input, &cfg.context, &cfg.prune, &state.counter)
+    };
+    let mut decision = plan_with(&ready);
+    if let (Some((s, m)), Some(upto)) = (summarizer, wanted_summary(&decision)) {
+        // A summary is wanted: have it written in the background. A request that is being pruned for want of it
+        // may wait `summary.wait_ms` for it.
+        let job = summary_job(
+            m,
+            messages,
+            upto,
+            &ready,
+            auth,
+            encoding,
+            matches!(decision, Plan::Forward { .. }),
+        );
+        let done = s.start(job, state.sessions.clone(), &state.tasks);
+        let pruned_meanwhile =
+            matches!(&decision, Plan::Rewrite(r) if !r.record.stages.contains(&"summarized"));
+        if let (Some(mut done), true, true) = (done, pruned_meanwhile, cfg.summary.wait_ms > 0) {
+            let wait = std::time::Duration::from_millis(cfg.summary.wait_ms);
+            if tokio::time::timeout(wait, done.wait_for(|d| *d))
+                .await
+                .is_ok()
+            {
+                ready = summary::ready(&m.entry.compressions(), &m.path);
+                decision = plan_with(&ready);
+            }
+        }
+    }
+    let rw = match decision {
+        Plan::Forward { tokens, .. } => {
             let raw = tokens.map(|t| (t as f64 / ratio) as u64);
             return Ok(forward(raw, tokens));
         }
-        Plan::Reject { tokens, limit, window } => {
+        Plan::Reject {
+            tokens,
+            limit,
+            window,
+        } => {
             return Err(GatewayError::ContextLengthExceeded {
                 message: format!(
                     "this conversation needs about {tokens} tokens even after ctxgate dropped all it could \
@@ -131,7 +193,7 @@ pub fn plan_request(
         .collect();
     let injected = inject(&mut body, &recallable, state);
     let estimate = state.counter.request_tokens(
-        input.encoding,
+        encoding,
         body.get("messages")
             .and_then(Value::as_array)
             .map(Vec::as_slice)
@@ -151,6 +213,40 @@ pub fn plan_request(
             body,
         }),
     })
+}
+
+fn wanted_summary(p: &Plan) -> Option<usize> {
+    match p {
+        Plan::Forward { wanted_summary, .. } => *wanted_summary,
+        Plan::Rewrite(r) => r.wanted_summary,
+        Plan::Reject { .. } => None,
+    }
+}
+
+/// The job writing the summary of the first `upto` messages, from the newest ready summary before it.
+fn summary_job(
+    mark: &RequestMark,
+    messages: &[Value],
+    upto: usize,
+    ready: &[(usize, Value, String)],
+    auth: Option<&HeaderValue>,
+    encoding: Encoding,
+    precomputed: bool,
+) -> summary::Job {
+    summary::Job {
+        entry: mark.entry.clone(),
+        messages: Arc::new(messages[..upto].to_vec()),
+        upto,
+        upto_node: mark.path[upto - 1].clone(),
+        previous: ready
+            .iter()
+            .filter(|(u, _, _)| *u < upto)
+            .max_by_key(|(u, _, _)| *u)
+            .map(|(u, _, t)| (*u, t.clone())),
+        auth: auth.cloned(),
+        precomputed,
+        encoding,
+    }
 }
 
 fn inject(body: &mut Map<String, Value>, recallable: &[Recallable], state: &AppState) -> bool {

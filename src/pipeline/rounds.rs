@@ -4,8 +4,10 @@
 
 use crate::app::AppState;
 use crate::error::GatewayError;
+use crate::metrics::{RecallOutcome, RecallTool};
 use crate::recall::{
-    answer_call, merge_usage, strip_injected, HistorySource, InjectedNames, RoundEnd, StreamSplicer,
+    answer_call_with_outcome, merge_usage, strip_injected, Answered, HistorySource, InjectedNames,
+    RoundEnd, StreamSplicer,
 };
 use crate::relay::{Finisher, RelayOutcome};
 use crate::sse::{AssembledReply, MessageAssembler, SseParser};
@@ -46,11 +48,29 @@ impl Rounds {
     /// Answers the injected calls of `assistant` and appends the exchange to the next request.
     fn answer(&mut self, round: u32, assistant: Value, calls: &[Value]) {
         let names = self.names();
+        let metrics = &self.state.metrics;
+        metrics.recall_round();
         let results: Vec<Value> = calls
             .iter()
             .map(|c| {
+                let (content, answered) =
+                    answer_call_with_outcome(c, &names, &self.source, &self.state.config.recall);
+                let search = c.pointer("/function/name").and_then(Value::as_str)
+                    == Some(names.search.as_str());
+                metrics.recall_call(
+                    if search {
+                        RecallTool::Search
+                    } else {
+                        RecallTool::Recall
+                    },
+                    match answered {
+                        Answered::Found => RecallOutcome::Found,
+                        Answered::NotFound => RecallOutcome::NotFound,
+                        Answered::Error => RecallOutcome::Error,
+                    },
+                );
                 json!({"role": "tool", "tool_call_id": c.get("id").cloned().unwrap_or(Value::Null),
-                       "content": answer_call(c, &names, &self.source, &self.state.config.recall)})
+                       "content": content})
             })
             .collect();
         (self.on_round)(json!({"round": round, "assistant": assistant, "results": results}));

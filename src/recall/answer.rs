@@ -71,6 +71,17 @@ fn cut(s: &str, max: usize) -> String {
     format!("{kept}\n…[truncated: {rest} more characters]")
 }
 
+/// How ctxgate answered an injected call (for metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answered {
+    /// The recalled result, or at least one search match, was returned.
+    Found,
+    /// No call with that id, or no search match.
+    NotFound,
+    /// Bad arguments or an unknown tool.
+    Error,
+}
+
 /// The tool result ctxgate gives for one injected call.
 pub fn answer_call(
     call: &Value,
@@ -78,6 +89,16 @@ pub fn answer_call(
     src: &HistorySource,
     cfg: &RecallConfig,
 ) -> String {
+    answer_call_with_outcome(call, names, src, cfg).0
+}
+
+/// Like [`answer_call`], also saying how it went.
+pub fn answer_call_with_outcome(
+    call: &Value,
+    names: &InjectedNames,
+    src: &HistorySource,
+    cfg: &RecallConfig,
+) -> (String, Answered) {
     let name = call
         .pointer("/function/name")
         .and_then(Value::as_str)
@@ -89,17 +110,24 @@ pub fn answer_call(
         .unwrap_or(Value::Null);
     if name == names.recall {
         let Some(id) = args.get("call_id").and_then(Value::as_str) else {
-            return "Error: `call_id` (a string) is required.".into();
+            return (
+                "Error: `call_id` (a string) is required.".into(),
+                Answered::Error,
+            );
         };
         match src.tool_result(id) {
             Some(m) => {
                 let tool = src.tool_name(id).unwrap_or("unknown tool");
-                format!(
+                let text = format!(
                     "Result of tool call {id} ({tool}):\n{}",
                     cut(&message_text(m), cfg.max_result_chars)
-                )
+                );
+                (text, Answered::Found)
             }
-            None => format!("Not found: no tool call with id {id:?} exists in this conversation."),
+            None => (
+                format!("Not found: no tool call with id {id:?} exists in this conversation."),
+                Answered::NotFound,
+            ),
         }
     } else if name == names.search {
         let Some(q) = args
@@ -107,21 +135,31 @@ pub fn answer_call(
             .and_then(Value::as_str)
             .filter(|q| !q.trim().is_empty())
         else {
-            return "Error: `query` (a non-empty string) is required.".into();
+            return (
+                "Error: `query` (a non-empty string) is required.".into(),
+                Answered::Error,
+            );
         };
         let limit = args
             .get("limit")
             .and_then(Value::as_u64)
             .unwrap_or(5)
             .clamp(1, 20) as usize;
-        search(src, q, limit, cfg.max_search_chars)
+        let (text, total) = search(src, q, limit, cfg.max_search_chars);
+        let outcome = if total > 0 {
+            Answered::Found
+        } else {
+            Answered::NotFound
+        };
+        (text, outcome)
     } else {
-        format!("Error: unknown tool {name:?}.")
+        (format!("Error: unknown tool {name:?}."), Answered::Error)
     }
 }
 
 /// Case-insensitive keyword search; the whole phrase scores highest, then term occurrences; newer first on ties.
-fn search(src: &HistorySource, query: &str, limit: usize, max_chars: usize) -> String {
+/// Returns the answer and the number of matches.
+fn search(src: &HistorySource, query: &str, limit: usize, max_chars: usize) -> (String, usize) {
     let phrase = query.to_lowercase();
     let terms: Vec<&str> = phrase.split_whitespace().collect();
     let mut hits: Vec<(usize, u32, &Value, String, usize)> = Vec::new();
@@ -159,7 +197,8 @@ fn search(src: &HistorySource, query: &str, limit: usize, max_chars: usize) -> S
             json!({"position": pos, "role": m.get("role"), "call_id": call_id, "snippet": snippet}),
         );
     }
-    json!({"query": query, "total_matches": total, "matches": matches}).to_string()
+    let text = json!({"query": query, "total_matches": total, "matches": matches}).to_string();
+    (text, total)
 }
 
 /// About `width` characters of `text` around byte offset `at` (of the lower-cased text; close enough for ASCII,

@@ -5,7 +5,7 @@ mod answer;
 mod inject;
 mod splice;
 
-pub use answer::{answer_call, HistorySource};
+pub use answer::{answer_call, answer_call_with_outcome, Answered, HistorySource};
 pub use inject::{can_inject, inject, reserve_tokens, Injection, Recallable};
 pub use splice::{merge_usage, strip_injected, RoundEnd, StreamSplicer};
 

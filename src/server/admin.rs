@@ -18,6 +18,10 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
     Router::new()
         .route("/admin/sessions", get(list))
         .route("/admin/sessions/{id}", get(show).delete(delete))
+        .route(
+            "/admin/sessions/{id}/compress",
+            axum::routing::post(compress),
+        )
         .route_layer(axum::middleware::from_fn_with_state(state, authenticate))
 }
 
@@ -102,6 +106,42 @@ async fn delete(
     } else {
         Err(GatewayError::NotFound(format!("no session {id:?}")))
     }
+}
+
+/// Writes a summary of the session's history now (all but the newest `summary.keep_recent` messages) and returns
+/// its compression record.
+async fn compress(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, GatewayError> {
+    let Some(summarizer) = &state.summarizer else {
+        return Err(GatewayError::bad_request(
+            "summaries are off: set [summary] model to enable them",
+        ));
+    };
+    let Some(entry) = state.sessions.entry(&id).await.map_err(store_error)? else {
+        return Err(GatewayError::NotFound(format!("no session {id:?}")));
+    };
+    let job = crate::summary::manual_job(
+        entry.clone(),
+        state.config.summary.keep_recent,
+        summarizer.model(),
+    )
+    .map_err(GatewayError::bad_request)?;
+    let record = summarizer.run(&job).await.map_err(|e| {
+        GatewayError::UpstreamUnreachable(format!("the summary request failed: {e}"))
+    })?;
+    state
+        .sessions
+        .record_entry(
+            &entry,
+            crate::store::RecordKind::Compression,
+            record.clone(),
+        )
+        .await
+        .map_err(store_error)?;
+    tracing::info!(target: "ctxgate::admin", session = %id, upto = job.upto, "admin: session summarized");
+    Ok(Json(record).into_response())
 }
 
 #[cfg(test)]

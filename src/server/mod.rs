@@ -1,6 +1,7 @@
 //! The HTTP front: router, thin handlers, `/healthz`, the `/v1/*` passthrough, and serving with graceful shutdown.
 
 mod admin;
+mod metrics;
 mod passthrough;
 
 use crate::app::AppState;
@@ -18,9 +19,15 @@ use std::time::Duration;
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(metrics::handle))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/{*rest}", any(passthrough::handle))
-        .merge(admin::routes(state.clone()))
+        .merge(
+            admin::routes(state.clone()).layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                metrics::count_admin,
+            )),
+        )
         .fallback(not_found)
         .with_state(state)
 }
@@ -41,14 +48,39 @@ async fn not_found(req: Request) -> Response {
 /// A gateway bound to its socket, ready to serve.
 pub struct Server {
     listener: tokio::net::TcpListener,
+    /// The separate `/metrics` listener, when `[metrics] listen` is set.
+    metrics_listener: Option<tokio::net::TcpListener>,
     state: Arc<AppState>,
 }
 
 impl Server {
-    /// Binds the listener (port 0 picks a free port).
+    /// Binds the listener (port 0 picks a free port), and the metrics listener when one is configured.
     pub async fn bind(state: Arc<AppState>, addr: SocketAddr) -> std::io::Result<Server> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
-        Ok(Server { listener, state })
+        let metrics_listener = match &state.config.metrics.listen {
+            Some(a) => {
+                let a: SocketAddr = a.parse().map_err(|_| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        format!("metrics.listen: {a:?} is not an address"),
+                    )
+                })?;
+                Some(tokio::net::TcpListener::bind(a).await?)
+            }
+            None => None,
+        };
+        Ok(Server {
+            listener,
+            metrics_listener,
+            state,
+        })
+    }
+
+    /// The bound address of the separate metrics listener, when there is one.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
     }
 
     /// The bound address.
@@ -63,6 +95,14 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let grace = Duration::from_secs(self.state.config.server.shutdown_grace_secs);
+        // The metrics listener needs no graceful shutdown: it ends with `run`.
+        let _metrics = self.metrics_listener.map(|l| {
+            if let Ok(a) = l.local_addr() {
+                tracing::info!(listen = %a, "metrics listening (GET /metrics)");
+            }
+            let app = metrics::router(self.state.clone());
+            AbortOnDrop(tokio::spawn(axum::serve(l, app).into_future()).abort_handle())
+        });
         let app = router(self.state.clone()).into_make_service_with_connect_info::<SocketAddr>();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
@@ -95,6 +135,15 @@ impl Server {
                 Ok(())
             }
         }
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -2,6 +2,7 @@
 
 use crate::app::AppState;
 use crate::error::GatewayError;
+use crate::metrics::{Route, UpstreamErrorClass};
 use crate::relay;
 use crate::upstream::strip_hop_by_hop;
 use axum::body::Body;
@@ -14,6 +15,8 @@ use std::time::Instant;
 /// Forwards any `/v1/<rest>` request to `<upstream.base_url>/<rest>`.
 pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Response {
     let started = Instant::now();
+    // Records the request when dropped: with the response body, once it is relayed (or the client went away).
+    let mut timer = state.metrics.start(Route::Passthrough, started);
     let (parts, body) = req.into_parts();
     let rest = parts
         .uri
@@ -24,6 +27,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
     let headers = state.upstream.request_headers(&parts.headers, false);
     let body = reqwest::Body::wrap_stream(body.into_data_stream().map_err(std::io::Error::other));
     let path = parts.uri.path().to_string();
+    timer.upstream_sent();
     let result = state
         .upstream
         .send(parts.method.clone(), &url, headers, body)
@@ -32,15 +36,41 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
         Ok(r) => r,
         Err(e) => {
             log(&parts.method, &path, e.status().as_u16(), started);
+            let class = match e {
+                GatewayError::UpstreamTimeout(_) => UpstreamErrorClass::Timeout,
+                _ => UpstreamErrorClass::Unreachable,
+            };
+            state.metrics.upstream_error(Route::Passthrough, class);
+            timer.set_status(e.status().as_u16());
             return e.into_response();
         }
     };
     log(&parts.method, &path, resp.status().as_u16(), started);
+    let status = resp.status().as_u16();
+    timer.set_status(status);
+    if let Some(class) = UpstreamErrorClass::of_status(status) {
+        state.metrics.upstream_error(Route::Passthrough, class);
+    }
+    let sse = resp
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    timer.set_stream(sse);
     let mut builder = Response::builder().status(resp.status());
     for (k, v) in strip_hop_by_hop(resp.headers()).iter() {
         builder = builder.header(k, v);
     }
-    let stream = relay::passthrough(resp.bytes_stream().boxed(), state.upstream.timeout());
+    let metrics = state.metrics.clone();
+    let stream = relay::passthrough(resp.bytes_stream().boxed(), state.upstream.timeout()).map(
+        move |chunk| {
+            let _in_flight = &timer;
+            if chunk.is_err() {
+                metrics.upstream_error(Route::Passthrough, UpstreamErrorClass::Interrupted);
+            }
+            chunk
+        },
+    );
     builder
         .body(Body::from_stream(stream))
         .unwrap_or_else(|e| GatewayError::Internal(e.to_string()).into_response())

@@ -5,6 +5,7 @@
 use super::identity::SessionIdentity;
 use super::runloop::{message_text, run_loops, ToolCallRef};
 use super::tree::{NodeId, Tree};
+use crate::metrics::{CacheResult, SessionMetrics};
 use crate::store::{committed, RecordKind, SessionMeta, Store, StoreError, WriteOp};
 use moka::future::Cache;
 use parking_lot::Mutex;
@@ -63,6 +64,11 @@ impl SessionEntry {
         self.state.lock().compressions.last().cloned()
     }
 
+    /// Every compression record (rewrites and summaries), oldest first.
+    pub fn compressions(&self) -> Vec<Value> {
+        self.state.lock().compressions.clone()
+    }
+
     /// Runs `f` on the session's tree.
     pub fn with_tree<T>(&self, f: impl FnOnce(&Tree) -> T) -> T {
         f(&self.state.lock().tree)
@@ -82,6 +88,8 @@ pub struct RequestMark {
     pub created: usize,
     /// Unix seconds each request message was first seen (aligned with the request's messages).
     pub first_seen: Vec<i64>,
+    /// Node id of each request message (aligned with the request's messages).
+    pub path: Vec<String>,
 }
 
 /// A session as the admin API shows it.
@@ -169,6 +177,7 @@ pub struct BranchView {
 pub struct Sessions {
     store: Arc<dyn Store>,
     cache: Cache<String, Arc<SessionEntry>>,
+    metrics: SessionMetrics,
 }
 
 impl Sessions {
@@ -178,7 +187,17 @@ impl Sessions {
             .max_capacity(cache_max_bytes)
             .weigher(|_k: &String, v: &Arc<SessionEntry>| v.weight.load(Ordering::Relaxed))
             .build();
-        Self { store, cache }
+        Self {
+            store,
+            cache,
+            metrics: SessionMetrics::default(),
+        }
+    }
+
+    /// Counts cache hits and misses in `metrics`.
+    pub fn with_metrics(mut self, metrics: SessionMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// The durable store.
@@ -191,10 +210,18 @@ impl Sessions {
         (self.cache.entry_count(), self.cache.weighted_size())
     }
 
+    /// Like [`Sessions::cache_stats`], after the cache's pending bookkeeping is applied (exact, for metrics).
+    pub async fn cache_stats_now(&self) -> (u64, u64) {
+        self.cache.run_pending_tasks().await;
+        self.cache_stats()
+    }
+
     async fn load_entry(&self, id: &str) -> Result<Option<Arc<SessionEntry>>, StoreError> {
         if let Some(e) = self.cache.get(id).await {
+            self.metrics.lookup(CacheResult::Hit);
             return Ok(Some(e));
         }
+        self.metrics.lookup(CacheResult::Miss);
         let store = self.store.clone();
         let key = id.to_string();
         let loaded = self
@@ -282,12 +309,9 @@ impl Sessions {
             let mut st = entry.state.lock();
             let appended = st.tree.append_request(messages, raw_hashes, now);
             st.last_active = now;
-            let first_seen: Vec<i64> = st
-                .tree
-                .path_to(appended.leaf.as_ref())
-                .iter()
-                .map(|n| n.created_at)
-                .collect();
+            let nodes = st.tree.path_to(appended.leaf.as_ref());
+            let first_seen: Vec<i64> = nodes.iter().map(|n| n.created_at).collect();
+            let path: Vec<String> = nodes.iter().map(|n| n.id.to_string()).collect();
             let mut ops = vec![WriteOp::Session(entry.meta(&st))];
             for id in &appended.created {
                 if let Some(n) = st.tree.get(id) {
@@ -304,6 +328,7 @@ impl Sessions {
                 known: appended.known,
                 created: appended.created.len(),
                 first_seen,
+                path,
             };
             (mark, ops)
         };
@@ -358,9 +383,19 @@ impl Sessions {
         kind: RecordKind,
         record: Value,
     ) -> Result<(), StoreError> {
+        self.record_entry(&mark.entry, kind, record).await
+    }
+
+    /// Like [`Sessions::record`], for a session entry.
+    pub async fn record_entry(
+        &self,
+        entry: &SessionEntry,
+        kind: RecordKind,
+        record: Value,
+    ) -> Result<(), StoreError> {
         let now = now_secs();
         {
-            let mut st = mark.entry.state.lock();
+            let mut st = entry.state.lock();
             match kind {
                 RecordKind::Compression => st.compressions.push(record.clone()),
                 RecordKind::Internal => st.internal.push(record.clone()),
@@ -368,11 +403,16 @@ impl Sessions {
         }
         committed(self.store.write(vec![WriteOp::Record {
             kind,
-            session: mark.entry.id.clone(),
+            session: entry.id.clone(),
             created_at: now,
             record,
         }]))
         .await
+    }
+
+    /// A cached or stored session entry, for background work and the admin API.
+    pub async fn entry(&self, id: &str) -> Result<Option<Arc<SessionEntry>>, StoreError> {
+        self.load_entry(id).await
     }
 
     /// The admin view of a session.

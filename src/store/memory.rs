@@ -1,22 +1,33 @@
 //! The memory backend: the same contract as SQLite, kept in process memory (lost on restart).
 
 use super::{RecordKind, SessionMeta, Store, StoreError, StoredSession, WriteOp};
+use crate::metrics::{StoreMetrics, StoreOp};
 use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::oneshot;
 
 /// Sessions in a `HashMap`.
 #[derive(Default)]
 pub struct MemoryStore {
     sessions: Arc<Mutex<HashMap<String, StoredSession>>>,
+    metrics: StoreMetrics,
 }
 
 impl MemoryStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store recording its operations in `metrics`.
+    pub fn with_metrics(metrics: StoreMetrics) -> Self {
+        Self {
+            metrics,
+            ..Self::default()
+        }
     }
 }
 
@@ -27,6 +38,7 @@ impl Store for MemoryStore {
 
     fn write(&self, ops: Vec<WriteOp>) -> oneshot::Receiver<Result<(), StoreError>> {
         let (tx, rx) = oneshot::channel();
+        let started = Instant::now();
         let mut map = self.sessions.lock();
         for op in ops {
             match op {
@@ -69,12 +81,16 @@ impl Store for MemoryStore {
                 }
             }
         }
+        drop(map);
+        self.metrics.observe(StoreOp::Write, started, true);
         let _ = tx.send(Ok(()));
         rx
     }
 
     fn load(&self, id: &str) -> BoxFuture<'static, Result<Option<StoredSession>, StoreError>> {
+        let started = Instant::now();
         let r = self.sessions.lock().get(id).cloned();
+        self.metrics.observe(StoreOp::Load, started, true);
         Box::pin(async move { Ok(r) })
     }
 
@@ -83,6 +99,7 @@ impl Store for MemoryStore {
         limit: u32,
         offset: u64,
     ) -> BoxFuture<'static, Result<(Vec<SessionMeta>, u64), StoreError>> {
+        let started = Instant::now();
         let mut all: Vec<SessionMeta> = self
             .sessions
             .lock()
@@ -100,19 +117,25 @@ impl Store for MemoryStore {
             .skip(usize::try_from(offset).unwrap_or(usize::MAX))
             .take(limit as usize)
             .collect();
+        self.metrics.observe(StoreOp::List, started, true);
         Box::pin(async move { Ok((page, total)) })
     }
 
     fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        let started = Instant::now();
         let existed = self.sessions.lock().remove(id).is_some();
+        self.metrics.observe(StoreOp::Delete, started, true);
         Box::pin(async move { Ok(existed) })
     }
 
     fn purge_idle(&self, before: i64) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let started = Instant::now();
         let mut map = self.sessions.lock();
         let n = map.len();
         map.retain(|_, s| s.meta.last_active >= before);
         let purged = (n - map.len()) as u64;
+        drop(map);
+        self.metrics.observe(StoreOp::Purge, started, true);
         Box::pin(async move { Ok(purged) })
     }
 }

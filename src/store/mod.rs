@@ -8,6 +8,7 @@ pub use memory::MemoryStore;
 pub use sqlite::SqliteStore;
 
 use crate::config::{StoreBackend, StoreConfig};
+use crate::metrics::{self, Metrics, StoreMetrics};
 use crate::session::tree::Node;
 use futures_util::future::BoxFuture;
 use serde::Serialize;
@@ -134,9 +135,25 @@ pub trait Store: Send + Sync + 'static {
 
 /// Opens the configured backend.
 pub fn open(cfg: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
+    open_instrumented(cfg, StoreMetrics::default())
+}
+
+/// Opens the configured backend, recording its operations' latency and errors in `metrics`.
+pub fn open_with_metrics(
+    cfg: &StoreConfig,
+    metrics: &Metrics,
+) -> Result<Arc<dyn Store>, StoreError> {
+    let backend = match cfg.backend {
+        StoreBackend::Memory => metrics::StoreBackend::Memory,
+        StoreBackend::Sqlite => metrics::StoreBackend::Sqlite,
+    };
+    open_instrumented(cfg, metrics.store_metrics(backend))
+}
+
+fn open_instrumented(cfg: &StoreConfig, m: StoreMetrics) -> Result<Arc<dyn Store>, StoreError> {
     Ok(match cfg.backend {
-        StoreBackend::Memory => Arc::new(MemoryStore::new()),
-        StoreBackend::Sqlite => Arc::new(SqliteStore::open(&cfg.path)?),
+        StoreBackend::Memory => Arc::new(MemoryStore::with_metrics(m)),
+        StoreBackend::Sqlite => Arc::new(SqliteStore::open_with_metrics(&cfg.path, m)?),
     })
 }
 

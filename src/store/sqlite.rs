@@ -2,12 +2,14 @@
 //! order, committing writes in small groups so that many sessions never queue on SQLite's lock.
 
 use super::{RecordKind, SessionMeta, Store, StoreError, StoredSession, WriteOp};
+use crate::metrics::{StoreMetrics, StoreOp};
 use crate::session::tree::{Node, NodeId, NodeKind};
 use futures_util::future::BoxFuture;
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
 use std::sync::mpsc;
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::oneshot;
 
 /// Most commands applied in one transaction.
@@ -73,6 +75,11 @@ CREATE TABLE IF NOT EXISTS records (
 impl SqliteStore {
     /// Opens (creating when missing) the database at `path` and starts its worker.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::open_with_metrics(path, StoreMetrics::default())
+    }
+
+    /// Like [`SqliteStore::open`]; the worker records each operation's latency and errors in `metrics`.
+    pub fn open_with_metrics(path: &Path, metrics: StoreMetrics) -> Result<Self, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
                 .map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
@@ -85,7 +92,7 @@ impl SqliteStore {
         let (tx, rx) = mpsc::channel::<Cmd>();
         std::thread::Builder::new()
             .name("ctxgate-sqlite".into())
-            .spawn(move || worker(conn, rx))
+            .spawn(move || worker(conn, rx, metrics))
             .map_err(err)?;
         Ok(Self { tx })
     }
@@ -142,7 +149,7 @@ impl Store for SqliteStore {
 }
 
 /// Runs until every sender is gone; whatever was queued is applied first, so nothing queued is lost.
-fn worker(mut conn: Connection, rx: mpsc::Receiver<Cmd>) {
+fn worker(mut conn: Connection, rx: mpsc::Receiver<Cmd>, metrics: StoreMetrics) {
     while let Ok(first) = rx.recv() {
         let mut writes: Vec<(Vec<WriteOp>, Reply<()>)> = Vec::new();
         let mut next = Some(first);
@@ -157,20 +164,25 @@ fn worker(mut conn: Connection, rx: mpsc::Receiver<Cmd>) {
                 }
                 other => {
                     // Reads and deletes see every write queued before them.
-                    commit_group(&mut conn, std::mem::take(&mut writes));
-                    run_other(&mut conn, other);
+                    commit_group(&mut conn, std::mem::take(&mut writes), &metrics);
+                    run_other(&mut conn, other, &metrics);
                     next = rx.try_recv().ok();
                 }
             }
         }
-        commit_group(&mut conn, writes);
+        commit_group(&mut conn, writes, &metrics);
     }
 }
 
-fn commit_group(conn: &mut Connection, writes: Vec<(Vec<WriteOp>, Reply<()>)>) {
+fn commit_group(
+    conn: &mut Connection,
+    writes: Vec<(Vec<WriteOp>, Reply<()>)>,
+    metrics: &StoreMetrics,
+) {
     if writes.is_empty() {
         return;
     }
+    let started = Instant::now();
     let result = (|| -> Result<(), rusqlite::Error> {
         let tx = conn.transaction()?;
         for (ops, _) in &writes {
@@ -181,6 +193,7 @@ fn commit_group(conn: &mut Connection, writes: Vec<(Vec<WriteOp>, Reply<()>)>) {
         tx.commit()
     })();
     let result = result.map_err(err);
+    metrics.observe(StoreOp::Write, started, result.is_ok());
     if let Err(e) = &result {
         tracing::error!(error = %e, writes = writes.len(), "sqlite: group commit failed");
     }
@@ -241,31 +254,38 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: &WriteOp) -> Result<(), rusqlite::E
     Ok(())
 }
 
-fn run_other(conn: &mut Connection, cmd: Cmd) {
+fn run_other(conn: &mut Connection, cmd: Cmd, metrics: &StoreMetrics) {
+    let started = Instant::now();
     match cmd {
         Cmd::Write(..) => {}
         Cmd::Load(id, r) => {
-            let _ = r.send(load(conn, &id).map_err(err));
+            let res = load(conn, &id).map_err(err);
+            metrics.observe(StoreOp::Load, started, res.is_ok());
+            let _ = r.send(res);
         }
         Cmd::List(limit, offset, r) => {
-            let _ = r.send(list(conn, limit, offset).map_err(err));
+            let res = list(conn, limit, offset).map_err(err);
+            metrics.observe(StoreOp::List, started, res.is_ok());
+            let _ = r.send(res);
         }
         Cmd::Delete(id, r) => {
-            let _ = r.send(
-                conn.execute("DELETE FROM sessions WHERE id = ?1", params![id])
-                    .map(|n| n > 0)
-                    .map_err(err),
-            );
+            let res = conn
+                .execute("DELETE FROM sessions WHERE id = ?1", params![id])
+                .map(|n| n > 0)
+                .map_err(err);
+            metrics.observe(StoreOp::Delete, started, res.is_ok());
+            let _ = r.send(res);
         }
         Cmd::Purge(before, r) => {
-            let _ = r.send(
-                conn.execute(
+            let res = conn
+                .execute(
                     "DELETE FROM sessions WHERE last_active < ?1",
                     params![before],
                 )
                 .map(|n| n as u64)
-                .map_err(err),
-            );
+                .map_err(err);
+            metrics.observe(StoreOp::Purge, started, res.is_ok());
+            let _ = r.send(res);
         }
     }
 }

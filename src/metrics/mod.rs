@@ -1,0 +1,586 @@
+//! Metrics: everything ctxgate exports to Prometheus, as a typed API. Names are constants (`names`), label values
+//! come from enums (`labels`) or the model allowlist (`models`), and every series with enum-bounded labels is
+//! resolved once at start-up, so recording a request is a handful of atomic operations.
+//!
+//! Depends on nothing else of ours: callers translate their own types into these labels.
+
+mod labels;
+mod models;
+pub mod names;
+
+pub use labels::{
+    CacheResult, RecallOutcome, RecallTool, RewriteOutcome, RewriteStrategy, Route, StatusClass,
+    StoreBackend, StoreOp, SummaryOutcome, UpstreamErrorClass,
+};
+pub use models::{ModelResolver, OTHER};
+
+use models::{ModelLabels, TokenFamilies};
+use prometheus::core::Collector;
+use prometheus::{
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Buckets of every latency histogram, in seconds: from 100 µs (ctxgate's own overhead; 5 ms is an edge, for
+/// the overhead alert) to 10 minutes (long LLM calls).
+pub const LATENCY_BUCKETS: [f64; 21] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// Content type of the text exposition format.
+pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
+
+/// The status recorded for a request whose handler was dropped before it had one (the client went away).
+pub const CLIENT_CLOSED: u16 = 499;
+
+/// The registry and a pre-resolved handle for every series.
+pub struct Metrics {
+    registry: Registry,
+    /// route × status class × stream flag.
+    requests: Vec<IntCounter>,
+    in_flight: Vec<IntGauge>,
+    active_streams: IntGauge,
+    duration: Vec<Histogram>,
+    upstream: Vec<Histogram>,
+    overhead: Vec<Histogram>,
+    first_byte: Histogram,
+    models: ModelLabels,
+    calibration: GaugeVec,
+    /// strategy × outcome.
+    rewrites: Vec<IntCounter>,
+    summary_calls: Vec<IntCounter>,
+    summary_duration: Histogram,
+    precompactions_started: IntCounter,
+    precompactions_finished: IntCounter,
+    /// tool × outcome.
+    recall_calls: Vec<IntCounter>,
+    recall_rounds: IntCounter,
+    sessions_cached: IntGauge,
+    session_cache_bytes: IntGauge,
+    session_lookups: Arc<Vec<IntCounter>>,
+    store_duration: HistogramVec,
+    store_errors: IntCounterVec,
+    /// route × class.
+    upstream_errors: Vec<IntCounter>,
+}
+
+fn register<C: Collector + Clone + 'static>(r: &Registry, c: C) -> prometheus::Result<C> {
+    r.register(Box::new(c.clone()))?;
+    Ok(c)
+}
+
+fn counters(
+    r: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::Result<IntCounterVec> {
+    register(r, IntCounterVec::new(Opts::new(name, help), labels)?)
+}
+
+fn histograms(
+    r: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::Result<HistogramVec> {
+    let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
+    register(r, HistogramVec::new(opts, labels)?)
+}
+
+fn histogram(r: &Registry, name: &str, help: &str) -> prometheus::Result<Histogram> {
+    let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
+    register(r, Histogram::with_opts(opts)?)
+}
+
+fn gauge(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
+    register(r, IntGauge::new(name, help)?)
+}
+
+fn counter(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounter> {
+    register(r, IntCounter::new(name, help)?)
+}
+
+/// Every combination of the given label value lists, in row-major order (the last list varies fastest).
+fn combos(lists: &[&[&'static str]]) -> Vec<Vec<&'static str>> {
+    lists.iter().fold(vec![Vec::new()], |acc, values| {
+        acc.iter()
+            .flat_map(|prefix| {
+                values.iter().map(move |v| {
+                    let mut p = prefix.clone();
+                    p.push(*v);
+                    p
+                })
+            })
+            .collect()
+    })
+}
+
+fn resolve<T>(lists: &[&[&'static str]], with: impl Fn(&[&str]) -> T) -> Vec<T> {
+    combos(lists).iter().map(|c| with(c)).collect()
+}
+
+fn values<L: Copy>(all: &[L], f: fn(L) -> &'static str) -> Vec<&'static str> {
+    all.iter().map(|l| f(*l)).collect()
+}
+
+impl Metrics {
+    /// A fresh registry with every metric registered. `models` maps a request's model to its allowlisted label.
+    pub fn new(models: ModelResolver) -> prometheus::Result<Metrics> {
+        use names::*;
+        let r = Registry::new();
+        let routes = values(Route::ALL, Route::as_str);
+        let classes = values(StatusClass::ALL, StatusClass::as_str);
+        let strategies = values(RewriteStrategy::ALL, RewriteStrategy::as_str);
+        let outcomes = values(RewriteOutcome::ALL, RewriteOutcome::as_str);
+        let up_classes = values(UpstreamErrorClass::ALL, UpstreamErrorClass::as_str);
+
+        let requests = counters(
+            &r,
+            REQUESTS_TOTAL,
+            "Finished requests by route class (chat, passthrough, admin), status class and stream flag.",
+            &["route", "status", "stream"],
+        )?;
+        let in_flight = register(
+            &r,
+            IntGaugeVec::new(
+                Opts::new(
+                    REQUESTS_IN_FLIGHT,
+                    "Requests being handled, streams included until their last byte.",
+                ),
+                &["route"],
+            )?,
+        )?;
+        let duration = histograms(
+            &r,
+            REQUEST_DURATION_SECONDS,
+            "Time from a request's arrival to the end of its response.",
+            &["route"],
+        )?;
+        let upstream = histograms(
+            &r,
+            UPSTREAM_DURATION_SECONDS,
+            "Time spent waiting on the upstream, from sending the request to its last byte (all recall rounds).",
+            &["route"],
+        )?;
+        let overhead = histograms(
+            &r,
+            OVERHEAD_SECONDS,
+            "Time ctxgate itself added to a request that went upstream: total duration minus upstream wait.",
+            &["route"],
+        )?;
+        let token = |name, help| counters(&r, name, help, &["model"]);
+        let families = TokenFamilies {
+            client_prompt: token(
+                CLIENT_PROMPT_TOKENS_TOTAL,
+                "Prompt tokens of the chat requests clients sent (the upstream's count when nothing was rewritten, ctxgate's calibrated estimate otherwise).",
+            )?,
+            upstream_prompt: token(
+                UPSTREAM_PROMPT_TOKENS_TOTAL,
+                "Prompt tokens sent upstream, as the upstream reported them (ctxgate's estimate when it reported none).",
+            )?,
+            completion: token(
+                UPSTREAM_COMPLETION_TOKENS_TOTAL,
+                "Completion tokens the upstream reported.",
+            )?,
+            saved: token(
+                SAVED_TOKENS_TOTAL,
+                "Prompt tokens removed by rewriting (estimated tokens before minus after).",
+            )?,
+        };
+        let rewrites = counters(
+            &r,
+            REWRITES_TOTAL,
+            "Rewritten or refused chat requests by strategy and outcome (the deepest stage needed, or rejected).",
+            &["strategy", "outcome"],
+        )?;
+        let summary_calls = counters(
+            &r,
+            SUMMARIZER_CALLS_TOTAL,
+            "Summary calls by outcome (ok, failed, timeout, empty).",
+            &["outcome"],
+        )?;
+        let recall_calls = counters(
+            &r,
+            RECALL_CALLS_TOTAL,
+            "Recall and search calls answered by ctxgate, by tool and outcome.",
+            &["tool", "outcome"],
+        )?;
+        let session_lookups = counters(
+            &r,
+            SESSION_CACHE_LOOKUPS_TOTAL,
+            "Session cache lookups by result (hit: in memory; miss: loaded from the store or new).",
+            &["result"],
+        )?;
+        let upstream_errors = counters(
+            &r,
+            UPSTREAM_ERRORS_TOTAL,
+            "Upstream failures by route and class (4xx, 5xx, unreachable, timeout, interrupted).",
+            &["route", "class"],
+        )?;
+        let build = register(
+            &r,
+            IntGaugeVec::new(
+                Opts::new(
+                    BUILD_INFO,
+                    "Always 1; the version label names the running build.",
+                ),
+                &["version"],
+            )?,
+        )?;
+        build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+
+        let stream_flags: &[&'static str] = &["false", "true"];
+        Ok(Metrics {
+            requests: resolve(&[&routes, &classes, stream_flags], |l| {
+                requests.with_label_values(l)
+            }),
+            in_flight: resolve(&[&routes], |l| in_flight.with_label_values(l)),
+            active_streams: gauge(&r, ACTIVE_STREAMS, "Chat responses being streamed (SSE) to clients.")?,
+            duration: resolve(&[&routes], |l| duration.with_label_values(l)),
+            upstream: resolve(&[&routes], |l| upstream.with_label_values(l)),
+            overhead: resolve(&[&routes], |l| overhead.with_label_values(l)),
+            first_byte: histogram(
+                &r,
+                STREAM_FIRST_BYTE_SECONDS,
+                "Time from a streamed chat request's arrival to the first byte of the upstream's answer.",
+            )?,
+            models: ModelLabels::new(models, families),
+            calibration: register(
+                &r,
+                GaugeVec::new(
+                    Opts::new(
+                        TOKEN_ESTIMATE_RATIO,
+                        "Calibration of ctxgate's token estimate: upstream prompt tokens / estimate (moving average).",
+                    ),
+                    &["model"],
+                )?,
+            )?,
+            rewrites: resolve(&[&strategies, &outcomes], |l| rewrites.with_label_values(l)),
+            summary_calls: resolve(&[&values(SummaryOutcome::ALL, SummaryOutcome::as_str)], |l| {
+                summary_calls.with_label_values(l)
+            }),
+            summary_duration: histogram(
+                &r,
+                SUMMARIZER_CALL_DURATION_SECONDS,
+                "Duration of summary calls, whatever their outcome.",
+            )?,
+            precompactions_started: counter(
+                &r,
+                PRECOMPACTIONS_STARTED_TOTAL,
+                "Background pre-compactions (summaries computed ahead of the threshold) started.",
+            )?,
+            precompactions_finished: counter(
+                &r,
+                PRECOMPACTIONS_FINISHED_TOTAL,
+                "Background pre-compactions finished, whatever their outcome.",
+            )?,
+            recall_calls: resolve(
+                &[
+                    &values(RecallTool::ALL, RecallTool::as_str),
+                    &values(RecallOutcome::ALL, RecallOutcome::as_str),
+                ],
+                |l| recall_calls.with_label_values(l),
+            ),
+            recall_rounds: counter(
+                &r,
+                RECALL_ROUNDS_TOTAL,
+                "Extra upstream round trips made to answer recall and search calls.",
+            )?,
+            sessions_cached: gauge(&r, SESSIONS_CACHED, "Sessions in the in-memory cache.")?,
+            session_cache_bytes: gauge(
+                &r,
+                SESSION_CACHE_BYTES,
+                "Bytes of history in the in-memory session cache (estimated).",
+            )?,
+            session_lookups: Arc::new(resolve(
+                &[&values(CacheResult::ALL, CacheResult::as_str)],
+                |l| session_lookups.with_label_values(l),
+            )),
+            store_duration: histograms(
+                &r,
+                STORE_OPERATION_DURATION_SECONDS,
+                "Latency of store operations by backend and operation (write: one group commit).",
+                &["backend", "operation"],
+            )?,
+            store_errors: counters(
+                &r,
+                STORE_ERRORS_TOTAL,
+                "Failed store operations by backend and operation.",
+                &["backend", "operation"],
+            )?,
+            upstream_errors: resolve(&[&routes, &up_classes], |l| {
+                upstream_errors.with_label_values(l)
+            }),
+            registry: r,
+        })
+    }
+
+    /// The registry (for gathering).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = Vec::with_capacity(16 * 1024);
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::error!(error = %e, "metrics: could not encode the exposition");
+        }
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// Starts timing a request: counts it in flight until the returned timer is dropped, which records it.
+    pub fn start(self: &Arc<Self>, route: Route, started: Instant) -> RequestTimer {
+        self.in_flight[route.idx()].inc();
+        RequestTimer {
+            metrics: self.clone(),
+            route,
+            started,
+            status: CLIENT_CLOSED,
+            stream: false,
+            streaming: false,
+            upstream_sent: None,
+            upstream_time: None,
+            first_byte: None,
+        }
+    }
+
+    /// Counts an upstream failure.
+    pub fn upstream_error(&self, route: Route, class: UpstreamErrorClass) {
+        self.upstream_errors[route.idx() * UpstreamErrorClass::ALL.len() + class.idx()].inc();
+    }
+
+    /// Adds a finished chat turn's tokens to its model's counters.
+    pub fn tokens(&self, model: &str, t: &TokenCounts) {
+        if t.client_prompt.is_none() && t.upstream_prompt.is_none() && t.completion.is_none() {
+            return;
+        }
+        self.models.with(model, |s| {
+            if let Some(n) = t.client_prompt {
+                s.client_prompt.inc_by(n);
+            }
+            if let Some(n) = t.upstream_prompt {
+                s.upstream_prompt.inc_by(n);
+            }
+            if let Some(n) = t.completion {
+                s.completion.inc_by(n);
+            }
+        });
+    }
+
+    /// Counts a rewrite (or a refusal) and the tokens it removed.
+    pub fn rewrite(
+        &self,
+        strategy: RewriteStrategy,
+        outcome: RewriteOutcome,
+        model: &str,
+        saved_tokens: u64,
+    ) {
+        self.rewrites[strategy.idx() * RewriteOutcome::ALL.len() + outcome.idx()].inc();
+        if saved_tokens > 0 {
+            self.models.with(model, |s| s.saved.inc_by(saved_tokens));
+        }
+    }
+
+    /// Counts a summary call and its duration.
+    pub fn summary_call(&self, outcome: SummaryOutcome, elapsed: Duration) {
+        self.summary_calls[outcome.idx()].inc();
+        self.summary_duration.observe(elapsed.as_secs_f64());
+    }
+
+    /// A background pre-compaction started.
+    pub fn precompaction_started(&self) {
+        self.precompactions_started.inc();
+    }
+
+    /// A background pre-compaction finished (successfully or not).
+    pub fn precompaction_finished(&self) {
+        self.precompactions_finished.inc();
+    }
+
+    /// Counts one answered recall or search call.
+    pub fn recall_call(&self, tool: RecallTool, outcome: RecallOutcome) {
+        self.recall_calls[tool.idx() * RecallOutcome::ALL.len() + outcome.idx()].inc();
+    }
+
+    /// Counts one extra upstream round trip for recall.
+    pub fn recall_round(&self) {
+        self.recall_rounds.inc();
+    }
+
+    /// The handles the session cache records its lookups with.
+    pub fn session_metrics(&self) -> SessionMetrics {
+        SessionMetrics(Some(self.session_lookups.clone()))
+    }
+
+    /// The handles a store backend records its operations with.
+    pub fn store_metrics(&self, backend: StoreBackend) -> StoreMetrics {
+        let b = backend.as_str();
+        let series = StoreOp::ALL
+            .iter()
+            .map(|op| {
+                let l = [b, op.as_str()];
+                (
+                    self.store_duration.with_label_values(&l),
+                    self.store_errors.with_label_values(&l),
+                )
+            })
+            .unzip();
+        StoreMetrics(Some(Arc::new(series)))
+    }
+
+    /// Sets the session cache gauges (at scrape time).
+    pub fn set_session_cache(&self, sessions: u64, bytes: u64) {
+        self.sessions_cached
+            .set(i64::try_from(sessions).unwrap_or(i64::MAX));
+        self.session_cache_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    /// Sets the calibration gauges from the token counter's per-model ratios (at scrape time); models sharing a
+    /// label are averaged.
+    pub fn set_calibration(&self, ratios: &[(String, f64)]) {
+        let mut by_label: BTreeMap<Arc<str>, (f64, u32)> = BTreeMap::new();
+        for (model, ratio) in ratios {
+            let e = by_label.entry(self.models.label(model)).or_default();
+            e.0 += ratio;
+            e.1 += 1;
+        }
+        for (label, (sum, n)) in by_label {
+            self.calibration
+                .with_label_values(&[&*label])
+                .set(sum / f64::from(n));
+        }
+    }
+
+    /// The label a model name is exported under (an allowlisted model-table entry, or `other`).
+    pub fn model_label(&self, model: &str) -> Arc<str> {
+        self.models.label(model)
+    }
+}
+
+/// Tokens of one finished chat turn; `None` where unknown.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TokenCounts {
+    /// Prompt tokens of the client's request.
+    pub client_prompt: Option<u64>,
+    /// Prompt tokens sent upstream.
+    pub upstream_prompt: Option<u64>,
+    /// Completion tokens reported by the upstream.
+    pub completion: Option<u64>,
+}
+
+/// Times one request; dropping it records the request (count, durations) and leaves the in-flight gauge.
+pub struct RequestTimer {
+    metrics: Arc<Metrics>,
+    route: Route,
+    started: Instant,
+    status: u16,
+    stream: bool,
+    streaming: bool,
+    upstream_sent: Option<Instant>,
+    upstream_time: Option<Duration>,
+    first_byte: Option<Instant>,
+}
+
+impl RequestTimer {
+    /// The response status (499 if never set: the client went away first).
+    pub fn set_status(&mut self, status: u16) {
+        self.status = status;
+    }
+
+    /// Whether the client asked for a stream.
+    pub fn set_stream(&mut self, stream: bool) {
+        self.stream = stream;
+    }
+
+    /// The request is being sent upstream now.
+    pub fn upstream_sent(&mut self) {
+        self.upstream_sent = Some(Instant::now());
+    }
+
+    /// The upstream is done (its last byte, or its failure) now; without this the upstream wait lasts until
+    /// the timer is dropped.
+    pub fn upstream_ended(&mut self) {
+        if let Some(sent) = self.upstream_sent {
+            self.upstream_time = Some(sent.elapsed());
+        }
+    }
+
+    /// When the upstream's first body byte arrived (recorded for streams).
+    pub fn first_byte(&mut self, at: Instant) {
+        self.first_byte = Some(at);
+    }
+
+    /// The response is an SSE stream: count it among the active streams until the timer is dropped.
+    pub fn streaming(&mut self) {
+        if !self.streaming {
+            self.streaming = true;
+            self.metrics.active_streams.inc();
+        }
+    }
+}
+
+impl Drop for RequestTimer {
+    fn drop(&mut self) {
+        let m = &*self.metrics;
+        let r = self.route.idx();
+        let now = Instant::now();
+        let total = now.saturating_duration_since(self.started);
+        m.in_flight[r].dec();
+        if self.streaming {
+            m.active_streams.dec();
+        }
+        let class = StatusClass::of(self.status).idx();
+        m.requests[(r * StatusClass::ALL.len() + class) * 2 + usize::from(self.stream)].inc();
+        m.duration[r].observe(total.as_secs_f64());
+        let upstream = self
+            .upstream_time
+            .or_else(|| self.upstream_sent.map(|s| now.saturating_duration_since(s)));
+        if let Some(up) = upstream {
+            m.upstream[r].observe(up.as_secs_f64());
+            m.overhead[r].observe(total.saturating_sub(up).as_secs_f64());
+        }
+        if let (true, Some(at)) = (self.stream, self.first_byte) {
+            m.first_byte
+                .observe(at.saturating_duration_since(self.started).as_secs_f64());
+        }
+    }
+}
+
+/// Session cache lookup counters; the default records nothing.
+#[derive(Clone, Default)]
+pub struct SessionMetrics(Option<Arc<Vec<IntCounter>>>);
+
+impl SessionMetrics {
+    /// Counts one lookup.
+    pub fn lookup(&self, result: CacheResult) {
+        if let Some(c) = &self.0 {
+            c[result.idx()].inc();
+        }
+    }
+}
+
+/// One backend's store operation series; the default records nothing.
+#[derive(Clone, Default)]
+pub struct StoreMetrics(Option<Arc<(Vec<Histogram>, Vec<IntCounter>)>>);
+
+impl StoreMetrics {
+    /// Records one operation that started at `started`; `ok` false counts an error.
+    pub fn observe(&self, op: StoreOp, started: Instant, ok: bool) {
+        if let Some(s) = &self.0 {
+            s.0[op.idx()].observe(started.elapsed().as_secs_f64());
+            if !ok {
+                s.1[op.idx()].inc();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,111 @@
+//! Model labels through an allowlist: a request's model becomes the configured or shipped model-table entry it
+//! matches (`gpt-4o*`), anything else `other`. Resolved once per model name and cached (bounded), with the
+//! series of each label resolved once too, so recording costs one hash lookup.
+
+use parking_lot::{Mutex, RwLock};
+use prometheus::{IntCounter, IntCounterVec};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Maps a model name to its allowlisted label (a model-table entry), or `None` for `other`.
+pub type ModelResolver = Box<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// The label of models outside the allowlist.
+pub const OTHER: &str = "other";
+
+/// Model names remembered; beyond this, names are resolved on every use (still to a bounded label set).
+const MAX_NAMES: usize = 1024;
+/// Longer names are never looked up: they are `other`.
+const MAX_NAME_LEN: usize = 256;
+
+/// The per-model token counters of one label.
+pub(crate) struct ModelSeries {
+    /// The label value.
+    pub label: Arc<str>,
+    pub client_prompt: IntCounter,
+    pub upstream_prompt: IntCounter,
+    pub completion: IntCounter,
+    pub saved: IntCounter,
+}
+
+/// The four per-model counter families.
+pub(crate) struct TokenFamilies {
+    pub client_prompt: IntCounterVec,
+    pub upstream_prompt: IntCounterVec,
+    pub completion: IntCounterVec,
+    pub saved: IntCounterVec,
+}
+
+pub(crate) struct ModelLabels {
+    resolve: ModelResolver,
+    families: TokenFamilies,
+    by_name: RwLock<HashMap<String, Arc<ModelSeries>>>,
+    by_label: Mutex<HashMap<Arc<str>, Arc<ModelSeries>>>,
+    other: Arc<ModelSeries>,
+}
+
+impl ModelLabels {
+    pub fn new(resolve: ModelResolver, families: TokenFamilies) -> Self {
+        let other = Arc::new(series(&families, Arc::from(OTHER)));
+        let mut by_label = HashMap::new();
+        by_label.insert(other.label.clone(), other.clone());
+        ModelLabels {
+            resolve,
+            families,
+            by_name: RwLock::new(HashMap::new()),
+            by_label: Mutex::new(by_label),
+            other,
+        }
+    }
+
+    /// Runs `f` with the series of `model`'s label.
+    pub fn with<T>(&self, model: &str, f: impl FnOnce(&ModelSeries) -> T) -> T {
+        if let Some(s) = self.by_name.read().get(model) {
+            return f(s);
+        }
+        let s = self.lookup(model);
+        f(&s)
+    }
+
+    /// The label of `model`.
+    pub fn label(&self, model: &str) -> Arc<str> {
+        self.with(model, |s| s.label.clone())
+    }
+
+    fn lookup(&self, model: &str) -> Arc<ModelSeries> {
+        if model.len() > MAX_NAME_LEN {
+            return self.other.clone();
+        }
+        let series = match (self.resolve)(model) {
+            None => self.other.clone(),
+            Some(label) => {
+                let mut by_label = self.by_label.lock();
+                match by_label.get(label.as_str()) {
+                    Some(s) => s.clone(),
+                    None => {
+                        let label: Arc<str> = Arc::from(label);
+                        let s = Arc::new(series(&self.families, label.clone()));
+                        by_label.insert(label, s.clone());
+                        s
+                    }
+                }
+            }
+        };
+        let mut by_name = self.by_name.write();
+        if by_name.len() < MAX_NAMES {
+            by_name.insert(model.to_owned(), series.clone());
+        }
+        series
+    }
+}
+
+fn series(f: &TokenFamilies, label: Arc<str>) -> ModelSeries {
+    let l = [&*label];
+    ModelSeries {
+        client_prompt: f.client_prompt.with_label_values(&l),
+        upstream_prompt: f.upstream_prompt.with_label_values(&l),
+        completion: f.completion.with_label_values(&l),
+        saved: f.saved.with_label_values(&l),
+        label,
+    }
+}

@@ -1,0 +1,85 @@
+//! Every exported metric's name, in one place (the dashboards and alert rules in `dashboards/` use these).
+//! Prometheus conventions: `ctxgate_` prefix, base units in the name (seconds, bytes), `_total` for counters.
+
+/// Counter: finished requests by `route`, `status` class and `stream` flag.
+pub const REQUESTS_TOTAL: &str = "ctxgate_requests_total";
+/// Gauge: requests being handled (streams included until their last byte), by `route`.
+pub const REQUESTS_IN_FLIGHT: &str = "ctxgate_requests_in_flight";
+/// Gauge: responses being streamed (SSE) to clients right now.
+pub const ACTIVE_STREAMS: &str = "ctxgate_active_streams";
+/// Histogram: request arrival to the end of the response, by `route`.
+pub const REQUEST_DURATION_SECONDS: &str = "ctxgate_request_duration_seconds";
+/// Histogram: time spent waiting on the upstream (sending to its last byte), by `route`.
+pub const UPSTREAM_DURATION_SECONDS: &str = "ctxgate_upstream_duration_seconds";
+/// Histogram: time ctxgate itself added (total minus upstream), by `route`.
+pub const OVERHEAD_SECONDS: &str = "ctxgate_overhead_seconds";
+/// Histogram: request arrival to the first upstream byte of a streamed chat answer.
+pub const STREAM_FIRST_BYTE_SECONDS: &str = "ctxgate_stream_first_byte_seconds";
+/// Counter: prompt tokens of the chat requests clients sent, by `model`.
+pub const CLIENT_PROMPT_TOKENS_TOTAL: &str = "ctxgate_client_prompt_tokens_total";
+/// Counter: prompt tokens sent upstream (as the upstream reported them), by `model`.
+pub const UPSTREAM_PROMPT_TOKENS_TOTAL: &str = "ctxgate_upstream_prompt_tokens_total";
+/// Counter: completion tokens the upstream reported, by `model`.
+pub const UPSTREAM_COMPLETION_TOKENS_TOTAL: &str = "ctxgate_upstream_completion_tokens_total";
+/// Counter: prompt tokens removed by rewriting, by `model`.
+pub const SAVED_TOKENS_TOTAL: &str = "ctxgate_saved_tokens_total";
+/// Gauge: calibration of the token estimate (upstream count / estimate), by `model`.
+pub const TOKEN_ESTIMATE_RATIO: &str = "ctxgate_token_estimate_ratio";
+/// Counter: rewrites by `strategy` and `outcome`.
+pub const REWRITES_TOTAL: &str = "ctxgate_rewrites_total";
+/// Counter: summary calls by `outcome`.
+pub const SUMMARIZER_CALLS_TOTAL: &str = "ctxgate_summarizer_calls_total";
+/// Histogram: duration of summary calls.
+pub const SUMMARIZER_CALL_DURATION_SECONDS: &str = "ctxgate_summarizer_call_duration_seconds";
+/// Counter: background pre-compactions started.
+pub const PRECOMPACTIONS_STARTED_TOTAL: &str = "ctxgate_precompactions_started_total";
+/// Counter: background pre-compactions finished (whatever their outcome).
+pub const PRECOMPACTIONS_FINISHED_TOTAL: &str = "ctxgate_precompactions_finished_total";
+/// Counter: injected recall/search calls answered, by `tool` and `outcome`.
+pub const RECALL_CALLS_TOTAL: &str = "ctxgate_recall_calls_total";
+/// Counter: extra upstream round trips made to answer recall/search calls.
+pub const RECALL_ROUNDS_TOTAL: &str = "ctxgate_recall_rounds_total";
+/// Gauge: sessions in the in-memory cache.
+pub const SESSIONS_CACHED: &str = "ctxgate_sessions_cached";
+/// Gauge: bytes of history in the in-memory cache (its weigher's estimate).
+pub const SESSION_CACHE_BYTES: &str = "ctxgate_session_cache_bytes";
+/// Counter: session cache lookups by `result` (hit, miss).
+pub const SESSION_CACHE_LOOKUPS_TOTAL: &str = "ctxgate_session_cache_lookups_total";
+/// Histogram: store operation latency by `backend` and `operation`.
+pub const STORE_OPERATION_DURATION_SECONDS: &str = "ctxgate_store_operation_duration_seconds";
+/// Counter: failed store operations by `backend` and `operation`.
+pub const STORE_ERRORS_TOTAL: &str = "ctxgate_store_errors_total";
+/// Counter: upstream failures by `route` and `class` (4xx, 5xx, unreachable, timeout, interrupted).
+pub const UPSTREAM_ERRORS_TOTAL: &str = "ctxgate_upstream_errors_total";
+/// Gauge: always 1, labelled with the running `version`.
+pub const BUILD_INFO: &str = "ctxgate_build_info";
+
+/// Every name above, for tests and docs.
+pub const ALL: &[&str] = &[
+    REQUESTS_TOTAL,
+    REQUESTS_IN_FLIGHT,
+    ACTIVE_STREAMS,
+    REQUEST_DURATION_SECONDS,
+    UPSTREAM_DURATION_SECONDS,
+    OVERHEAD_SECONDS,
+    STREAM_FIRST_BYTE_SECONDS,
+    CLIENT_PROMPT_TOKENS_TOTAL,
+    UPSTREAM_PROMPT_TOKENS_TOTAL,
+    UPSTREAM_COMPLETION_TOKENS_TOTAL,
+    SAVED_TOKENS_TOTAL,
+    TOKEN_ESTIMATE_RATIO,
+    REWRITES_TOTAL,
+    SUMMARIZER_CALLS_TOTAL,
+    SUMMARIZER_CALL_DURATION_SECONDS,
+    PRECOMPACTIONS_STARTED_TOTAL,
+    PRECOMPACTIONS_FINISHED_TOTAL,
+    RECALL_CALLS_TOTAL,
+    RECALL_ROUNDS_TOTAL,
+    SESSIONS_CACHED,
+    SESSION_CACHE_BYTES,
+    SESSION_CACHE_LOOKUPS_TOTAL,
+    STORE_OPERATION_DURATION_SECONDS,
+    STORE_ERRORS_TOTAL,
+    UPSTREAM_ERRORS_TOTAL,
+    BUILD_INFO,
+];

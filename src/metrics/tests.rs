@@ -1,0 +1,255 @@
+use super::*;
+
+fn metrics() -> Arc<Metrics> {
+    let resolver: ModelResolver = Box::new(|m: &str| {
+        let m = m.to_lowercase();
+        (m.starts_with("gpt-4o")).then(|| "gpt-4o*".to_string())
+    });
+    Arc::new(Metrics::new(resolver).unwrap())
+}
+
+/// The value of the sample `series` (name with its labels, as exported) in `text`.
+fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn every_name_is_exported_with_help() {
+    let m = metrics();
+    m.tokens(
+        "gpt-4o",
+        &TokenCounts {
+            client_prompt: Some(1),
+            ..Default::default()
+        },
+    );
+    m.set_calibration(&[("gpt-4o".into(), 1.1)]);
+    drop(m.store_metrics(StoreBackend::Memory));
+    let _ = m.store_metrics(StoreBackend::Sqlite);
+    let text = m.render();
+    for name in names::ALL {
+        assert!(
+            text.contains(&format!("# HELP {name} ")),
+            "{name} missing:\n{text}"
+        );
+        assert!(name.starts_with("ctxgate_"));
+    }
+    assert!(text.contains("ctxgate_build_info{version=\""));
+}
+
+#[test]
+fn a_timer_records_the_request_when_dropped() {
+    let m = metrics();
+    let started = Instant::now();
+    {
+        let mut t = m.start(Route::Chat, started);
+        t.set_stream(true);
+        t.streaming();
+        t.upstream_sent();
+        t.first_byte(Instant::now());
+        let text = m.render();
+        assert_eq!(
+            value(&text, "ctxgate_requests_in_flight{route=\"chat\"}"),
+            Some(1.0)
+        );
+        assert_eq!(value(&text, "ctxgate_active_streams"), Some(1.0));
+        t.upstream_ended();
+        t.set_status(200);
+    }
+    {
+        // Dropped without a status: the client went away.
+        let _t = m.start(Route::Passthrough, Instant::now());
+    }
+    let text = m.render();
+    assert_eq!(
+        value(&text, "ctxgate_requests_in_flight{route=\"chat\"}"),
+        Some(0.0)
+    );
+    assert_eq!(value(&text, "ctxgate_active_streams"), Some(0.0));
+    assert_eq!(
+        value(
+            &text,
+            "ctxgate_requests_total{route=\"chat\",status=\"2xx\",stream=\"true\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            "ctxgate_requests_total{route=\"passthrough\",status=\"4xx\",stream=\"false\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&text, "ctxgate_overhead_seconds_count{route=\"chat\"}"),
+        Some(1.0)
+    );
+    // No upstream: no overhead sample.
+    assert_eq!(
+        value(
+            &text,
+            "ctxgate_overhead_seconds_count{route=\"passthrough\"}"
+        ),
+        Some(0.0)
+    );
+    assert_eq!(
+        value(&text, "ctxgate_stream_first_byte_seconds_count"),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn models_outside_the_allowlist_are_other() {
+    let m = metrics();
+    assert_eq!(&*m.model_label("gpt-4o-2024-08-06"), "gpt-4o*");
+    assert_eq!(&*m.model_label("GPT-4o"), "gpt-4o*");
+    assert_eq!(&*m.model_label("my-secret-model"), OTHER);
+    assert_eq!(&*m.model_label(&"x".repeat(5000)), OTHER);
+    for i in 0..3000 {
+        m.tokens(
+            &format!("random-{i}"),
+            &TokenCounts {
+                completion: Some(1),
+                ..Default::default()
+            },
+        );
+    }
+    m.rewrite(
+        RewriteStrategy::Hybrid,
+        RewriteOutcome::Cleared,
+        "gpt-4o",
+        70,
+    );
+    let text = m.render();
+    assert_eq!(
+        value(
+            &text,
+            "ctxgate_upstream_completion_tokens_total{model=\"other\"}"
+        ),
+        Some(3000.0)
+    );
+    assert_eq!(
+        value(&text, "ctxgate_saved_tokens_total{model=\"gpt-4o*\"}"),
+        Some(70.0)
+    );
+    assert!(!text.contains("random-"));
+    assert_eq!(
+        value(
+            &text,
+            "ctxgate_rewrites_total{outcome=\"cleared\",strategy=\"hybrid\"}"
+        ),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn calibration_is_averaged_per_label() {
+    let m = metrics();
+    m.set_calibration(&[
+        ("gpt-4o".into(), 1.0),
+        ("gpt-4o-mini".into(), 1.2),
+        ("llama".into(), 0.9),
+    ]);
+    let text = m.render();
+    let v = value(&text, "ctxgate_token_estimate_ratio{model=\"gpt-4o*\"}").unwrap();
+    assert!((v - 1.1).abs() < 1e-9, "{v}");
+    assert_eq!(
+        value(&text, "ctxgate_token_estimate_ratio{model=\"other\"}"),
+        Some(0.9)
+    );
+}
+
+#[test]
+fn store_and_session_handles() {
+    let m = metrics();
+    let s = m.store_metrics(StoreBackend::Sqlite);
+    s.observe(StoreOp::Write, Instant::now(), true);
+    s.observe(StoreOp::Load, Instant::now(), false);
+    StoreMetrics::default().observe(StoreOp::Load, Instant::now(), false);
+    let c = m.session_metrics();
+    c.lookup(CacheResult::Hit);
+    c.lookup(CacheResult::Hit);
+    c.lookup(CacheResult::Miss);
+    SessionMetrics::default().lookup(CacheResult::Miss);
+    m.set_session_cache(3, 4096);
+    let text = m.render();
+    assert_eq!(
+        value(
+            &text,
+            "ctxgate_store_operation_duration_seconds_count{backend=\"sqlite\",operation=\"write\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            "ctxgate_store_errors_total{backend=\"sqlite\",operation=\"load\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&text, "ctxgate_session_cache_lookups_total{result=\"hit\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            "ctxgate_session_cache_lookups_total{result=\"miss\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(value(&text, "ctxgate_sessions_cached"), Some(3.0));
+    assert_eq!(value(&text, "ctxgate_session_cache_bytes"), Some(4096.0));
+}
+
+#[test]
+fn summary_recall_and_errors() {
+    let m = metrics();
+    m.summary_call(SummaryOutcome::Timeout, Duration::from_millis(30));
+    m.precompaction_started();
+    m.precompaction_finished();
+    m.recall_call(RecallTool::Search, RecallOutcome::NotFound);
+    m.recall_round();
+    m.upstream_error(Route::Chat, UpstreamErrorClass::Interrupted);
+    let text = m.render();
+    assert_eq!(
+        value(&text, "ctxgate_summarizer_calls_total{outcome=\"timeout\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&text, "ctxgate_summarizer_call_duration_seconds_count"),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&text, "ctxgate_precompactions_started_total"),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&text, "ctxgate_precompactions_finished_total"),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            "ctxgate_recall_calls_total{outcome=\"not_found\",tool=\"search\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(value(&text, "ctxgate_recall_rounds_total"), Some(1.0));
+    assert_eq!(
+        value(
+            &text,
+            "ctxgate_upstream_errors_total{class=\"interrupted\",route=\"chat\"}"
+        ),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn latency_buckets_cover_overhead_and_long_calls() {
+    assert!(LATENCY_BUCKETS.windows(2).all(|w| w[0] < w[1]));
+    assert!(LATENCY_BUCKETS.contains(&0.005));
+    const { assert!(LATENCY_BUCKETS[0] <= 0.0001) };
+    const { assert!(LATENCY_BUCKETS[LATENCY_BUCKETS.len() - 1] >= 600.0) };
+}

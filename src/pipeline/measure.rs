@@ -1,0 +1,94 @@
+//! What the chat pipeline tells the metrics: rewrites, upstream failures, a finished turn's tokens. Translates the
+//! pipeline's own types into metric labels; the request timer (`metrics::RequestTimer`) records the rest.
+
+use crate::app::AppState;
+use crate::config::Strategy;
+use crate::context::CompressionRecord;
+use crate::error::GatewayError;
+use crate::metrics::{
+    RequestTimer, RewriteOutcome, RewriteStrategy, Route, TokenCounts, UpstreamErrorClass,
+};
+use crate::relay::RelayOutcome;
+
+fn strategy_label(s: Strategy) -> RewriteStrategy {
+    match s {
+        Strategy::Off => RewriteStrategy::Off,
+        Strategy::Prune => RewriteStrategy::Prune,
+        Strategy::Summarize => RewriteStrategy::Summarize,
+        Strategy::Hybrid => RewriteStrategy::Hybrid,
+    }
+}
+
+/// A rewrite happened: counted under its deepest stage, with the tokens it removed.
+pub(super) fn rewrite(state: &AppState, strategy: Strategy, model: &str, r: &CompressionRecord) {
+    if let Some(outcome) = RewriteOutcome::deepest(r.stages.iter().copied()) {
+        let saved = r.tokens_before.saturating_sub(r.tokens_after);
+        state
+            .metrics
+            .rewrite(strategy_label(strategy), outcome, model, saved);
+    }
+}
+
+/// The plan stage failed; a refusal (`context_length_exceeded`) is a rewrite outcome.
+pub(super) fn plan_failed(state: &AppState, strategy: Strategy, model: &str, e: &GatewayError) {
+    if matches!(e, GatewayError::ContextLengthExceeded { .. }) {
+        state
+            .metrics
+            .rewrite(strategy_label(strategy), RewriteOutcome::Rejected, model, 0);
+    }
+}
+
+/// Sending upstream failed before any response.
+pub(super) fn send_failed(state: &AppState, timer: &mut Option<RequestTimer>, e: &GatewayError) {
+    if let Some(t) = timer.as_mut() {
+        t.upstream_ended();
+    }
+    let class = match e {
+        GatewayError::UpstreamTimeout(_) => UpstreamErrorClass::Timeout,
+        _ => UpstreamErrorClass::Unreachable,
+    };
+    state.metrics.upstream_error(Route::Chat, class);
+}
+
+/// What the pipeline knew about a turn's prompt tokens before it went upstream.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct PlannedTokens {
+    /// The request was rewritten: the client's tokens (calibrated estimate) differ from what was sent.
+    pub rewritten_from: Option<u64>,
+    /// Uncalibrated estimate of what was sent, when counted.
+    pub sent_estimate: Option<u64>,
+}
+
+/// A turn ended: its tokens (successful answers only) and upstream failures.
+pub(super) fn turn(
+    state: &AppState,
+    model: &str,
+    status: http::StatusCode,
+    planned: PlannedTokens,
+    outcome: &RelayOutcome,
+) {
+    let m = &state.metrics;
+    if let Some(class) = UpstreamErrorClass::of_status(status.as_u16()) {
+        m.upstream_error(Route::Chat, class);
+    }
+    if outcome.upstream_error.is_some() {
+        m.upstream_error(Route::Chat, UpstreamErrorClass::Interrupted);
+    }
+    if !status.is_success() {
+        return;
+    }
+    // The upstream's own count when it reported one; otherwise our calibrated estimate.
+    let sent = outcome.reply.prompt_tokens().or_else(|| {
+        planned
+            .sent_estimate
+            .map(|e| state.counter.calibrated(model, e))
+    });
+    m.tokens(
+        model,
+        &TokenCounts {
+            client_prompt: planned.rewritten_from.or(sent),
+            upstream_prompt: sent,
+            completion: outcome.reply.completion_tokens(),
+        },
+    );
+}

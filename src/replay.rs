@@ -1,0 +1,613 @@
+//! Offline replay of a recorded conversation through the context planner: for every assistant turn, the tokens
+//! the client sent, the tokens that would go upstream, what the rewrite did, and whether the request is valid.
+//! Pure over a parsed trace; the caller reads the files and writes the text. Offline there is no LLM to write
+//! summaries: when they are simulated, every summary the planner asks for is taken as written (a stand-in of
+//! `summary.max_tokens` tokens) before the next turn, as if the background job always finished in time.
+
+use crate::config::{Config, Strategy};
+use crate::context::models::ModelTable;
+use crate::context::plan::Summaries;
+use crate::context::tokens::{Encoding, TokenCounter};
+use crate::context::units::{check_sequence, system_messages};
+use crate::context::{plan, Plan, PlanInput};
+use crate::recall::reserve_tokens;
+use crate::summary::prompt::summary_message;
+use serde::Serialize;
+use serde_json::Value;
+use std::io::{self, Write};
+
+/// "Now" for every step: no message has a first-seen time, so ages play no part.
+const NOW: i64 = 1_700_000_000;
+
+/// What to replay with, beyond the config.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayOptions {
+    /// Context window in tokens; `None`: the model table's window for the model.
+    pub window: Option<u64>,
+    /// Strategy; `None`: the config's (`hybrid` by default).
+    pub strategy: Option<Strategy>,
+    /// Model name; `None`: the first word of the trace's `model` (traces describe the model in prose).
+    pub model: Option<String>,
+    /// Simulate summaries (for `summarize` and `hybrid`) even when the config names no `summary.model`.
+    pub summaries: bool,
+}
+
+/// What the planner decided for one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// Sent as the client sent it.
+    Forward,
+    /// Rewritten.
+    Rewrite,
+    /// Refused without calling upstream.
+    Reject,
+}
+
+/// One request of the replay: the client sends `messages[..index]`, the upstream answers `messages[index]`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayStep {
+    /// Index of the assistant message answering this request (= messages the client sent).
+    pub index: usize,
+    /// The planner's decision.
+    pub outcome: Outcome,
+    /// Tokens of the client's request (messages, tools, reply priming).
+    pub client_tokens: u64,
+    /// Tokens sent upstream: the rewrite's estimate plus the recall reserve, the client's when forwarded, 0 when
+    /// rejected.
+    pub upstream_tokens: u64,
+    /// The client's request is above the rewrite threshold.
+    pub above_threshold: bool,
+    /// Messages sent upstream.
+    pub messages_sent: usize,
+    /// The stages that changed something (`cleared`, `pruned`, `truncated`).
+    pub stages: Vec<&'static str>,
+    /// Tool results replaced by a placeholder.
+    pub cleared_results: usize,
+    /// Past run loops cut to their user message and final reply.
+    pub pruned_loops: usize,
+    /// Run loops dropped for count or age.
+    pub dropped_loops: usize,
+    /// Messages dropped by the hard limit.
+    pub dropped_messages: usize,
+    /// Tool calls whose results are not sent (recallable).
+    pub pruned_calls: usize,
+    /// Messages covered by the summary sent (0: none).
+    pub summary_upto: usize,
+    /// The planner asked for a summary of the first N messages (needed now, or ahead of time).
+    pub wanted_summary: Option<usize>,
+    /// The rewritten request recounted from scratch (recall reserve excluded): equals the planner's estimate
+    /// when its cost model is right.
+    pub recounted_tokens: Option<u64>,
+    /// What is sent is a valid request that keeps the system prompt and the newest message (false when rejected).
+    pub valid: bool,
+    /// Why the request is invalid, or why it was refused.
+    pub problem: Option<String>,
+}
+
+/// Sums over steps (of one trace or several).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ReplayTotals {
+    /// Requests replayed.
+    pub steps: usize,
+    /// Requests above the threshold.
+    pub above_threshold: usize,
+    /// Requests rewritten.
+    pub rewritten: usize,
+    /// Rewrites that sent a summary (the rest are summary-free).
+    pub summarized: usize,
+    /// Requests for which the planner asked for a summary.
+    pub summaries_wanted: usize,
+    /// Requests sent invalid (rejected ones are not counted here).
+    pub invalid: usize,
+    /// Requests refused.
+    pub rejected: usize,
+    /// Tokens the client sent, over all steps.
+    pub client_tokens: u64,
+    /// Tokens sent upstream, over all steps.
+    pub upstream_tokens: u64,
+    /// `1 - upstream / client` over the steps that were sent.
+    pub savings: f64,
+    /// Mean of `upstream / client` over the steps above the threshold that were sent; `None` when there are none.
+    pub mean_ratio_above: Option<f64>,
+}
+
+impl ReplayTotals {
+    /// The totals of `steps`.
+    pub fn of<'a>(steps: impl IntoIterator<Item = &'a ReplayStep>) -> Self {
+        let mut t = ReplayTotals::default();
+        let (mut sent_client, mut ratios) = (0u64, Vec::new());
+        for s in steps {
+            t.steps += 1;
+            t.above_threshold += usize::from(s.above_threshold);
+            t.rewritten += usize::from(s.outcome == Outcome::Rewrite);
+            t.summarized += usize::from(s.summary_upto > 0);
+            t.summaries_wanted += usize::from(s.wanted_summary.is_some());
+            t.rejected += usize::from(s.outcome == Outcome::Reject);
+            t.invalid += usize::from(s.outcome != Outcome::Reject && !s.valid);
+            t.client_tokens += s.client_tokens;
+            t.upstream_tokens += s.upstream_tokens;
+            if s.outcome != Outcome::Reject {
+                sent_client += s.client_tokens;
+                if s.above_threshold && s.client_tokens > 0 {
+                    ratios.push(s.upstream_tokens as f64 / s.client_tokens as f64);
+                }
+            }
+        }
+        if sent_client > 0 {
+            t.savings = 1.0 - t.upstream_tokens as f64 / sent_client as f64;
+        }
+        if !ratios.is_empty() {
+            t.mean_ratio_above = Some(ratios.iter().sum::<f64>() / ratios.len() as f64);
+        }
+        t
+    }
+}
+
+/// The replay of one trace.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayReport {
+    /// The trace's `id`.
+    pub id: String,
+    /// The model name used for the encoding and the window.
+    pub model: String,
+    /// The tokenizer.
+    pub encoding: &'static str,
+    /// The context window.
+    pub window: u64,
+    /// The strategy.
+    pub strategy: &'static str,
+    /// Summaries were simulated.
+    pub summaries: bool,
+    /// Client tokens above which a request is over the threshold.
+    pub threshold_tokens: u64,
+    /// Every request, in order.
+    pub steps: Vec<ReplayStep>,
+    /// Their totals.
+    pub totals: ReplayTotals,
+}
+
+/// Replays `trace` (`{"id", "model", "tools", "messages": [...]}`) through the planner as the gateway would plan
+/// it, with `cfg`'s `[context]`, `[prune]`, `[recall]`, `[summary]` and `[models]`: ratio 1.0, no first-seen
+/// times, one token counter for the whole trace. `Err` when `trace` is not a trace.
+pub fn replay_trace(
+    trace: &Value,
+    opts: &ReplayOptions,
+    cfg: &Config,
+) -> Result<ReplayReport, String> {
+    let obj = trace
+        .as_object()
+        .ok_or("not a trace: expected a JSON object")?;
+    let messages = obj
+        .get("messages")
+        .and_then(Value::as_array)
+        .ok_or("not a trace: no \"messages\" array")?;
+    if let Some(i) = messages.iter().position(|m| !m.is_object()) {
+        return Err(format!("not a trace: message {i} is not an object"));
+    }
+    let tools = obj.get("tools").filter(|t| !t.is_null());
+    let model = match &opts.model {
+        Some(m) => m.clone(),
+        None => obj
+            .get("model")
+            .and_then(Value::as_str)
+            .and_then(|m| m.split_whitespace().next())
+            .unwrap_or("unknown")
+            .to_string(),
+    };
+    let window = match opts.window {
+        Some(w) => w,
+        None => {
+            ModelTable::new(&cfg.models, cfg.context.default_context_window)?.context_window(&model)
+        }
+    };
+    let strategy = opts.strategy.unwrap_or(cfg.context.strategy);
+    let encoding = Encoding::for_model(&model);
+    let counter = TokenCounter::new();
+    let threshold_tokens = (cfg.context.threshold * window as f64) as u64;
+    let recall_tool = cfg.recall.enabled.then_some(cfg.recall.tool_name.as_str());
+    let reserve = reserve_tokens(&cfg.recall);
+    let summarizing = (opts.summaries || cfg.summary.model.is_some())
+        && matches!(strategy, Strategy::Summarize | Strategy::Hybrid);
+    let mut ready: Vec<(usize, Value)> = Vec::new();
+    let mut steps = Vec::new();
+    for (k, m) in messages.iter().enumerate() {
+        if m.get("role").and_then(Value::as_str) != Some("assistant") {
+            continue;
+        }
+        let sent = &messages[..k];
+        let input = PlanInput {
+            messages: sent,
+            tools,
+            first_seen: None,
+            now: NOW,
+            encoding,
+            ratio: 1.0,
+            strategy,
+            window,
+            recall_tool,
+            reserve,
+            summaries: summarizing.then_some(Summaries {
+                keep_recent: cfg.summary.keep_recent,
+                max_tokens: cfg.summary.max_tokens,
+                ready: &ready,
+            }),
+            precompute_at: cfg.summary.precompute_at,
+        };
+        let client = counter.request_tokens(encoding, sent, tools);
+        let decision = plan(&input, &cfg.context, &cfg.prune, &counter);
+        let mut s = step(k, client, decision, sent, reserve);
+        if let Some(rewritten) = &s.sent {
+            s.step.recounted_tokens = Some(counter.request_tokens(encoding, rewritten, tools));
+        }
+        s.step.above_threshold = client > threshold_tokens;
+        if let Some(upto) = s.step.wanted_summary {
+            if !ready.iter().any(|(u, _)| *u == upto) {
+                ready.push((upto, stand_in_summary(upto, cfg.summary.max_tokens)));
+                ready.sort_by_key(|(u, _)| *u);
+            }
+        }
+        steps.push(s.step);
+    }
+    Ok(ReplayReport {
+        id: obj
+            .get("id")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        model,
+        encoding: encoding.as_str(),
+        window,
+        strategy: strategy.as_str(),
+        summaries: summarizing,
+        threshold_tokens,
+        totals: ReplayTotals::of(&steps),
+        steps,
+    })
+}
+
+/// The summary message taken as written for the first `upto` messages: about `max_tokens` tokens (the most a
+/// real one may have).
+fn stand_in_summary(upto: usize, max_tokens: u64) -> Value {
+    let head = format!("(replay stand-in for a summary of messages 1-{upto})");
+    let words = usize::try_from(max_tokens.saturating_sub(30)).unwrap_or(0);
+    summary_message(&format!("{head}{}", " note".repeat(words)))
+}
+
+/// A step and, when rewritten, the messages sent.
+struct Planned {
+    step: ReplayStep,
+    sent: Option<Vec<Value>>,
+}
+
+fn step(index: usize, client: u64, decision: Plan, original: &[Value], reserve: u64) -> Planned {
+    let mut s = ReplayStep {
+        index,
+        outcome: Outcome::Forward,
+        client_tokens: client,
+        upstream_tokens: client,
+        above_threshold: false,
+        messages_sent: original.len(),
+        stages: Vec::new(),
+        cleared_results: 0,
+        pruned_loops: 0,
+        dropped_loops: 0,
+        dropped_messages: 0,
+        pruned_calls: 0,
+        summary_upto: 0,
+        wanted_summary: None,
+        recounted_tokens: None,
+        valid: true,
+        problem: None,
+    };
+    let sent = match decision {
+        Plan::Forward { wanted_summary, .. } => {
+            s.wanted_summary = wanted_summary;
+            s.problem = check_sequence(original).err();
+            None
+        }
+        Plan::Reject {
+            tokens,
+            limit,
+            window,
+        } => {
+            s.outcome = Outcome::Reject;
+            s.upstream_tokens = 0;
+            s.messages_sent = 0;
+            s.problem = Some(format!(
+                "rejected: the smallest rewrite is {tokens} tokens, over the hard limit of {limit} (window {window})"
+            ));
+            None
+        }
+        Plan::Rewrite(rw) => {
+            let r = rw.record;
+            s.outcome = Outcome::Rewrite;
+            s.upstream_tokens = r.tokens_after + reserve;
+            s.messages_sent = rw.messages.len();
+            s.stages = r.stages;
+            s.cleared_results = r.cleared_results;
+            s.pruned_loops = r.pruned_loops;
+            s.dropped_loops = r.dropped_loops;
+            s.dropped_messages = r.dropped_messages;
+            s.pruned_calls = r.pruned_call_ids.len();
+            s.summary_upto = r.summary_upto;
+            s.wanted_summary = rw.wanted_summary;
+            s.problem = check_rewrite(original, &rw.messages).err();
+            Some(rw.messages)
+        }
+    };
+    s.valid = s.problem.is_none();
+    Planned { step: s, sent }
+}
+
+/// A rewrite must be a valid sequence that keeps every system message (in order; a summary may come between)
+/// and the newest message as they were.
+fn check_rewrite(original: &[Value], sent: &[Value]) -> Result<(), String> {
+    check_sequence(sent)?;
+    let mut kept = system_messages(sent).into_iter();
+    if !system_messages(original)
+        .into_iter()
+        .all(|m| kept.any(|k| k == m))
+    {
+        return Err("a system message was not kept as it was".into());
+    }
+    if original.last() != sent.last() {
+        return Err("the newest message was not kept as it was".into());
+    }
+    Ok(())
+}
+
+/// Writes one report as text: a line per step, then the totals.
+pub fn write_text(out: &mut impl Write, name: &str, r: &ReplayReport) -> io::Result<()> {
+    writeln!(
+        out,
+        "{name}: model {} ({}), window {}, strategy {}{}, threshold {} tokens",
+        r.model,
+        r.encoding,
+        r.window,
+        r.strategy,
+        if r.summaries {
+            " with simulated summaries"
+        } else {
+            ""
+        },
+        r.threshold_tokens
+    )?;
+    for s in &r.steps {
+        let what = match s.outcome {
+            Outcome::Forward => "forwarded".to_string(),
+            Outcome::Reject => String::new(),
+            Outcome::Rewrite => describe(s),
+        };
+        let verdict = match (&s.problem, s.outcome) {
+            (None, _) => "valid".to_string(),
+            (Some(p), Outcome::Reject) => format!("REJECTED ({p})"),
+            (Some(p), _) => format!("INVALID ({p})"),
+        };
+        let wanted = s
+            .wanted_summary
+            .map_or_else(String::new, |n| format!("  (summary of 1-{n} wanted)"));
+        writeln!(
+            out,
+            "  step {:>4}  client {:>7}  upstream {:>7}  {:>4.2}{}  {what}  {verdict}{wanted}",
+            s.index,
+            s.client_tokens,
+            s.upstream_tokens,
+            s.upstream_tokens as f64 / s.client_tokens.max(1) as f64,
+            if s.above_threshold { "*" } else { " " },
+        )?;
+    }
+    let t = &r.totals;
+    writeln!(
+        out,
+        "  total: {} steps, {} above threshold (*), {} rewritten ({} summary-free), {} rejected, {} invalid; \
+         tokens {} -> {} (saved {:.1}%); mean upstream/client above threshold: {}",
+        t.steps,
+        t.above_threshold,
+        t.rewritten,
+        t.rewritten - t.summarized,
+        t.rejected,
+        t.invalid,
+        t.client_tokens,
+        t.upstream_tokens,
+        t.savings * 100.0,
+        ratio(t.mean_ratio_above)
+    )
+}
+
+/// What a rewrite did, in a few words.
+fn describe(s: &ReplayStep) -> String {
+    let parts: Vec<String> = [
+        (s.cleared_results, "results cleared"),
+        (s.pruned_loops, "loops pruned"),
+        (s.dropped_loops, "loops dropped"),
+        (s.dropped_messages, "messages dropped"),
+        (s.pruned_calls, "calls recallable"),
+        (s.summary_upto, "messages summarized"),
+    ]
+    .iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, what)| format!("{n} {what}"))
+    .collect();
+    format!("rewritten [{}]: {}", s.stages.join("+"), parts.join(", "))
+}
+
+fn ratio(r: Option<f64>) -> String {
+    r.map_or_else(|| "-".to_string(), |r| format!("{r:.3}"))
+}
+
+/// Writes a table with one row per named report and an overall row (its ratio is the mean over every step above
+/// the threshold, all files pooled).
+pub fn write_summary(out: &mut impl Write, reports: &[(String, ReplayReport)]) -> io::Result<()> {
+    let width = reports
+        .iter()
+        .map(|(n, _)| n.len())
+        .max()
+        .unwrap_or(0)
+        .max(7);
+    writeln!(
+        out,
+        "{:<width$} {:>5} {:>5} {:>5} {:>6} {:>7} {:>8} {:>9} {:>9} {:>6} {:>9}",
+        "FILE",
+        "STEPS",
+        "ABOVE",
+        "REWR",
+        "NO-SUM",
+        "INVALID",
+        "REJECTED",
+        "CLIENT",
+        "UPSTREAM",
+        "SAVED",
+        "RATIO>THR"
+    )?;
+    let overall = ReplayTotals::of(reports.iter().flat_map(|(_, r)| &r.steps));
+    let rows = reports.iter().map(|(n, r)| (n.as_str(), &r.totals));
+    for (name, t) in rows.chain([("overall", &overall)]) {
+        writeln!(
+            out,
+            "{:<width$} {:>5} {:>5} {:>5} {:>6} {:>7} {:>8} {:>9} {:>9} {:>5.1}% {:>9}",
+            name,
+            t.steps,
+            t.above_threshold,
+            t.rewritten,
+            t.rewritten - t.summarized,
+            t.invalid,
+            t.rejected,
+            t.client_tokens,
+            t.upstream_tokens,
+            t.savings * 100.0,
+            ratio(t.mean_ratio_above)
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// system, user, then `n` tool loops with results of ~`size` words, and a final reply.
+    fn trace(n: usize, size: usize) -> Value {
+        let mut m = vec![
+            json!({"role":"system","content":"You are a coding agent."}),
+            json!({"role":"user","content":"Fix the bug in the parser."}),
+        ];
+        for i in 0..n {
+            let id = format!("call_{i}");
+            m.push(json!({"role":"assistant","content":null,"tool_calls":[{"id":id,"type":"function",
+                "function":{"name":"read_file","arguments":format!("{{\"path\":\"src/f{i}.rs\"}}")}}]}));
+            let body = format!("line {i} of some file ").repeat(size);
+            m.push(json!({"role":"tool","tool_call_id":id,"content":body}));
+        }
+        m.push(json!({"role":"assistant","content":"Fixed."}));
+        json!({"id":"hand","model":"gpt-4o (agent)","tools":[],"messages":m})
+    }
+
+    #[test]
+    fn small_trace_is_forwarded_whole() {
+        let r = replay_trace(&trace(3, 10), &ReplayOptions::default(), &Config::default()).unwrap();
+        assert_eq!(
+            (r.model.as_str(), r.window, r.encoding),
+            ("gpt-4o", 128_000, "o200k_base")
+        );
+        assert_eq!(r.steps.len(), 4);
+        assert_eq!(
+            r.steps.iter().map(|s| s.index).collect::<Vec<_>>(),
+            [2, 4, 6, 8]
+        );
+        assert!(r.steps.iter().all(|s| s.outcome == Outcome::Forward
+            && s.valid
+            && s.upstream_tokens == s.client_tokens));
+        assert_eq!(r.totals.savings, 0.0);
+        assert_eq!(r.totals.mean_ratio_above, None);
+    }
+
+    #[test]
+    fn large_trace_is_rewritten_validly_and_cheaper() {
+        let opts = ReplayOptions {
+            window: Some(4000),
+            ..Default::default()
+        };
+        let r = replay_trace(&trace(30, 40), &opts, &Config::default()).unwrap();
+        let above: Vec<&ReplayStep> = r.steps.iter().filter(|s| s.above_threshold).collect();
+        assert!(!above.is_empty());
+        for s in &r.steps {
+            assert!(s.valid, "step {}: {:?}", s.index, s.problem);
+            assert_ne!(s.outcome, Outcome::Reject);
+        }
+        for s in above {
+            assert_eq!(s.outcome, Outcome::Rewrite);
+            assert!(s.upstream_tokens < s.client_tokens);
+            assert!(s.stages.contains(&"cleared") && s.pruned_calls > 0);
+            let reserve = reserve_tokens(&Config::default().recall);
+            assert_eq!(s.recounted_tokens, Some(s.upstream_tokens - reserve));
+        }
+        let t = &r.totals;
+        assert_eq!((t.invalid, t.rejected), (0, 0));
+        assert!(t.rewritten >= t.above_threshold && t.savings > 0.0);
+        assert!(t.mean_ratio_above.is_some_and(|m| m < 1.0));
+        let mut text = Vec::new();
+        write_text(&mut text, "hand", &r).unwrap();
+        write_summary(&mut text, &[("hand".into(), r)]).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        assert!(text.contains("results cleared") && text.contains("overall"));
+    }
+
+    #[test]
+    fn options_override_model_window_and_strategy() {
+        let opts = ReplayOptions {
+            window: Some(4000),
+            strategy: Some(Strategy::Off),
+            model: Some("gpt-4".into()),
+            summaries: false,
+        };
+        let r = replay_trace(&trace(30, 40), &opts, &Config::default()).unwrap();
+        assert_eq!((r.encoding, r.strategy), ("cl100k_base", "off"));
+        assert!(r
+            .steps
+            .iter()
+            .all(|s| s.outcome == Outcome::Forward && s.valid));
+        assert_eq!(r.totals.mean_ratio_above, Some(1.0));
+    }
+
+    #[test]
+    fn simulated_summaries_are_sent_on_later_turns() {
+        let opts = ReplayOptions {
+            window: Some(4000),
+            strategy: Some(Strategy::Summarize),
+            summaries: true,
+            ..Default::default()
+        };
+        let r = replay_trace(&trace(30, 40), &opts, &Config::default()).unwrap();
+        assert!(r.summaries);
+        for s in &r.steps {
+            assert!(s.valid, "step {}: {:?}", s.index, s.problem);
+            assert_ne!(s.outcome, Outcome::Reject);
+        }
+        let first = r.steps.iter().position(|s| s.wanted_summary.is_some());
+        let first = first.unwrap();
+        assert_eq!(r.steps[first].summary_upto, 0);
+        assert!(r.steps[first + 1..].iter().any(|s| s.summary_upto > 0));
+        assert!(r.totals.summarized > 0 && r.totals.summarized <= r.totals.rewritten);
+        let t = TokenCounter::new().message_tokens(Encoding::O200k, &stand_in_summary(9, 1000));
+        assert!((900..=1000).contains(&t), "{t}");
+    }
+
+    #[test]
+    fn invalid_history_and_non_traces_are_reported() {
+        let bad = json!({"messages":[{"role":"tool","tool_call_id":"x","content":"orphan"},
+            {"role":"assistant","content":"hi"}]});
+        let r = replay_trace(&bad, &ReplayOptions::default(), &Config::default()).unwrap();
+        assert!(!r.steps[0].valid && r.totals.invalid == 1);
+        let cfg = Config::default();
+        for (v, needle) in [
+            (json!([1]), "JSON object"),
+            (json!({"id":"x"}), "\"messages\""),
+            (json!({"messages":[1]}), "message 0"),
+        ] {
+            let e = replay_trace(&v, &ReplayOptions::default(), &cfg).unwrap_err();
+            assert!(e.contains(needle), "{e}");
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! LLM summaries of older history: written by a separate upstream request, cached with the session as compression
+//! records keyed by the node id of the last message they cover, made incrementally from the previous summary,
+//! and computed in the background (one at a time per session) so that requests do not wait for them.
+
+pub mod prompt;
+
+use crate::config::{Config, UpstreamConfig};
+use crate::context::tokens::{count_text, Encoding};
+use crate::error::GatewayError;
+use crate::session::manager::{now_secs, SessionEntry, Sessions};
+use crate::store::RecordKind;
+use crate::upstream::Upstream;
+use http::{HeaderMap, HeaderValue, Method};
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
+
+/// One summary to write: the first `upto` messages of `messages`, from the previous summary when given.
+#[derive(Clone)]
+pub struct Job {
+    /// The session it belongs to.
+    pub entry: Arc<SessionEntry>,
+    /// The request's messages (at least `upto` of them).
+    pub messages: Arc<Vec<Value>>,
+    /// How many messages the summary covers.
+    pub upto: usize,
+    /// Node id of the last covered message: the cache key.
+    pub upto_node: String,
+    /// The newest ready summary covering fewer messages: (messages covered, its text).
+    pub previous: Option<(usize, String)>,
+    /// The client's Authorization, when summary requests use the client's credentials (never stored).
+    pub auth: Option<HeaderValue>,
+    /// Started ahead of the threshold.
+    pub precomputed: bool,
+    /// Tokenizer of the conversation's model (for the record's counts).
+    pub encoding: Encoding,
+}
+
+/// Writes summaries; one per session at a time, with backoff after failures.
+pub struct Summarizer {
+    model: String,
+    prompt: String,
+    max_tokens: u64,
+    client_credentials: bool,
+    upstream: Upstream,
+    in_flight: Mutex<HashMap<String, watch::Receiver<bool>>>,
+    failures: Mutex<HashMap<String, (u32, Instant)>>,
+}
+
+/// First wait after a failed summary; doubles with each failure, up to `MAX_BACKOFF`.
+const FIRST_BACKOFF: Duration = Duration::from_secs(30);
+const MAX_BACKOFF: Duration = Duration::from_secs(600);
+
+impl Summarizer {
+    /// A summarizer when `[summary] model` is set; `None` (summaries off) otherwise.
+    pub fn from_config(cfg: &Config) -> Result<Option<Self>, GatewayError> {
+        let s = &cfg.summary;
+        let Some(model) = s.model.clone() else {
+            return Ok(None);
+        };
+        let upstream = Upstream::new(&UpstreamConfig {
+            base_url: s
+                .base_url
+                .clone()
+                .unwrap_or_else(|| cfg.upstream.base_url.clone()),
+            api_key: s.api_key.clone().or_else(|| cfg.upstream.api_key.clone()),
+            timeout_secs: s.timeout_secs,
+            connect_timeout_secs: cfg.upstream.connect_timeout_secs,
+        })?;
+        let prompt = prompt::load_prompt(s).map_err(GatewayError::Internal)?;
+        Ok(Some(Self {
+            model,
+            prompt,
+            max_tokens: s.max_tokens,
+            client_credentials: s.api_key.is_none(),
+            upstream,
+            in_flight: Mutex::new(HashMap::new()),
+            failures: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// The model that writes summaries.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// Whether summary requests carry the client's own Authorization.
+    pub fn uses_client_credentials(&self) -> bool {
+        self.client_credentials
+    }
+
+    /// Starts `job` in the background unless this session already has one running (then waits on that one) or is
+    /// backing off after a failure. The receiver turns `true` when the job has finished (stored or failed).
+    pub fn start(
+        self: &Arc<Self>,
+        job: Job,
+        sessions: Arc<Sessions>,
+        tasks: &TaskTracker,
+    ) -> Option<watch::Receiver<bool>> {
+        let id = job.entry.id.clone();
+        if self
+            .failures
+            .lock()
+            .get(&id)
+            .is_some_and(|(_, until)| Instant::now() < *until)
+        {
+            return None;
+        }
+        let rx = {
+            let mut in_flight = self.in_flight.lock();
+            if let Some(rx) = in_flight.get(&id) {
+                return Some(rx.clone());
+            }
+            let (tx, rx) = watch::channel(false);
+            in_flight.insert(id.clone(), rx.clone());
+            (tx, rx)
+        };
+        let (tx, rx) = rx;
+        let me = self.clone();
+        tasks.spawn(async move {
+            match me.run(&job).await {
+                Ok(record) => {
+                    me.failures.lock().remove(&id);
+                    if let Err(e) = sessions.record_entry(&job.entry, RecordKind::Compression, record).await {
+                        tracing::warn!(error = %e, session = %id, "summary: could not store the summary");
+                    }
+                }
+                Err(e) => {
+                    let mut f = me.failures.lock();
+                    let n = f.get(&id).map_or(0, |(n, _)| *n) + 1;
+                    let wait = FIRST_BACKOFF.saturating_mul(1 << (n - 1).min(5)).min(MAX_BACKOFF);
+                    f.insert(id.clone(), (n, Instant::now() + wait));
+                    tracing::warn!(error = %e, session = %id, retry_in_s = wait.as_secs(), "summary: failed; pruning instead");
+                }
+            }
+            me.in_flight.lock().remove(&id);
+            let _ = tx.send(true);
+        });
+        Some(rx)
+    }
+
+    /// Writes one summary now and returns its compression record (not stored).
+    pub async fn run(&self, job: &Job) -> Result<Value, String> {
+        let started = Instant::now();
+        let from = job.previous.as_ref().map_or(0, |(u, _)| *u);
+        let transcript = prompt::transcript(
+            &job.messages,
+            from,
+            job.upto,
+            job.previous.as_ref().map(|(_, t)| t.as_str()),
+        );
+        let body = prompt::request_body(&self.model, &self.prompt, &transcript, self.max_tokens);
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let (true, Some(a)) = (self.client_credentials, &job.auth) {
+            headers.insert(http::header::AUTHORIZATION, a.clone());
+        }
+        let headers = self.upstream.request_headers(&headers, true);
+        let url = self.upstream.url("chat/completions", None);
+        let bytes = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
+        let timeout = self.upstream.timeout();
+        let answer = tokio::time::timeout(timeout, async {
+            let resp = self
+                .upstream
+                .send(Method::POST, &url, headers, bytes.into())
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = resp.status();
+            let raw = resp
+                .bytes()
+                .await
+                .map_err(|e| format!("reading the summary: {e}"))?;
+            if !status.is_success() {
+                return Err(format!("summary request answered {status}"));
+            }
+            serde_json::from_slice::<Value>(&raw)
+                .map_err(|e| format!("summary answer is not JSON: {e}"))
+        })
+        .await
+        .map_err(|_| format!("summary request timed out after {} s", timeout.as_secs()))??;
+        let text = prompt::summary_text(&answer, self.max_tokens, |t| count_text(job.encoding, t))?;
+        let counter = crate::context::tokens::TokenCounter::new();
+        let covered: u64 = job.messages[..job.upto]
+            .iter()
+            .map(|m| counter.message_tokens(job.encoding, m))
+            .sum();
+        let message = prompt::summary_message(&text);
+        Ok(json!({
+            "kind": "summary",
+            "at": now_secs(),
+            "strategy": "summarize",
+            "summary": text,
+            "covers": {"from": 0, "upto": job.upto, "upto_node": job.upto_node},
+            "incremental_from": job.previous.as_ref().map(|(u, _)| *u),
+            "messages_before": job.upto,
+            "messages_after": 1,
+            "tokens_before": covered,
+            "tokens_after": counter.message_tokens(job.encoding, &message),
+            "model": self.model,
+            "latency_ms": started.elapsed().as_millis() as u64,
+            "precomputed": job.precomputed,
+        }))
+    }
+}
+
+/// The job for a summary asked for by an operator: the session's history but its newest `keep_recent` messages
+/// (the cut moved back so no tool call is split from its results), from the newest ready summary.
+pub fn manual_job(
+    entry: Arc<SessionEntry>,
+    keep_recent: usize,
+    model: &str,
+) -> Result<Job, String> {
+    let (messages, path): (Vec<Value>, Vec<String>) = entry.with_tree(|t| {
+        t.history()
+            .iter()
+            .map(|n| ((*n.message).clone(), n.id.to_string()))
+            .unzip()
+    });
+    let at = messages.len().saturating_sub(keep_recent);
+    let upto = crate::context::units::units(&messages)
+        .iter()
+        .rev()
+        .find(|u| u.start <= at)
+        .map_or(0, |u| u.start);
+    if upto == 0 {
+        return Err(format!(
+            "nothing to summarize: the session has {} messages and the newest {keep_recent} are kept \
+             (summary.keep_recent)",
+            messages.len()
+        ));
+    }
+    let ready = ready(&entry.compressions(), &path);
+    Ok(Job {
+        previous: ready
+            .iter()
+            .filter(|(u, _, _)| *u < upto)
+            .max_by_key(|(u, _, _)| *u)
+            .map(|(u, _, t)| (*u, t.clone())),
+        upto_node: path[upto - 1].clone(),
+        messages: Arc::new(messages[..upto].to_vec()),
+        upto,
+        entry,
+        auth: None,
+        precomputed: false,
+        encoding: Encoding::for_model(model),
+    })
+}
+
+/// The summaries among a session's compression records that fit a request whose messages have the node ids
+/// `path`: (messages covered, the summary message, its text), by position.
+pub fn ready(compressions: &[Value], path: &[String]) -> Vec<(usize, Value, String)> {
+    let at: HashMap<&str, usize> = path
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (id.as_str(), i + 1))
+        .collect();
+    let mut out: Vec<(usize, Value, String)> = compressions
+        .iter()
+        .filter(|r| r.get("kind").and_then(Value::as_str) == Some("summary"))
+        .filter_map(|r| {
+            let node = r.pointer("/covers/upto_node")?.as_str()?;
+            let upto = *at.get(node)?;
+            let text = r.get("summary")?.as_str()?;
+            Some((upto, prompt::summary_message(text), text.to_string()))
+        })
+        .collect();
+    out.sort_by_key(|(u, _, _)| *u);
+    out.dedup_by_key(|(u, _, _)| *u);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_summaries_are_matched_by_node_id() {
+        let path: Vec<String> = ["a", "b", "c", "d"].iter().map(|s| s.to_string()).collect();
+        let recs = vec![
+            json!({"kind":"summary","summary":"S2","covers":{"upto":2,"upto_node":"b"}}),
+            json!({"kind":"summary","summary":"other branch","covers":{"upto":2,"upto_node":"zz"}}),
+            json!({"stages":["cleared"],"cuts":[1,0,0,0,0]}),
+            json!({"kind":"summary","summary":"S4","covers":{"upto":4,"upto_node":"d"}}),
+        ];
+        let r = ready(&recs, &path);
+        let got: Vec<(usize, &str)> = r.iter().map(|(u, _, t)| (*u, t.as_str())).collect();
+        assert_eq!(got, [(2, "S2"), (4, "S4")]);
+        assert_eq!(r[0].1["role"], "system");
+    }
+}

@@ -1,0 +1,208 @@
+//! The summary request, pure: the prompt, the transcript of the messages to summarize (after a previous summary,
+//! when there is one), the summary message that replaces them, and the check of what the model wrote.
+
+use crate::config::SummaryConfig;
+use crate::session::runloop::{is_system, message_text, role};
+use serde_json::{json, Value};
+
+/// The shipped prompt (`config/summary_prompt.txt`).
+pub const SHIPPED_PROMPT: &str = include_str!("../../config/summary_prompt.txt");
+/// How the summary message that replaces older history begins.
+pub const SUMMARY_PREFIX: &str = "Summary of the earlier conversation: ";
+/// Characters of one message kept in the transcript (long tool results are cut: they stay recallable).
+const MAX_MESSAGE_CHARS: usize = 2_000;
+/// Characters of the whole transcript (the newest part is kept when longer).
+const MAX_TRANSCRIPT_CHARS: usize = 200_000;
+
+/// The prompt: `[summary] prompt_file` when set, else the shipped one.
+pub fn load_prompt(cfg: &SummaryConfig) -> Result<String, String> {
+    match &cfg.prompt_file {
+        None => Ok(SHIPPED_PROMPT.to_string()),
+        Some(p) => std::fs::read_to_string(p)
+            .map_err(|e| format!("summary.prompt_file: cannot read {}: {e}", p.display()))
+            .and_then(|t| match t.trim() {
+                "" => Err(format!("summary.prompt_file: {} is empty", p.display())),
+                t => Ok(t.to_string()),
+            }),
+    }
+}
+
+/// The messages `from..to` as numbered lines (system messages left out: they are always kept), after the
+/// previous summary when given. Tool calls keep their ids, so the summary can name them.
+pub fn transcript(messages: &[Value], from: usize, to: usize, previous: Option<&str>) -> String {
+    let mut lines = Vec::new();
+    for (i, m) in messages.iter().enumerate().take(to).skip(from) {
+        if is_system(m) {
+            continue;
+        }
+        let mut text = cut(&content_text(m));
+        if role(m) == "tool" {
+            let id = m.get("tool_call_id").and_then(Value::as_str).unwrap_or("?");
+            lines.push(format!("[{i}] tool result of call {id}: {text}"));
+            continue;
+        }
+        for c in m
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let s = |p: &str| c.pointer(p).and_then(Value::as_str).unwrap_or("");
+            text.push_str(&format!(
+                "\n    -> call {} {}({})",
+                s("/id"),
+                s("/function/name"),
+                cut(s("/function/arguments"))
+            ));
+        }
+        lines.push(format!("[{i}] {}: {text}", role(m)));
+    }
+    let mut body = lines.join("\n");
+    if body.len() > MAX_TRANSCRIPT_CHARS {
+        let mut start = body.len() - MAX_TRANSCRIPT_CHARS;
+        while !body.is_char_boundary(start) {
+            start += 1;
+        }
+        body = format!("…(older messages omitted)\n{}", &body[start..]);
+    }
+    match previous {
+        Some(p) => format!("Previous summary:\n{p}\n\nNew messages:\n{body}"),
+        None => format!("Messages:\n{body}"),
+    }
+}
+
+fn content_text(m: &Value) -> String {
+    let mut only_content = m.clone();
+    if let Some(o) = only_content.as_object_mut() {
+        o.remove("tool_calls");
+    }
+    message_text(&only_content)
+}
+
+fn cut(s: &str) -> String {
+    if s.chars().count() <= MAX_MESSAGE_CHARS {
+        return s.to_string();
+    }
+    let kept: String = s.chars().take(MAX_MESSAGE_CHARS).collect();
+    format!("{kept}…[cut]")
+}
+
+/// The body of the summary chat request.
+pub fn request_body(model: &str, prompt: &str, transcript: &str, max_tokens: u64) -> Value {
+    json!({
+        "model": model,
+        "messages": [
+            {"role": "system", "content": prompt},
+            {"role": "user", "content": transcript},
+        ],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": false,
+    })
+}
+
+/// The text of a chat.completion answering the summary request, checked: not empty, at most `max_tokens`
+/// (counted by `count`).
+pub fn summary_text(
+    answer: &Value,
+    max_tokens: u64,
+    count: impl Fn(&str) -> u64,
+) -> Result<String, String> {
+    let text = answer
+        .pointer("/choices/0/message/content")
+        .and_then(Value::as_str)
+        .map(str::trim)
+        .unwrap_or("");
+    if text.is_empty() {
+        return Err("empty summary".into());
+    }
+    let tokens = count(text);
+    if tokens > max_tokens {
+        return Err(format!(
+            "summary of {tokens} tokens exceeds summary.max_tokens ({max_tokens})"
+        ));
+    }
+    Ok(text
+        .strip_prefix(SUMMARY_PREFIX)
+        .unwrap_or(text)
+        .to_string())
+}
+
+/// The system message that replaces the summarized messages.
+pub fn summary_message(text: &str) -> Value {
+    json!({"role": "system", "content": format!("{SUMMARY_PREFIX}{text}")})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn history() -> Vec<Value> {
+        vec![
+            json!({"role":"system","content":"sys"}),
+            json!({"role":"user","content":"find the bug"}),
+            json!({"role":"assistant","content":"Looking.","tool_calls":[{"id":"call_7","type":"function","function":{"name":"grep","arguments":"{\"q\":\"panic\"}"}}]}),
+            json!({"role":"tool","tool_call_id":"call_7","content":"src/a.rs:3: panic!()"}),
+            json!({"role":"assistant","content":"Found it in src/a.rs."}),
+        ]
+    }
+
+    #[test]
+    fn transcript_numbers_messages_and_keeps_call_ids() {
+        let t = transcript(&history(), 0, 5, None);
+        assert!(t.starts_with("Messages:\n[1] user: find the bug"));
+        assert!(t.contains("-> call call_7 grep({\"q\":\"panic\"})"));
+        assert!(t.contains("[3] tool result of call call_7: src/a.rs:3: panic!()"));
+        assert!(
+            !t.contains("sys"),
+            "system messages are kept, not summarized"
+        );
+        let inc = transcript(
+            &history(),
+            3,
+            5,
+            Some("Earlier: user wants a fix (call_1)."),
+        );
+        assert!(inc.starts_with(
+            "Previous summary:\nEarlier: user wants a fix (call_1).\n\nNew messages:\n[3]"
+        ));
+        assert!(!inc.contains("[1] user"));
+    }
+
+    #[test]
+    fn long_messages_and_transcripts_are_cut() {
+        let big = vec![json!({"role":"tool","tool_call_id":"c","content":"x".repeat(10_000)})];
+        let t = transcript(&big, 0, 1, None);
+        assert!(t.len() < 2_100 && t.ends_with("…[cut]"));
+        let many: Vec<Value> = (0..200)
+            .map(|i| json!({"role":"user","content":format!("{i} {}", "y".repeat(1_500))}))
+            .collect();
+        let t = transcript(&many, 0, 200, None);
+        assert!(t.len() <= MAX_TRANSCRIPT_CHARS + 100 && t.contains("[199] user"));
+    }
+
+    #[test]
+    fn answers_are_checked() {
+        let ok = json!({"choices":[{"message":{"content":"  Goals: fix.  "}}]});
+        assert_eq!(
+            summary_text(&ok, 100, |s| s.len() as u64).unwrap(),
+            "Goals: fix."
+        );
+        let empty = json!({"choices":[{"message":{"content":"  "}}]});
+        assert!(summary_text(&empty, 100, |_| 0).is_err());
+        assert!(summary_text(&json!({"error":{}}), 100, |_| 0).is_err());
+        assert!(summary_text(&ok, 5, |s| s.len() as u64)
+            .unwrap_err()
+            .contains("max_tokens"));
+        assert_eq!(
+            summary_message("S")["content"],
+            "Summary of the earlier conversation: S"
+        );
+        let body = request_body("m", "P", "T", 300);
+        assert_eq!(body["max_tokens"], 300);
+        assert_eq!(body["messages"][1]["content"], "T");
+        assert!(load_prompt(&SummaryConfig::default())
+            .unwrap()
+            .contains("call id"));
+    }
+}

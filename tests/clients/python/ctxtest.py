@@ -1,0 +1,319 @@
+"""Helpers for the client-library suites: scripting the mock upstream over its control API (`/_mock/*`, see
+src/mock.rs), recording what clients receive (an httpx transport that tees every response), and checking every
+response strictly against the `openai` SDK's types."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from openai import BaseModel as OpenAIModel
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+MODEL = "mock-model"
+
+
+# --- scripting the mock -----------------------------------------------------------------------------------------
+
+
+class Mock:
+    """The standalone mock upstream's control API."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.http = httpx.Client(base_url=root, timeout=10, trust_env=False)  # loopback: never via a proxy
+
+    def script(self, *replies: dict) -> None:
+        """Queues replies (specs as `MockReply::from_spec` takes them), answered in order."""
+        r = self.http.post("/_mock/script", json=list(replies))
+        assert r.status_code == 200, r.text
+
+    def requests(self) -> list[dict]:
+        """Every request the mock received since the last reset, with the reply it gave."""
+        return self.http.get("/_mock/requests").json()
+
+    def reset(self) -> None:
+        self.http.post("/_mock/reset").raise_for_status()
+
+
+def completion(content: str | None = None, tool_calls: list | None = None, *, id: str = "chatcmpl-mock") -> dict:
+    """A `{"json": chat.completion}` reply spec."""
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {
+        "json": {
+            "id": id,
+            "object": "chat.completion",
+            "created": 1_700_000_000,
+            "model": MODEL,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": "tool_calls" if tool_calls else "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17},
+        }
+    }
+
+
+def tool_call(id: str, name: str, arguments: dict) -> dict:
+    return {"id": id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+def chunk(delta: dict, finish: str | None = None, *, id: str = "chatcmpl-mock") -> dict:
+    return {
+        "id": id,
+        "object": "chat.completion.chunk",
+        "created": 1_700_000_000,
+        "model": MODEL,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+
+
+def sse_text(pieces: list[str], *, usage: bool = True, id: str = "chatcmpl-mock") -> dict:
+    """A `{"sse": …}` reply spec saying `pieces` one delta at a time."""
+    chunks = [chunk({"role": "assistant", "content": ""}, id=id)]
+    chunks += [chunk({"content": p}, id=id) for p in pieces]
+    chunks.append(chunk({}, "stop", id=id))
+    spec: dict[str, Any] = {"sse": chunks}
+    if usage:
+        spec["usage"] = {"prompt_tokens": 12, "completion_tokens": len(pieces), "total_tokens": 12 + len(pieces)}
+    return spec
+
+
+def sse_tool_call(id: str, name: str, arguments: dict, *, usage: bool = True) -> dict:
+    """A `{"sse": …}` reply spec calling one tool, its arguments split over two deltas."""
+    args = json.dumps(arguments)
+    half = len(args) // 2
+    chunks = [
+        chunk(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"index": 0, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}],
+            }
+        ),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": args[:half]}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": args[half:]}}]}),
+        chunk({}, "tool_calls"),
+    ]
+    spec: dict[str, Any] = {"sse": chunks}
+    if usage:
+        spec["usage"] = {"prompt_tokens": 20, "completion_tokens": 7, "total_tokens": 27}
+    return spec
+
+
+# --- recording what clients receive -----------------------------------------------------------------------------
+
+
+@dataclass
+class Exchange:
+    """One HTTP exchange as the client saw it."""
+
+    method: str
+    url: str
+    request: bytes
+    status: int
+    content_type: str
+    session: str | None  # the x-ctxgate-session response header
+    body: bytearray = field(default_factory=bytearray)
+
+
+class Tap:
+    """Hands out httpx transports that record every exchange (the body as it streams by, without buffering)."""
+
+    def __init__(self) -> None:
+        self.exchanges: list[Exchange] = []
+
+    def _record(self, request: httpx.Request, response: httpx.Response) -> Exchange:
+        ex = Exchange(
+            request.method,
+            str(request.url),
+            bytes(request.content),
+            response.status_code,
+            response.headers.get("content-type", ""),
+            response.headers.get("x-ctxgate-session"),
+        )
+        self.exchanges.append(ex)
+        return ex
+
+    def transport(self) -> httpx.BaseTransport:
+        tap, inner = self, httpx.HTTPTransport()
+
+        class Tee(httpx.BaseTransport):
+            def handle_request(self, request: httpx.Request) -> httpx.Response:
+                resp = inner.handle_request(request)
+                ex, stream = tap._record(request, resp), resp.stream
+
+                class Body(httpx.SyncByteStream):
+                    def __iter__(self):
+                        for b in stream:
+                            ex.body.extend(b)
+                            yield b
+
+                    def close(self):
+                        stream.close()
+
+                return httpx.Response(resp.status_code, headers=resp.headers, stream=Body(), extensions=resp.extensions)
+
+            def close(self) -> None:
+                inner.close()
+
+        return Tee()
+
+    def async_transport(self) -> httpx.AsyncBaseTransport:
+        tap, inner = self, httpx.AsyncHTTPTransport()
+
+        class Tee(httpx.AsyncBaseTransport):
+            async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+                resp = await inner.handle_async_request(request)
+                ex, stream = tap._record(request, resp), resp.stream
+
+                class Body(httpx.AsyncByteStream):
+                    async def __aiter__(self):
+                        async for b in stream:
+                            ex.body.extend(b)
+                            yield b
+
+                    async def aclose(self):
+                        await stream.aclose()
+
+                return httpx.Response(resp.status_code, headers=resp.headers, stream=Body(), extensions=resp.extensions)
+
+            async def aclose(self) -> None:
+                await inner.aclose()
+
+        return Tee()
+
+
+@dataclass
+class Gateway:
+    """ctxgate's base URL, the mock behind it, and this test's tap."""
+
+    base_url: str
+    mock: Mock
+    tap: Tap = field(default_factory=Tap)
+    # Set by tests whose requests ctxgate rewrites: their bodies are not forwarded byte for byte.
+    rewritten: bool = False
+    api_key: str = "sk-client-test"
+
+
+# --- strict checks ------------------------------------------------------------------------------------------------
+
+
+def no_extras(obj: Any, where: str = "$") -> None:
+    """Fails when any SDK model in `obj` holds a field its type does not declare."""
+    if isinstance(obj, OpenAIModel):
+        assert not obj.model_extra, f"{where}: fields unknown to {type(obj).__name__}: {sorted(obj.model_extra)}"
+        for name in type(obj).model_fields:
+            no_extras(getattr(obj, name), f"{where}.{name}")
+    elif isinstance(obj, (list, tuple)):
+        for i, x in enumerate(obj):
+            no_extras(x, f"{where}[{i}]")
+    elif isinstance(obj, dict):
+        for k, x in obj.items():
+            no_extras(x, f"{where}.{k}")
+
+
+def validate_completion(raw: bytes | str) -> ChatCompletion:
+    """Parses a `chat.completion` body with the SDK's type: declared fields only, each of its declared type, and
+    nothing lost in the round trip."""
+    data = json.loads(raw)
+    obj = ChatCompletion.model_validate(data, strict=True)
+    no_extras(obj)
+    assert obj.model_dump(mode="json", exclude_unset=True) == data, "the SDK's type does not hold the body as sent"
+    return obj
+
+
+def sse_data(raw: bytes | str) -> list[str]:
+    """The `data:` payloads of an SSE body, `[DONE]` included (one event per blank-line-separated block)."""
+    text = raw.decode() if isinstance(raw, (bytes, bytearray)) else raw
+    out = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        lines = [ln[5:].lstrip(" ") for ln in block.split("\n") if ln.startswith("data:")]
+        if lines:
+            out.append("\n".join(lines))
+    return out
+
+
+def validate_stream(raw: bytes | str) -> list[ChatCompletionChunk]:
+    """Parses every chunk of a stream with the SDK's type (strictly, as for completions); it must end with a
+    single `[DONE]`."""
+    data = sse_data(raw)
+    assert data and data[-1] == "[DONE]" and data.count("[DONE]") == 1, f"stream must end with one [DONE]: {data[-3:]}"
+    chunks = []
+    for d in data[:-1]:
+        c = ChatCompletionChunk.model_validate_json(d, strict=True)
+        no_extras(c)
+        assert c.model_dump(mode="json", exclude_unset=True) == json.loads(d), f"chunk not held as sent: {d}"
+        chunks.append(c)
+    return chunks
+
+
+def key_paths(v: Any, prefix: str = "") -> set[str]:
+    """Every object key path in a JSON value (array positions ignored)."""
+    out: set[str] = set()
+    if isinstance(v, dict):
+        for k, x in v.items():
+            p = f"{prefix}.{k}"
+            out.add(p)
+            out |= key_paths(x, p)
+    elif isinstance(v, list):
+        for x in v:
+            out |= key_paths(x, prefix + "[]")
+    return out
+
+
+def _reply_values(reply: dict) -> list[Any]:
+    if "sse" in reply:
+        return [json.loads(d) for d in sse_data(reply["sse"]) if d != "[DONE]"]
+    try:
+        return [json.loads(reply["body"])]
+    except ValueError:
+        return []
+
+
+def check_exchanges(exchanges: list[Exchange], upstream: list[dict], rewritten: bool) -> None:
+    """Every chat exchange a client made: valid for the SDK's types; and when ctxgate forwarded the request as it
+    was (byte for byte), the answer is exactly what the mock sent. When it was rewritten (recall rounds), the
+    answer holds no field that none of the mock's replies had, and no more chunks than they had."""
+    unmatched = list(upstream)
+    for ex in exchanges:
+        if not ex.url.endswith("/chat/completions"):
+            continue
+        sent = ex.request.decode()
+        same = [u for u in unmatched if u["raw"] == sent]
+        if same:
+            up = same[0]
+            unmatched.remove(up)
+            reply = up["reply"]
+            assert reply["status"] == ex.status
+            if "sse" in reply:
+                assert bytes(ex.body).decode() == reply["sse"], "the stream differs from the upstream's"
+            else:
+                assert bytes(ex.body).decode() == reply["body"], "the body differs from the upstream's"
+        else:
+            assert rewritten, f"ctxgate changed a request it had no reason to rewrite:\n{sent[:500]}"
+            allowed = set().union(*(key_paths(v) for u in unmatched for v in _reply_values(u["reply"])))
+            if ex.content_type.startswith("text/event-stream"):
+                got = [json.loads(d) for d in sse_data(bytes(ex.body)) if d != "[DONE]"]
+                sent_chunks = sum(len(_reply_values(u["reply"])) for u in unmatched)
+                assert len(got) <= sent_chunks, "ctxgate added chunks"
+            else:
+                got = [json.loads(bytes(ex.body))]
+            for g in got:
+                extra = key_paths(g) - allowed
+                assert not extra, f"fields the upstream never sent: {sorted(extra)}"
+        if ex.status == 200 and ex.content_type.startswith("text/event-stream"):
+            validate_stream(bytes(ex.body))
+        elif ex.status == 200:
+            validate_completion(bytes(ex.body))
+        else:
+            err = json.loads(bytes(ex.body))
+            assert isinstance(err.get("error"), dict), err

@@ -1,0 +1,118 @@
+//! Replays every recorded conversation in `../shared/traces/` through the planner with a 16k window: every request
+//! sent stays valid, none is refused, and every request above the threshold is rewritten smaller; with summaries
+//! off (the default config) and simulated.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout
+)]
+
+use ctxgate::config::Config;
+use ctxgate::recall::reserve_tokens;
+use ctxgate::replay::{replay_trace, Outcome, ReplayOptions, ReplayReport, ReplayTotals};
+use std::path::{Path, PathBuf};
+
+fn trace_files() -> Option<Vec<PathBuf>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
+    if !dir.is_dir() {
+        let required = std::env::var("CTXGATE_REQUIRE_EXTERNAL").is_ok_and(|v| v == "1");
+        assert!(!required, "{} is missing", dir.display());
+        println!(
+            "note: {} not found; skipping the trace replay",
+            dir.display()
+        );
+        return None;
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no traces in {}", dir.display());
+    Some(files)
+}
+
+/// Replays every trace with a 16k window and checks what holds whatever the strategy: every request sent is
+/// valid, none is refused, every request above the threshold is rewritten to fewer tokens, and the planner's
+/// estimate of a rewrite equals a recount of it.
+fn replay_all(summaries: bool) -> Option<Vec<ReplayReport>> {
+    let files = trace_files()?;
+    let opts = ReplayOptions {
+        window: Some(16_000),
+        summaries,
+        ..Default::default()
+    };
+    let cfg = Config::default();
+    let reserve = reserve_tokens(&cfg.recall);
+    let mut all = Vec::new();
+    for path in &files {
+        let name = path.file_name().unwrap().to_string_lossy();
+        let trace = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let report = replay_trace(&trace, &opts, &cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(!report.steps.is_empty(), "{name}: nothing to replay");
+        for s in &report.steps {
+            let at = format!("{name} step {}", s.index);
+            assert_ne!(s.outcome, Outcome::Reject, "{at}: {:?}", s.problem);
+            assert!(s.valid, "{at}: {:?}", s.problem);
+            if s.outcome == Outcome::Rewrite {
+                // The recall reserve is the most the recall tools and note may add, not what they add.
+                assert_eq!(
+                    s.recounted_tokens,
+                    Some(s.upstream_tokens - reserve),
+                    "{at}"
+                );
+            }
+            if s.above_threshold {
+                assert_eq!(s.outcome, Outcome::Rewrite, "{at}: above the threshold");
+                let sent = s.recounted_tokens.unwrap();
+                assert!(
+                    sent < s.client_tokens,
+                    "{at}: client {} -> {sent}",
+                    s.client_tokens
+                );
+                if s.upstream_tokens >= s.client_tokens {
+                    println!(
+                        "note: {at}: client {} -> {sent} + recall reserve {reserve}: no saving",
+                        s.client_tokens
+                    );
+                }
+            }
+        }
+        println!(
+            "{name}: {} steps, {} above threshold, {} rewritten, {} summarized, ratio {:?}",
+            report.totals.steps,
+            report.totals.above_threshold,
+            report.totals.rewritten,
+            report.totals.summarized,
+            report.totals.mean_ratio_above
+        );
+        all.push(report);
+    }
+    let overall = ReplayTotals::of(all.iter().flat_map(|r| &r.steps));
+    assert_eq!((overall.invalid, overall.rejected), (0, 0));
+    assert!(
+        overall.above_threshold > 0,
+        "a 16k window should put some steps above the threshold"
+    );
+    println!(
+        "overall: {} steps, {} above threshold, mean upstream/client above threshold {:?}",
+        overall.steps, overall.above_threshold, overall.mean_ratio_above
+    );
+    Some(all)
+}
+
+#[test]
+fn every_trace_replays_validly_in_a_16k_window() {
+    if let Some(all) = replay_all(false) {
+        assert!(all.iter().all(|r| r.totals.summarized == 0 && !r.summaries));
+    }
+}
+
+#[test]
+fn every_trace_replays_validly_with_simulated_summaries() {
+    if let Some(all) = replay_all(true) {
+        assert!(all.iter().all(|r| r.summaries));
+    }
+}

@@ -1,0 +1,293 @@
+//! LLM summaries through the gateway: written when the threshold is crossed (or ahead of it), cached, incremental,
+//! recorded, and never a reason for a request to fail.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::Harness;
+use ctxgate::context::units::check_sequence;
+use ctxgate::mock::{MockReply, RecordedRequest};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+const SUMMARIZER: &str = "summarizer-model";
+
+/// A support chat: `loops` finished questions, each with one tool call (a result too small to clear), then a
+/// new question.
+fn chat(loops: usize) -> Vec<Value> {
+    let mut m = vec![json!({"role":"system","content":"You help travellers."})];
+    for l in 0..loops {
+        let id = format!("call_{l}");
+        m.push(json!({"role":"user","content":format!("question {l}: {}", "please help ".repeat(120))}));
+        m.push(json!({"role":"assistant","content":null,"tool_calls":[{"id":id,"type":"function","function":{"name":"lookup","arguments":format!("{{\"q\":{l}}}")}}]}));
+        m.push(json!({"role":"tool","tool_call_id":id,"content":format!("RESULT-{l} {}", "data ".repeat(60))}));
+        m.push(
+            json!({"role":"assistant","content":format!("answer {l}: {}", "indeed ".repeat(120))}),
+        );
+    }
+    m.push(json!({"role":"user","content":"and now?"}));
+    m
+}
+
+fn is_summary(r: &RecordedRequest) -> bool {
+    r.json()["model"] == SUMMARIZER
+}
+
+/// Answers summary requests with `text` (after `delay`), or with `status` when it is not 200.
+fn summarizer(h: &Harness, status: u16, text: &'static str, delay: Duration) {
+    h.mock.set_responder(Arc::new(move |r: &RecordedRequest| {
+        if !is_summary(r) {
+            return None;
+        }
+        let reply = if status == 200 {
+            MockReply::completion(text)
+        } else {
+            MockReply::json(
+                status,
+                json!({"error":{"message":"boom","type":"server_error"}}),
+            )
+        };
+        Some(reply.delayed(delay))
+    }));
+}
+
+async fn harness(wait_ms: u64, timeout_secs: u64) -> Harness {
+    Harness::start_with(|c| {
+        c.context.default_context_window = 4_000; // chat(6) ≈ 0.67 of it, chat(8) ≈ 0.88
+        c.summary.model = Some(SUMMARIZER.into());
+        c.summary.wait_ms = wait_ms;
+        c.summary.timeout_secs = timeout_secs;
+        c.summary.keep_recent = 4;
+    })
+    .await
+}
+
+async fn send(h: &Harness, messages: &[Value]) -> Value {
+    let resp = h
+        .client
+        .post(h.url("/v1/chat/completions"))
+        .header("authorization", "Bearer sk-sum")
+        .header("x-session-id", "sum-1")
+        .json(&json!({"model":"mock-model","messages":messages}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "a summary never fails the request");
+    resp.json().await.unwrap()
+}
+
+fn chats(h: &Harness) -> Vec<Value> {
+    h.mock
+        .requests()
+        .iter()
+        .filter(|r| !is_summary(r))
+        .map(|r| r.json())
+        .collect()
+}
+
+fn summaries(h: &Harness) -> Vec<Value> {
+    h.mock
+        .requests()
+        .iter()
+        .filter(|r| is_summary(r))
+        .map(|r| r.json())
+        .collect()
+}
+
+async fn session(h: &Harness) -> ctxgate::session::SessionView {
+    h.state.drain().await;
+    let id = h.state.sessions.list(10, 0).await.unwrap().0[0].id.clone();
+    h.state.sessions.view(&id).await.unwrap().unwrap()
+}
+
+#[tokio::test]
+async fn crossing_the_threshold_replaces_old_history_by_the_summary_then_reuses_it() {
+    let h = harness(5_000, 30).await;
+    summarizer(
+        &h,
+        200,
+        "Goals: travel help. Calls: call_0 looked up q0.",
+        Duration::ZERO,
+    );
+    let mut m = chat(8);
+    send(&h, &m).await;
+    let s = summaries(&h);
+    assert_eq!(s.len(), 1);
+    let prompt = s[0]["messages"][1]["content"].as_str().unwrap();
+    assert!(
+        prompt.contains("call call_0 lookup"),
+        "the prompt names the call ids: {prompt}"
+    );
+    assert!(s[0]["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .contains("call id"));
+    assert_eq!(s[0]["max_tokens"], 1000);
+    let sent = &chats(&h)[0]["messages"];
+    let out = sent.as_array().unwrap();
+    check_sequence(out).unwrap();
+    assert!(
+        out[0]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("You help travellers.\n\n[ctxgate]"),
+        "with the recall note"
+    );
+    assert_eq!(
+        out[1]["content"],
+        "Summary of the earlier conversation: Goals: travel help. Calls: call_0 looked up q0."
+    );
+    assert_eq!(out.last(), m.last());
+    // the next turn: same prefix, the cached summary, no new summary request
+    m.push(json!({"role":"assistant","content":"mock reply"}));
+    m.push(json!({"role":"user","content":"thanks"}));
+    send(&h, &m).await;
+    assert_eq!(summaries(&h).len(), 1, "cached");
+    let second = &chats(&h)[1]["messages"];
+    assert_eq!(second[1], out[1]);
+    let v = session(&h).await;
+    let rec = v
+        .compressions
+        .iter()
+        .find(|r| r["kind"] == "summary")
+        .unwrap();
+    assert_eq!(rec["model"], SUMMARIZER);
+    assert_eq!(rec["precomputed"], false);
+    assert!(rec["covers"]["upto"].as_u64().unwrap() > 0);
+    assert!(rec["tokens_before"].as_u64() > rec["tokens_after"].as_u64());
+    assert!(rec["latency_ms"].is_u64());
+    assert!(v.compressions.iter().any(|r| r["stages"]
+        .as_array()
+        .is_some_and(|s| s.contains(&json!("summarized")))));
+    assert_eq!(
+        v.messages.len(),
+        m.len() + 1,
+        "the full history stays whole"
+    );
+}
+
+#[tokio::test]
+async fn later_summaries_are_made_from_the_previous_one() {
+    let h = harness(5_000, 30).await;
+    summarizer(&h, 200, "S1 (call_0)", Duration::ZERO);
+    let mut m = chat(8);
+    send(&h, &m).await;
+    for l in 8..20 {
+        m.pop();
+        m.extend(chat(l + 1).drain(1 + 4 * l..));
+        send(&h, &m).await;
+    }
+    let s = summaries(&h);
+    assert!(s.len() >= 2, "{} summaries", s.len());
+    let second = s[1]["messages"][1]["content"].as_str().unwrap();
+    assert!(
+        second.starts_with("Previous summary:\nS1 (call_0)\n\nNew messages:"),
+        "{second}"
+    );
+    assert!(
+        !second.contains("[1] user: question 0"),
+        "only the newly aged messages"
+    );
+}
+
+#[tokio::test]
+async fn a_summary_precomputed_in_the_background_serves_the_threshold_turn() {
+    let h = harness(0, 30).await;
+    summarizer(&h, 200, "Precomputed (call_0).", Duration::ZERO);
+    let m = chat(6); // ~0.7 of the window: past precompute_at, under the threshold
+    send(&h, &m).await;
+    h.state.drain().await; // the background summary is stored
+    assert_eq!(summaries(&h).len(), 1);
+    assert_eq!(
+        chats(&h)[0]["messages"],
+        json!(m),
+        "under the threshold: sent as is"
+    );
+    let mut m2 = m.clone();
+    m2.pop();
+    m2.extend(chat(8).drain(1 + 4 * 6..));
+    send(&h, &m2).await;
+    assert_eq!(
+        summaries(&h).len(),
+        1,
+        "no synchronous summary call at the threshold"
+    );
+    let sent = &chats(&h)[1]["messages"];
+    assert_eq!(
+        sent[1]["content"],
+        "Summary of the earlier conversation: Precomputed (call_0)."
+    );
+    let v = session(&h).await;
+    assert_eq!(
+        v.compressions
+            .iter()
+            .find(|r| r["kind"] == "summary")
+            .unwrap()["precomputed"],
+        true
+    );
+}
+
+#[tokio::test]
+async fn failed_slow_or_empty_summaries_fall_back_to_pruning() {
+    for (status, text, delay, timeout) in [
+        (500, "", Duration::ZERO, 30),
+        (200, "late", Duration::from_millis(2_500), 1),
+        (200, "   ", Duration::ZERO, 30),
+    ] {
+        let h = harness(3_000, timeout).await;
+        summarizer(&h, status, text, delay);
+        let m = chat(8);
+        let v = send(&h, &m).await;
+        assert_eq!(v["choices"][0]["message"]["content"], "mock reply");
+        let sent = &chats(&h)[0]["messages"];
+        let out = sent.as_array().unwrap();
+        check_sequence(out).unwrap();
+        assert!(out.len() < m.len(), "pruned instead ({status}, {text:?})");
+        assert!(!sent
+            .to_string()
+            .contains("Summary of the earlier conversation"));
+        let v = session(&h).await;
+        assert!(v.compressions.iter().all(|r| r["kind"] != "summary"));
+    }
+}
+
+#[tokio::test]
+async fn an_operator_can_compress_a_session_now() {
+    let h = harness(0, 30).await;
+    summarizer(&h, 200, "Manual summary (call_1).", Duration::ZERO);
+    let m = chat(3);
+    h.client
+        .post(h.url("/v1/chat/completions"))
+        .header("x-session-id", "manual")
+        .json(&json!({"model":"gpt-4o","messages":m}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let id = h.state.sessions.list(10, 0).await.unwrap().0[0].id.clone();
+    let resp = h
+        .client
+        .post(h.url(&format!("/admin/sessions/{id}/compress")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let rec: Value = resp.json().await.unwrap();
+    assert_eq!(rec["summary"], "Manual summary (call_1).");
+    assert_eq!(rec["kind"], "summary");
+    let v = session(&h).await;
+    assert_eq!(
+        v.compressions.last().unwrap()["summary"],
+        "Manual summary (call_1)."
+    );
+    let missing = h
+        .client
+        .post(h.url("/admin/sessions/nope/compress"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+}
