@@ -133,7 +133,7 @@ fn input<'a>(messages: &'a [Value], tools: &'a Value) -> PlanInput<'a> {
         strategy: Strategy::Hybrid,
         window: WINDOW,
         recall_tool: Some("recall_tool_call"),
-        reserve: ctxgate::recall::reserve_tokens(&RecallConfig::default()),
+        reserve: ctxgate::recall::reserve_tokens(&RecallConfig::default(), 200).min(WINDOW / 10),
         summaries: None,
         precompute_at: SummaryConfig::default().precompute_at,
     }

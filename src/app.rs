@@ -62,7 +62,7 @@ impl AppState {
             Sessions::new(store, config.store.cache_max_bytes)
                 .with_metrics(metrics.session_metrics()),
         );
-        let summarizer = Summarizer::from_config(&config)?.map(Arc::new);
+        let summarizer = Summarizer::from_config(&config, metrics.clone())?.map(Arc::new);
         match &summarizer {
             Some(s) => tracing::info!(
                 model = s.model(),

@@ -9,7 +9,7 @@ use crate::context::models::ModelTable;
 use crate::context::plan::Summaries;
 use crate::context::tokens::{Encoding, TokenCounter};
 use crate::context::units::{check_sequence, system_messages};
-use crate::context::{plan, Plan, PlanInput};
+use crate::context::{plan, Plan, PlanInput, Rewrite};
 use crate::recall::reserve_tokens;
 use crate::summary::prompt::summary_message;
 use serde::Serialize;
@@ -53,8 +53,8 @@ pub struct ReplayStep {
     pub outcome: Outcome,
     /// Tokens of the client's request (messages, tools, reply priming).
     pub client_tokens: u64,
-    /// Tokens sent upstream: the rewrite's estimate plus the recall reserve, the client's when forwarded, 0 when
-    /// rejected.
+    /// Tokens sent upstream: the rewritten request with the recall tools and note the gateway adds, the client's
+    /// when forwarded, 0 when rejected.
     pub upstream_tokens: u64,
     /// The client's request is above the rewrite threshold.
     pub above_threshold: bool,
@@ -206,7 +206,6 @@ pub fn replay_trace(
     let counter = TokenCounter::new();
     let threshold_tokens = (cfg.context.threshold * window as f64) as u64;
     let recall_tool = cfg.recall.enabled.then_some(cfg.recall.tool_name.as_str());
-    let reserve = reserve_tokens(&cfg.recall);
     let summarizing = (opts.summaries || cfg.summary.model.is_some())
         && matches!(strategy, Strategy::Summarize | Strategy::Hybrid);
     let mut ready: Vec<(usize, Value)> = Vec::new();
@@ -216,6 +215,12 @@ pub fn replay_trace(
             continue;
         }
         let sent = &messages[..k];
+        // as the gateway does: room for the recall tools and note, never over a tenth of the window
+        let tool_results = sent
+            .iter()
+            .filter(|m| m.get("role").and_then(Value::as_str) == Some("tool"))
+            .count();
+        let reserve = reserve_tokens(&cfg.recall, tool_results).min(window / 10);
         let input = PlanInput {
             messages: sent,
             tools,
@@ -236,7 +241,8 @@ pub fn replay_trace(
         };
         let client = counter.request_tokens(encoding, sent, tools);
         let decision = plan(&input, &cfg.context, &cfg.prune, &counter);
-        let mut s = step(k, client, decision, sent, reserve);
+        let upstream = |rw: &Rewrite| upstream_tokens(rw, tools, &cfg.recall, &counter, encoding);
+        let mut s = step(k, client, decision, sent, upstream);
         if let Some(rewritten) = &s.sent {
             s.step.recounted_tokens = Some(counter.request_tokens(encoding, rewritten, tools));
         }
@@ -280,7 +286,44 @@ struct Planned {
     sent: Option<Vec<Value>>,
 }
 
-fn step(index: usize, client: u64, decision: Plan, original: &[Value], reserve: u64) -> Planned {
+/// Tokens of the rewritten request as the gateway sends it: the recall tools and note added when it offers them.
+fn upstream_tokens(
+    rw: &Rewrite,
+    tools: Option<&Value>,
+    recall: &crate::config::RecallConfig,
+    counter: &TokenCounter,
+    encoding: Encoding,
+) -> u64 {
+    let mut body = serde_json::Map::new();
+    body.insert("messages".into(), Value::Array(rw.messages.clone()));
+    if let Some(t) = tools {
+        body.insert("tools".into(), t.clone());
+    }
+    let recallable: Vec<crate::recall::Recallable> = rw
+        .pruned
+        .iter()
+        .map(|p| crate::recall::Recallable {
+            call_id: p.call_id.clone(),
+            tool_name: p.tool_name.clone(),
+            digest: p.digest.clone(),
+        })
+        .collect();
+    crate::recall::inject(&mut body, &recallable, recall);
+    let messages = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    counter.request_tokens(encoding, messages, body.get("tools"))
+}
+
+fn step(
+    index: usize,
+    client: u64,
+    decision: Plan,
+    original: &[Value],
+    upstream: impl Fn(&Rewrite) -> u64,
+) -> Planned {
     let mut s = ReplayStep {
         index,
         outcome: Outcome::Forward,
@@ -320,9 +363,9 @@ fn step(index: usize, client: u64, decision: Plan, original: &[Value], reserve: 
             None
         }
         Plan::Rewrite(rw) => {
+            s.upstream_tokens = upstream(&rw);
             let r = rw.record;
             s.outcome = Outcome::Rewrite;
-            s.upstream_tokens = r.tokens_after + reserve;
             s.messages_sent = rw.messages.len();
             s.stages = r.stages;
             s.cleared_results = r.cleared_results;
@@ -540,8 +583,10 @@ mod tests {
             assert_eq!(s.outcome, Outcome::Rewrite);
             assert!(s.upstream_tokens < s.client_tokens);
             assert!(s.stages.contains(&"cleared") && s.pruned_calls > 0);
-            let reserve = reserve_tokens(&Config::default().recall);
-            assert_eq!(s.recounted_tokens, Some(s.upstream_tokens - reserve));
+            assert!(
+                s.recounted_tokens.is_some_and(|r| r < s.upstream_tokens),
+                "the recall tools and note are counted"
+            );
         }
         let t = &r.totals;
         assert_eq!((t.invalid, t.rejected), (0, 0));

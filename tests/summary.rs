@@ -95,6 +95,22 @@ fn summaries(h: &Harness) -> Vec<Value> {
         .collect()
 }
 
+/// The value of one series in `/metrics` (0 when absent).
+async fn metric(h: &Harness, series: &str) -> f64 {
+    let text = h
+        .client
+        .get(h.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
 async fn session(h: &Harness) -> ctxgate::session::SessionView {
     h.state.drain().await;
     let id = h.state.sessions.list(10, 0).await.unwrap().0[0].id.clone();
@@ -230,10 +246,10 @@ async fn a_summary_precomputed_in_the_background_serves_the_threshold_turn() {
 
 #[tokio::test]
 async fn failed_slow_or_empty_summaries_fall_back_to_pruning() {
-    for (status, text, delay, timeout) in [
-        (500, "", Duration::ZERO, 30),
-        (200, "late", Duration::from_millis(2_500), 1),
-        (200, "   ", Duration::ZERO, 30),
+    for (status, text, delay, timeout, outcome) in [
+        (500, "", Duration::ZERO, 30, "failed"),
+        (200, "late", Duration::from_millis(2_500), 1, "timeout"),
+        (200, "   ", Duration::ZERO, 30, "empty"),
     ] {
         let h = harness(3_000, timeout).await;
         summarizer(&h, status, text, delay);
@@ -249,6 +265,8 @@ async fn failed_slow_or_empty_summaries_fall_back_to_pruning() {
             .contains("Summary of the earlier conversation"));
         let v = session(&h).await;
         assert!(v.compressions.iter().all(|r| r["kind"] != "summary"));
+        let series = format!("ctxgate_summarizer_calls_total{{outcome=\"{outcome}\"}}");
+        assert_eq!(metric(&h, &series).await, 1.0, "{series}");
     }
 }
 

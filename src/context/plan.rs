@@ -185,6 +185,13 @@ pub fn plan(
         };
     }
     let before = base + model.total();
+    if before.saturating_sub(cost) < input.reserve && before <= lim.hard {
+        // The recall tools and note would cost more than the rewrite saves: send the client's request as it is.
+        return Plan::Forward {
+            tokens: Some(calibrated(before)),
+            wanted_summary: wanted,
+        };
+    }
     build(
         input,
         &mut model,
@@ -247,7 +254,7 @@ fn build(
         let mode = model.mode(i, cuts);
         match model.rendered(i, mode) {
             Some((v, _)) => {
-                changed |= v != *original;
+                changed |= mode != Mode::Keep && v != *original;
                 cleared += usize::from(mode == Mode::Cleared);
                 messages.push(v);
             }
@@ -275,9 +282,9 @@ fn build(
         .flat_map(|l| &l.tool_calls)
         .filter(|c| c.result.is_some_and(|r| gone.binary_search(&r).is_ok()))
         .map(|c| PrunedCall {
-            call_id: c.id.clone(),
-            tool_name: c.name.clone(),
-            digest: digest(&c.arguments, 80),
+            call_id: c.id.to_string(),
+            tool_name: c.name.to_string(),
+            digest: digest(c.arguments, 80),
         })
         .collect();
     let mut stages = Vec::new();

@@ -83,13 +83,13 @@ pub struct Model<'a> {
     tools: Vec<usize>,
     users: Vec<usize>,
     /// The run loops, oldest first.
-    pub loops: Vec<RunLoop>,
+    pub loops: Vec<RunLoop<'a>>,
     loop_of: Vec<Option<usize>>,
     units: Vec<Unit>,
     unit_of: Vec<usize>,
     times: Vec<i64>,
     /// Tool message index → the name of the tool that produced it.
-    pub tool_names: HashMap<usize, String>,
+    pub tool_names: HashMap<usize, &'a str>,
     alt: HashMap<usize, (Value, u64)>,
 }
 
@@ -116,7 +116,7 @@ impl<'a> Model<'a> {
                 .for_each(|x| *x = Some(li));
             for c in &l.tool_calls {
                 if let Some(r) = c.result {
-                    tool_names.insert(r, c.name.clone());
+                    tool_names.insert(r, c.name);
                 }
             }
         }
@@ -210,7 +210,7 @@ impl<'a> Model<'a> {
         let (counter, enc) = (self.counter, self.enc);
         self.alt.entry(i).or_insert_with(|| {
             let v = if mode == Mode::Cleared {
-                let name = names.get(&i).map_or("unknown tool", String::as_str);
+                let name = names.get(&i).copied().unwrap_or("unknown tool");
                 placeholder(&msgs[i], name, recall)
             } else {
                 truncated(&msgs[i], prune.max_message_length)

@@ -94,6 +94,10 @@ pub async fn plan_request(
         None => Vec::new(),
     };
     let recall_ok = recall::can_inject(&chat.body, &cfg.recall).is_ok();
+    let tool_results = messages
+        .iter()
+        .filter(|m| m.get("role").and_then(Value::as_str) == Some("tool"))
+        .count();
     let encoding = Encoding::for_model(&chat.model);
     let plan_with = |ready: &[(usize, Value, String)]| {
         let pairs: Vec<(usize, Value)> = ready.iter().map(|(u, m, _)| (*u, m.clone())).collect();
@@ -109,7 +113,7 @@ pub async fn plan_request(
             recall_tool: recall_ok.then_some(cfg.recall.tool_name.as_str()),
             // What the recall tools and note add, but never more than a tenth of a small window.
             reserve: if recall_ok {
-                recall::reserve_tokens(&cfg.recall).min(window / 10)
+                recall::reserve_tokens(&cfg.recall, tool_results).min(window / 10)
             } else {
                 0
             },

@@ -105,13 +105,14 @@ fn search_tool(name: &str) -> Value {
 /// Most characters of the note.
 const NOTE_MAX_CHARS: usize = 6000;
 
-/// Tokens to keep free in a rewritten request for what `inject` adds: the two tool schemas (~200 tokens), the
-/// note's header (~70) and up to `max_note_calls` lines of ~25 tokens, capped with the note's size.
-pub fn reserve_tokens(cfg: &RecallConfig) -> u64 {
+/// Tokens to keep free in a rewritten request for what `inject` adds: the two tool schemas and the note's header
+/// (~270 tokens together) and a ~25-token line per listed call, for at most `calls` calls (the request's tool
+/// results: no more can be pruned) and `max_note_calls`, capped with the note's size.
+pub fn reserve_tokens(cfg: &RecallConfig, calls: usize) -> u64 {
     if !cfg.enabled {
         return 0;
     }
-    let lines = (cfg.max_note_calls as u64).saturating_mul(25);
+    let lines = (cfg.max_note_calls.min(calls) as u64).saturating_mul(25);
     270 + lines.min(NOTE_MAX_CHARS as u64 / 4)
 }
 

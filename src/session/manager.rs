@@ -3,7 +3,7 @@
 //! turn is released to the client.
 
 use super::identity::SessionIdentity;
-use super::runloop::{message_text, run_loops, ToolCallRef};
+use super::runloop::{message_text, run_loops};
 use super::tree::{NodeId, Tree};
 use crate::metrics::{CacheResult, SessionMetrics};
 use crate::store::{committed, RecordKind, SessionMeta, Store, StoreError, WriteOp};
@@ -129,7 +129,7 @@ pub struct RunLoopView {
     /// The opening user message, cut to a preview.
     pub user: Option<String>,
     /// The tool calls made (id, name, arguments, timestamp, position of the result).
-    pub tool_calls: Vec<ToolCallRef>,
+    pub tool_calls: Vec<Value>,
     /// The final reply, cut to a preview; `null` while the loop is unfinished.
     pub final_reply: Option<String>,
 }
@@ -155,7 +155,11 @@ fn run_loop_views(messages: &[Value], timestamps: &[i64]) -> Vec<RunLoopView> {
             end: l.end,
             user: l.user.map(|i| preview(&messages[i])),
             final_reply: l.final_reply.map(|i| preview(&messages[i])),
-            tool_calls: l.tool_calls,
+            tool_calls: l
+                .tool_calls
+                .iter()
+                .map(|c| serde_json::to_value(c).unwrap_or(Value::Null))
+                .collect(),
         })
         .collect()
 }

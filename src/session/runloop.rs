@@ -8,13 +8,13 @@ use std::collections::HashMap;
 
 /// One tool call made inside a run loop.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ToolCallRef {
+pub struct ToolCallRef<'a> {
     /// The call id.
-    pub id: String,
+    pub id: &'a str,
     /// The function's name.
-    pub name: String,
+    pub name: &'a str,
     /// The arguments as the model wrote them (JSON text).
-    pub arguments: String,
+    pub arguments: &'a str,
     /// Index of the assistant message that made the call.
     pub position: usize,
     /// Unix seconds when that message was first seen, when known.
@@ -25,7 +25,7 @@ pub struct ToolCallRef {
 
 /// One run loop: the messages `start..end` of the list.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct RunLoop {
+pub struct RunLoop<'a> {
     /// Index of its first message.
     pub start: usize,
     /// One past its last message.
@@ -33,12 +33,12 @@ pub struct RunLoop {
     /// Index of the user message that opened it (`None` for a history that starts with an assistant message).
     pub user: Option<usize>,
     /// The tool calls made in it, in order.
-    pub tool_calls: Vec<ToolCallRef>,
+    pub tool_calls: Vec<ToolCallRef<'a>>,
     /// Index of the final reply: the first assistant message without tool calls.
     pub final_reply: Option<usize>,
 }
 
-impl RunLoop {
+impl RunLoop<'_> {
     /// True when the loop ended with a final reply.
     pub fn is_complete(&self) -> bool {
         self.final_reply.is_some()
@@ -47,20 +47,20 @@ impl RunLoop {
 
 /// The run loops of a message list, and its tool results indexed by call id.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RunLoops {
+pub struct RunLoops<'a> {
     /// The loops, oldest first. Leading system messages belong to none.
-    pub loops: Vec<RunLoop>,
-    results: HashMap<String, usize>,
+    pub loops: Vec<RunLoop<'a>>,
+    results: HashMap<&'a str, usize>,
 }
 
-impl RunLoops {
+impl<'a> RunLoops<'a> {
     /// Index of the tool message answering `call_id` (O(1)).
     pub fn result_of(&self, call_id: &str) -> Option<usize> {
         self.results.get(call_id).copied()
     }
 
     /// The loop holding message `index`.
-    pub fn loop_of(&self, index: usize) -> Option<&RunLoop> {
+    pub fn loop_of(&self, index: usize) -> Option<&RunLoop<'a>> {
         let i = self.loops.partition_point(|l| l.end <= index);
         self.loops.get(i).filter(|l| l.start <= index)
     }
@@ -121,9 +121,9 @@ pub fn message_text(m: &Value) -> String {
 }
 
 /// Splits `messages` into run loops. `timestamps`, when given, is aligned with `messages` (first-seen times).
-pub fn run_loops(messages: &[Value], timestamps: Option<&[i64]>) -> RunLoops {
+pub fn run_loops<'a>(messages: &'a [Value], timestamps: Option<&[i64]>) -> RunLoops<'a> {
     let mut out = RunLoops::default();
-    let mut current: Option<RunLoop> = None;
+    let mut current: Option<RunLoop<'a>> = None;
     for (i, m) in messages.iter().enumerate() {
         let r = role(m);
         if r == "user" || (current.is_none() && !is_system(m)) {
@@ -140,7 +140,7 @@ pub fn run_loops(messages: &[Value], timestamps: Option<&[i64]>) -> RunLoops {
         }
         if r == "tool" {
             if let Some(id) = m.get("tool_call_id").and_then(Value::as_str) {
-                out.results.insert(id.to_string(), i);
+                out.results.insert(id, i);
             }
         }
         let Some(lp) = current.as_mut() else {
@@ -157,9 +157,9 @@ pub fn run_loops(messages: &[Value], timestamps: Option<&[i64]>) -> RunLoops {
         for c in calls {
             let s = |p: &str| c.pointer(p).and_then(Value::as_str).unwrap_or_default();
             lp.tool_calls.push(ToolCallRef {
-                id: s("/id").to_string(),
-                name: s("/function/name").to_string(),
-                arguments: s("/function/arguments").to_string(),
+                id: s("/id"),
+                name: s("/function/name"),
+                arguments: s("/function/arguments"),
                 position: i,
                 timestamp: timestamps.and_then(|t| t.get(i).copied()),
                 result: None,
@@ -169,7 +169,7 @@ pub fn run_loops(messages: &[Value], timestamps: Option<&[i64]>) -> RunLoops {
     out.loops.extend(current);
     for lp in &mut out.loops {
         for c in &mut lp.tool_calls {
-            c.result = out.results.get(&c.id).copied();
+            c.result = out.results.get(c.id).copied();
         }
     }
     out

@@ -7,6 +7,7 @@ pub mod prompt;
 use crate::config::{Config, UpstreamConfig};
 use crate::context::tokens::{count_text, Encoding};
 use crate::error::GatewayError;
+use crate::metrics::{Metrics, SummaryOutcome};
 use crate::session::manager::{now_secs, SessionEntry, Sessions};
 use crate::store::RecordKind;
 use crate::upstream::Upstream;
@@ -49,6 +50,31 @@ pub struct Summarizer {
     upstream: Upstream,
     in_flight: Mutex<HashMap<String, watch::Receiver<bool>>>,
     failures: Mutex<HashMap<String, (u32, Instant)>>,
+    metrics: Arc<Metrics>,
+}
+
+/// Why a summary could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SummaryError {
+    /// The request failed: network, a non-2xx answer, an answer that is not a chat completion.
+    #[error("summary request failed: {0}")]
+    Failed(String),
+    /// No answer within `summary.timeout_secs`.
+    #[error("summary request timed out after {0} s")]
+    Timeout(u64),
+    /// The answer was empty or longer than `summary.max_tokens`.
+    #[error("summary unusable: {0}")]
+    Unusable(String),
+}
+
+impl SummaryError {
+    fn outcome(&self) -> SummaryOutcome {
+        match self {
+            SummaryError::Failed(_) => SummaryOutcome::Failed,
+            SummaryError::Timeout(_) => SummaryOutcome::Timeout,
+            SummaryError::Unusable(_) => SummaryOutcome::Empty,
+        }
+    }
 }
 
 /// First wait after a failed summary; doubles with each failure, up to `MAX_BACKOFF`.
@@ -57,7 +83,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(600);
 
 impl Summarizer {
     /// A summarizer when `[summary] model` is set; `None` (summaries off) otherwise.
-    pub fn from_config(cfg: &Config) -> Result<Option<Self>, GatewayError> {
+    pub fn from_config(cfg: &Config, metrics: Arc<Metrics>) -> Result<Option<Self>, GatewayError> {
         let s = &cfg.summary;
         let Some(model) = s.model.clone() else {
             return Ok(None);
@@ -80,6 +106,7 @@ impl Summarizer {
             upstream,
             in_flight: Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
+            metrics,
         }))
     }
 
@@ -121,8 +148,15 @@ impl Summarizer {
         };
         let (tx, rx) = rx;
         let me = self.clone();
+        if job.precomputed {
+            self.metrics.precompaction_started();
+        }
         tasks.spawn(async move {
-            match me.run(&job).await {
+            let result = me.run(&job).await;
+            if job.precomputed {
+                me.metrics.precompaction_finished();
+            }
+            match result {
                 Ok(record) => {
                     me.failures.lock().remove(&id);
                     if let Err(e) = sessions.record_entry(&job.entry, RecordKind::Compression, record).await {
@@ -143,9 +177,19 @@ impl Summarizer {
         Some(rx)
     }
 
-    /// Writes one summary now and returns its compression record (not stored).
-    pub async fn run(&self, job: &Job) -> Result<Value, String> {
+    /// Writes one summary now and returns its compression record (not stored). Counted in the metrics.
+    pub async fn run(&self, job: &Job) -> Result<Value, SummaryError> {
         let started = Instant::now();
+        let result = self.write(job, started).await;
+        let outcome = match &result {
+            Ok(_) => SummaryOutcome::Ok,
+            Err(e) => e.outcome(),
+        };
+        self.metrics.summary_call(outcome, started.elapsed());
+        result
+    }
+
+    async fn write(&self, job: &Job, started: Instant) -> Result<Value, SummaryError> {
         let from = job.previous.as_ref().map_or(0, |(u, _)| *u);
         let transcript = prompt::transcript(
             &job.messages,
@@ -164,28 +208,36 @@ impl Summarizer {
         }
         let headers = self.upstream.request_headers(&headers, true);
         let url = self.upstream.url("chat/completions", None);
-        let bytes = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
+        let failed = |e: String| SummaryError::Failed(e);
+        let bytes = serde_json::to_vec(&body).map_err(|e| failed(e.to_string()))?;
         let timeout = self.upstream.timeout();
         let answer = tokio::time::timeout(timeout, async {
             let resp = self
                 .upstream
                 .send(Method::POST, &url, headers, bytes.into())
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| match e {
+                    GatewayError::UpstreamTimeout(s) => SummaryError::Timeout(s),
+                    other => failed(other.to_string()),
+                })?;
             let status = resp.status();
             let raw = resp
                 .bytes()
                 .await
-                .map_err(|e| format!("reading the summary: {e}"))?;
+                .map_err(|e| failed(format!("reading the answer: {e}")))?;
             if !status.is_success() {
-                return Err(format!("summary request answered {status}"));
+                return Err(failed(format!("answered {status}")));
             }
             serde_json::from_slice::<Value>(&raw)
-                .map_err(|e| format!("summary answer is not JSON: {e}"))
+                .map_err(|e| failed(format!("the answer is not JSON: {e}")))
         })
         .await
-        .map_err(|_| format!("summary request timed out after {} s", timeout.as_secs()))??;
-        let text = prompt::summary_text(&answer, self.max_tokens, |t| count_text(job.encoding, t))?;
+        .map_err(|_| SummaryError::Timeout(timeout.as_secs()))??;
+        if answer.pointer("/choices/0/message").is_none() {
+            return Err(failed("the answer is not a chat completion".into()));
+        }
+        let text = prompt::summary_text(&answer, self.max_tokens, |t| count_text(job.encoding, t))
+            .map_err(SummaryError::Unusable)?;
         let counter = crate::context::tokens::TokenCounter::new();
         let covered: u64 = job.messages[..job.upto]
             .iter()
