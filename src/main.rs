@@ -175,7 +175,17 @@ fn replay_cmd(
 ) -> anyhow::Result<()> {
     let cfg = Config::load(config.as_deref())?;
     let mut reports = Vec::with_capacity(traces.len());
+    // Progress on stderr (drawn only on a terminal), so stdout stays the report.
+    let progress = indicatif::ProgressBar::with_draw_target(
+        Some(traces.len() as u64),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    progress.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} traces  {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
     for path in traces {
+        progress.set_message(path.display().to_string());
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
         let trace: serde_json::Value =
@@ -187,7 +197,9 @@ fn replay_cmd(
             |s| s.to_string_lossy().into_owned(),
         );
         reports.push((name, report));
+        progress.inc(1);
     }
+    progress.finish_and_clear();
     let overall = ReplayTotals::of(reports.iter().flat_map(|(_, r)| &r.steps));
     let mut out = std::io::stdout().lock();
     if json {

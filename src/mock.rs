@@ -323,6 +323,9 @@ impl MockUpstream {
             .fallback(handle)
             .with_state(state.clone());
         tokio::spawn(async move {
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let _ = axum::serve(listener, app).await;
         });
         Ok(MockUpstream { addr, state })

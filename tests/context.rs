@@ -3,29 +3,11 @@
 
 mod common;
 
-use common::Harness;
+use common::{agent_history, Harness};
 use ctxgate::context::shape::PLACEHOLDER_PREFIX;
 use ctxgate::context::units::check_sequence;
 use ctxgate::mock::MockReply;
 use serde_json::{json, Value};
-
-/// A coding-agent run: a task, then `n` file reads of ~`words` words each, every result carrying a marker.
-pub fn agent_history(n: usize, words: usize) -> Vec<Value> {
-    let mut m = vec![
-        json!({"role":"system","content":"You are a coding agent."}),
-        json!({"role":"user","content":"Fix the failing test."}),
-    ];
-    for i in 0..n {
-        let id = format!("call_{i}");
-        m.push(
-            json!({"role":"assistant","content":null,"tool_calls":[{"id":id,"type":"function",
-            "function":{"name":"read_file","arguments":format!("{{\"path\":\"src/f{i}.rs\"}}")}}]}),
-        );
-        let filler: Vec<String> = (0..words).map(|w| format!("line{w}")).collect();
-        m.push(json!({"role":"tool","tool_call_id":id,"content":format!("MARKER-{i} {}", filler.join(" "))}));
-    }
-    m
-}
 
 async fn small_window() -> Harness {
     Harness::start_with(|c| c.context.default_context_window = 8_000).await

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::Harness;
+use common::{agent_history, Harness};
 use ctxgate::config::{Config, ModelEntry};
 use ctxgate::metrics::names;
 use ctxgate::mock::{MockReply, MockUpstream};
@@ -129,24 +129,6 @@ async fn harness() -> Harness {
     let mock = MockUpstream::start().await.unwrap();
     let cfg = config(&mock);
     Harness::start_config(mock, cfg).await
-}
-
-/// A coding-agent run: a task, then `n` file reads of ~`words` words each.
-fn agent_history(n: usize, words: usize) -> Vec<Value> {
-    let mut m = vec![
-        json!({"role":"system","content":"You are a coding agent."}),
-        json!({"role":"user","content":"Fix the failing test."}),
-    ];
-    for i in 0..n {
-        let id = format!("call_{i}");
-        m.push(
-            json!({"role":"assistant","content":null,"tool_calls":[{"id":id,"type":"function",
-            "function":{"name":"read_file","arguments":format!("{{\"path\":\"src/f{i}.rs\"}}")}}]}),
-        );
-        let filler: Vec<String> = (0..words).map(|w| format!("line{w}")).collect();
-        m.push(json!({"role":"tool","tool_call_id":id,"content":format!("MARKER-{i} {}", filler.join(" "))}));
-    }
-    m
 }
 
 fn call(id: &str, name: &str, args: Value) -> Value {

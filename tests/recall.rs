@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::Harness;
+use common::{agent_history, Harness};
 use ctxgate::mock::{chunk, MockReply};
 use ctxgate::sse::{MessageAssembler, SseParser};
 use serde_json::{json, Value};
@@ -11,23 +11,6 @@ use std::time::Duration;
 
 const RECALL: &str = "recall_tool_call";
 const SEARCH: &str = "search_history";
-
-fn agent_history(n: usize, words: usize) -> Vec<Value> {
-    let mut m = vec![
-        json!({"role":"system","content":"You are a coding agent."}),
-        json!({"role":"user","content":"Fix the failing test."}),
-    ];
-    for i in 0..n {
-        let id = format!("call_{i}");
-        m.push(
-            json!({"role":"assistant","content":null,"tool_calls":[{"id":id,"type":"function",
-            "function":{"name":"read_file","arguments":format!("{{\"path\":\"src/f{i}.rs\"}}")}}]}),
-        );
-        let filler: Vec<String> = (0..words).map(|w| format!("line{w}")).collect();
-        m.push(json!({"role":"tool","tool_call_id":id,"content":format!("MARKER-{i} {}", filler.join(" "))}));
-    }
-    m
-}
 
 fn body(stream: bool) -> Value {
     let mut b = json!({"model":"mock-model","messages":agent_history(14, 300),

@@ -103,10 +103,7 @@ impl<'a> Model<'a> {
         prune: &'a PruneConfig,
         recall_tool: Option<&'a str>,
     ) -> Self {
-        let tok: Vec<u64> = msgs
-            .iter()
-            .map(|m| counter.message_tokens(enc, m))
-            .collect();
+        let tok = counter.messages_tokens(enc, msgs);
         let rl = run_loops(msgs, None);
         let mut loop_of = vec![None; msgs.len()];
         let mut tool_names = HashMap::new();

@@ -38,6 +38,9 @@ const EXACT_LIMIT: usize = 128 * 1024;
 const SAMPLES: usize = 8;
 const SAMPLE_LEN: usize = 8 * 1024;
 
+/// At least this many uncounted messages are counted on several threads.
+const PARALLEL_FROM: usize = 16;
+
 /// Calibration: smoothing factor, clamp on the ratio, and how many models are tracked.
 const ALPHA: f64 = 0.2;
 const RATIO_MIN: f64 = 0.5;
@@ -209,9 +212,53 @@ impl TokenCounter {
         }
     }
 
+    /// Tokens of each message of `msgs`. When many are not cached yet (a long history seen for the first time),
+    /// they are counted on every core (scoped threads): that is mostly tokenizing, which splits well.
+    pub fn messages_tokens(&self, enc: Encoding, msgs: &[Value]) -> Vec<u64> {
+        let mut out = Vec::with_capacity(msgs.len());
+        let mut misses = Vec::new();
+        for (i, m) in msgs.iter().enumerate() {
+            let key = (enc, hash_value(Kind::Message, m));
+            match self.cache.get(&key) {
+                Some(n) => out.push(n),
+                None => {
+                    out.push(0);
+                    misses.push((i, key));
+                }
+            }
+        }
+        let count = |part: &[(usize, (Encoding, u64))]| -> Vec<u64> {
+            part.iter()
+                .map(|(i, _)| message_uncached(enc, &msgs[*i]))
+                .collect()
+        };
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(8);
+        let counts: Vec<u64> = if threads < 2 || misses.len() < PARALLEL_FROM {
+            count(&misses)
+        } else {
+            std::thread::scope(|s| {
+                let parts: Vec<_> = misses
+                    .chunks(misses.len().div_ceil(threads))
+                    .map(|part| (part, s.spawn(move || count(part))))
+                    .collect();
+                parts
+                    .into_iter()
+                    .flat_map(|(part, h)| h.join().unwrap_or_else(|_| count(part)))
+                    .collect()
+            })
+        };
+        for ((i, key), n) in misses.into_iter().zip(counts) {
+            out[i] = n;
+            self.cache.insert(key, n);
+        }
+        out
+    }
+
     /// Tokens of a whole request: its messages, its tools, and the reply priming.
     pub fn request_tokens(&self, enc: Encoding, messages: &[Value], tools: Option<&Value>) -> u64 {
-        let msgs: u64 = messages.iter().map(|m| self.message_tokens(enc, m)).sum();
+        let msgs: u64 = self.messages_tokens(enc, messages).iter().sum();
         msgs + tools.map_or(0, |t| self.tools_tokens(enc, t)) + REPLY_PRIMING
     }
 
@@ -529,5 +576,22 @@ mod tests {
         }
         assert_eq!(c.ratios().len(), MAX_MODELS);
         assert_eq!(c.calibrated("unknown", 101), 101);
+    }
+
+    #[test]
+    fn long_lists_counted_in_parallel_match_one_by_one() {
+        let msgs: Vec<Value> = (0..200)
+            .map(|i| serde_json::json!({"role": "user", "content": format!("message {i} {}", "word ".repeat(i))}))
+            .collect();
+        let one_by_one: Vec<u64> = {
+            let c = TokenCounter::new();
+            msgs.iter()
+                .map(|m| c.message_tokens(Encoding::O200k, m))
+                .collect()
+        };
+        assert_eq!(
+            TokenCounter::new().messages_tokens(Encoding::O200k, &msgs),
+            one_by_one
+        );
     }
 }

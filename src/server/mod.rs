@@ -106,7 +106,13 @@ impl Server {
         let app = router(self.state.clone()).into_make_service_with_connect_info::<SocketAddr>();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
-        let serve = axum::serve(self.listener, app).with_graceful_shutdown(async move {
+        // Every chunk of a stream goes out at once: no Nagle delay waiting for the client's (delayed) ACK.
+        let listener = axum::serve::ListenerExt::tap_io(self.listener, |tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "could not set TCP_NODELAY on a client connection");
+            }
+        });
+        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
             shutdown.await;
             let _ = stopped_tx.send(());
             let _ = rx.await;

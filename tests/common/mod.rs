@@ -4,6 +4,7 @@
 use ctxgate::app::{AppState, TurnEvent};
 use ctxgate::config::{Config, StoreBackend};
 use ctxgate::mock::MockUpstream;
+use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,4 +94,22 @@ impl Harness {
             let _ = h.await;
         }
     }
+}
+
+/// A coding-agent run: a task, then `n` file reads of ~`words` words each, every result carrying `MARKER-<i>`.
+pub fn agent_history(n: usize, words: usize) -> Vec<Value> {
+    let mut m = vec![
+        json!({"role":"system","content":"You are a coding agent."}),
+        json!({"role":"user","content":"Fix the failing test."}),
+    ];
+    for i in 0..n {
+        let id = format!("call_{i}");
+        m.push(
+            json!({"role":"assistant","content":null,"tool_calls":[{"id":id,"type":"function",
+            "function":{"name":"read_file","arguments":format!("{{\"path\":\"src/f{i}.rs\"}}")}}]}),
+        );
+        let filler: Vec<String> = (0..words).map(|w| format!("line{w}")).collect();
+        m.push(json!({"role":"tool","tool_call_id":id,"content":format!("MARKER-{i} {}", filler.join(" "))}));
+    }
+    m
 }
