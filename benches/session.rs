@@ -56,7 +56,8 @@ fn main() {
         let headers = http::HeaderMap::new();
         let mut history: Vec<Value> = (0..500).map(message).collect();
         let body = |h: &[Value]| json!({"model":"gpt-4o","messages":h}).to_string();
-        let ident = identify(&headers, "x-session-id", &json!({"model":"gpt-4o","messages":history}));
+        let opening = json!({"model":"gpt-4o","messages":history});
+        let ident = identify(&headers, "x-session-id", opening.as_object().unwrap());
         // warm: first sight of the 500 messages
         let raw = body(&history);
         let mark = sessions.record_request(&ident, &history, &raw_message_hashes(raw.as_bytes())).await.unwrap();
@@ -107,7 +108,7 @@ fn main() {
         for s in 0..1000 {
             let mut h = http::HeaderMap::new();
             h.insert("x-session-id", format!("mem-{s}").parse().unwrap());
-            let ident = identify(&h, "x-session-id", &Value::Null);
+            let ident = identify(&h, "x-session-id", &serde_json::Map::new());
             sessions.record_request(&ident, &msgs, &hashes).await.unwrap();
         }
         sessions.flush().await.unwrap();

@@ -70,8 +70,7 @@ async fn handle(
         Err(e) => return own_error(e, None, started, chat.stream, &chat.model),
     };
     // 3. Identify the conversation (namespaced by the caller's credential).
-    let body_value = serde_json::Value::Object(chat.body.clone());
-    let session = identify(&parts.headers, &cfg.session.header, &body_value);
+    let session = identify(&parts.headers, &cfg.session.header, &chat.body);
     // 3b. Reconcile with the stored history; new messages are queued for writing, not awaited. A store failure
     //     only costs this turn its recording.
     let mark = match state

@@ -2,7 +2,7 @@
 //! opening; always namespaced by a SHA-256 of the caller's credential (the credential itself is never kept).
 
 use http::HeaderMap;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 /// Agent headers honoured after `[session] header`, in this order.
@@ -50,7 +50,11 @@ pub fn tenant_hash(headers: &HeaderMap) -> String {
 }
 
 /// Resolves the session of a chat request.
-pub fn identify(headers: &HeaderMap, session_header: &str, body: &Value) -> SessionIdentity {
+pub fn identify(
+    headers: &HeaderMap,
+    session_header: &str,
+    body: &Map<String, Value>,
+) -> SessionIdentity {
     let tenant = tenant_hash(headers);
     let prefix = &tenant[..16];
     let header_value = |name: &str| {
@@ -114,7 +118,7 @@ pub fn model_family(model: &str) -> String {
 }
 
 /// Hash of model family, the system message(s) and the first user message.
-pub fn fingerprint(body: &Value) -> String {
+pub fn fingerprint(body: &Map<String, Value>) -> String {
     let model = body.get("model").and_then(Value::as_str).unwrap_or("");
     let mut h = Sha256::new();
     h.update(model_family(model).as_bytes());
@@ -189,7 +193,10 @@ mod tests {
 
     #[test]
     fn tenants_never_share_ids() {
-        let body = json!({"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]});
+        let body = json!({"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]})
+            .as_object()
+            .cloned()
+            .unwrap();
         let a = identify(
             &headers(&[("authorization", "Bearer a"), ("x-session-id", "s1")]),
             "x-session-id",
@@ -220,16 +227,22 @@ mod tests {
     #[test]
     fn precedence_and_fingerprint_stability() {
         let body = json!({"model":"gpt-4o-2024-08-06","messages":[
-            {"role":"system","content":"s"},{"role":"user","content":"q"}]});
+            {"role":"system","content":"s"},{"role":"user","content":"q"}]})
+        .as_object()
+        .cloned()
+        .unwrap();
         let later = json!({"model":"gpt-4o","messages":[
             {"role":"system","content":"s"},{"role":"user","content":"q"},
-            {"role":"assistant","content":"a"},{"role":"user","content":"q2"}]});
+            {"role":"assistant","content":"a"},{"role":"user","content":"q2"}]})
+        .as_object()
+        .cloned()
+        .unwrap();
         let h = headers(&[]);
         assert_eq!(
             identify(&h, "x-session-id", &body).id,
             identify(&h, "x-session-id", &later).id
         );
-        let other = json!({"model":"gpt-4o","messages":[{"role":"system","content":"s"},{"role":"user","content":"other"}]});
+        let other = json!({"model":"gpt-4o","messages":[{"role":"system","content":"s"},{"role":"user","content":"other"}]}).as_object().cloned().unwrap();
         assert_ne!(
             identify(&h, "x-session-id", &body).id,
             identify(&h, "x-session-id", &other).id
