@@ -299,16 +299,7 @@ fn upstream_tokens(
     if let Some(t) = tools {
         body.insert("tools".into(), t.clone());
     }
-    let recallable: Vec<crate::recall::Recallable> = rw
-        .pruned
-        .iter()
-        .map(|p| crate::recall::Recallable {
-            call_id: p.call_id.clone(),
-            tool_name: p.tool_name.clone(),
-            digest: p.digest.clone(),
-        })
-        .collect();
-    crate::recall::inject(&mut body, &recallable, recall);
+    crate::recall::inject(&mut body, &rw.pruned, recall);
     let messages = body
         .get("messages")
         .and_then(Value::as_array)

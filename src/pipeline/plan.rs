@@ -76,7 +76,11 @@ pub async fn plan_request(
     // Every token covers at least one byte of the body and an image part's JSON is over half its flat price, so
     // a body under half the threshold (in bytes) cannot be over it: no need to count.
     let threshold = cfg.context.threshold * window as f64;
-    let precompute = cfg.summary.precompute_at.min(cfg.context.threshold) * window as f64;
+    // With summaries on, from `precompute_at` the next summary may be wanted ahead of time.
+    let precompute = match &state.summarizer {
+        Some(_) => cfg.summary.precompute_at.min(cfg.context.threshold) * window as f64,
+        None => threshold,
+    };
     if strategy == Strategy::Off
         || (chat.raw.len() as f64) * 2.0 * ratio <= threshold.min(precompute)
     {
@@ -186,16 +190,7 @@ pub async fn plan_request(
         };
         body.insert(k.clone(), v);
     }
-    let recallable: Vec<Recallable> = rw
-        .pruned
-        .iter()
-        .map(|p| Recallable {
-            call_id: p.call_id.clone(),
-            tool_name: p.tool_name.clone(),
-            digest: p.digest.clone(),
-        })
-        .collect();
-    let injected = inject(&mut body, &recallable, state);
+    let injected = inject(&mut body, &rw.pruned, state);
     let estimate = state.counter.request_tokens(
         encoding,
         body.get("messages")

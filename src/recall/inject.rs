@@ -3,16 +3,8 @@
 use crate::config::RecallConfig;
 use serde_json::{json, Map, Value};
 
-/// A pruned tool call the model may recall.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Recallable {
-    /// The call id.
-    pub call_id: String,
-    /// The tool's name.
-    pub tool_name: String,
-    /// A one-line digest of the arguments.
-    pub digest: String,
-}
+/// A pruned tool call the model may recall: the context engine's record of it.
+pub use crate::context::PrunedCall as Recallable;
 
 /// What `inject` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
