@@ -9,7 +9,7 @@ use crate::context::models::ModelTable;
 use crate::context::plan::Summaries;
 use crate::context::tokens::{Encoding, TokenCounter};
 use crate::context::units::{check_sequence, system_messages};
-use crate::context::{plan, Plan, PlanInput, Rewrite};
+use crate::context::{plan, Plan, PlanInput, Rewrite, RewrittenBody};
 use crate::recall::reserve_tokens;
 use crate::summary::prompt::summary_message;
 use serde::Serialize;
@@ -294,18 +294,13 @@ fn upstream_tokens(
     counter: &TokenCounter,
     encoding: Encoding,
 ) -> u64 {
-    let mut body = serde_json::Map::new();
-    body.insert("messages".into(), Value::Array(rw.messages.clone()));
+    let mut client = serde_json::Map::new();
     if let Some(t) = tools {
-        body.insert("tools".into(), t.clone());
+        client.insert("tools".into(), t.clone());
     }
+    let mut body = RewrittenBody::new(&client, rw.messages.clone());
     crate::recall::inject(&mut body, &rw.pruned, recall);
-    let messages = body
-        .get("messages")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    counter.request_tokens(encoding, messages, body.get("tools"))
+    counter.request_tokens(encoding, &body.messages, body.fields.get("tools"))
 }
 
 fn step(
@@ -355,6 +350,7 @@ fn step(
         }
         Plan::Rewrite(rw) => {
             s.upstream_tokens = upstream(&rw);
+            let sent = rw.owned_messages();
             let r = rw.record;
             s.outcome = Outcome::Rewrite;
             s.messages_sent = rw.messages.len();
@@ -366,8 +362,8 @@ fn step(
             s.pruned_calls = r.pruned_call_ids.len();
             s.summary_upto = r.summary_upto;
             s.wanted_summary = rw.wanted_summary;
-            s.problem = check_rewrite(original, &rw.messages).err();
-            Some(rw.messages)
+            s.problem = check_rewrite(original, &sent).err();
+            Some(sent)
         }
     };
     s.valid = s.problem.is_none();

@@ -105,3 +105,41 @@ fn every_trace_replays_validly_with_simulated_summaries() {
         assert!(all.iter().all(|r| r.summaries));
     }
 }
+
+/// The fast counter agrees with tiktoken on every text of every trace (message contents, tool arguments, tool
+/// schemas), in both encodings.
+#[test]
+fn every_text_in_the_traces_counts_as_tiktoken_does() {
+    use ctxgate::context::tokens::{count_text, Encoding};
+    use serde_json::Value;
+    let Some(files) = trace_files() else { return };
+    let encodings = [
+        (Encoding::O200k, tiktoken_rs::o200k_base_singleton()),
+        (Encoding::Cl100k, tiktoken_rs::cl100k_base_singleton()),
+    ];
+    let mut texts = 0;
+    for path in &files {
+        let name = path.file_name().unwrap().to_string_lossy();
+        let trace: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut stack = vec![&trace];
+        while let Some(v) = stack.pop() {
+            match v {
+                Value::String(s) if s.len() <= 128 * 1024 => {
+                    texts += 1;
+                    for (enc, bpe) in &encodings {
+                        assert_eq!(
+                            count_text(*enc, s),
+                            bpe.encode_ordinary(s).len() as u64,
+                            "{name}: {enc:?} {:?}",
+                            s.chars().take(80).collect::<String>()
+                        );
+                    }
+                }
+                Value::Array(a) => stack.extend(a),
+                Value::Object(o) => stack.extend(o.values()),
+                _ => {}
+            }
+        }
+    }
+    println!("{texts} texts counted as tiktoken counts them");
+}

@@ -1,13 +1,16 @@
 //! The context engine: counts tokens and, when a request outgrows its budget, plans the rewrite of what goes
 //! upstream (tool-result clearing, run-loop pruning, the hard limit). **Pure: no I/O, no network, no store.**
 
+pub mod body;
 pub mod models;
 pub mod plan;
+mod pretokenize;
 pub mod shape;
 mod stages;
 pub mod tokens;
 pub mod units;
 
+pub use body::RewrittenBody;
 pub use plan::{plan, CompressionRecord, Plan, PlanInput, PrunedCall, Rewrite};
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use super::tokens::{Encoding, TokenCounter};
 use crate::config::{ContextConfig, PruneConfig, Strategy};
 use serde::Serialize;
 use serde_json::Value;
+use std::borrow::Cow;
 
 /// Everything the planner needs to know about one request.
 #[derive(Debug, Clone, Copy)]
@@ -85,9 +86,12 @@ pub struct CompressionRecord {
 
 /// A rewritten request.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Rewrite {
-    /// The messages to send upstream.
-    pub messages: Vec<Value>,
+pub struct Rewrite<'a> {
+    /// The messages to send upstream: the client's own where unchanged (borrowed, not copied), new ones where
+    /// rewritten.
+    pub messages: Vec<Cow<'a, Value>>,
+    /// Estimated tokens of `messages` and the request's tools, uncalibrated (what the counter says).
+    pub estimate: u64,
     /// What was done.
     pub record: CompressionRecord,
     /// The calls the model may recall, oldest first.
@@ -96,9 +100,16 @@ pub struct Rewrite {
     pub wanted_summary: Option<usize>,
 }
 
+impl Rewrite<'_> {
+    /// The messages as owned values.
+    pub fn owned_messages(&self) -> Vec<Value> {
+        self.messages.iter().map(|m| m.as_ref().clone()).collect()
+    }
+}
+
 /// The planner's decision.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Plan {
+pub enum Plan<'a> {
     /// Send the client's request as it is.
     Forward {
         /// Its estimated (calibrated) tokens; `None` when not counted (clearly below the threshold).
@@ -107,7 +118,7 @@ pub enum Plan {
         wanted_summary: Option<usize>,
     },
     /// Send `Rewrite::messages` instead.
-    Rewrite(Box<Rewrite>),
+    Rewrite(Box<Rewrite<'a>>),
     /// Even the smallest valid rewrite does not fit under the hard limit: refuse without calling upstream.
     Reject {
         /// Estimated tokens of the smallest rewrite.
@@ -120,12 +131,12 @@ pub enum Plan {
 }
 
 /// Plans one request.
-pub fn plan(
-    input: &PlanInput,
+pub fn plan<'a>(
+    input: &PlanInput<'a>,
     ctx: &ContextConfig,
     prune: &PruneConfig,
     counter: &TokenCounter,
-) -> Plan {
+) -> Plan<'a> {
     if input.strategy == Strategy::Off || input.messages.is_empty() {
         return Plan::Forward {
             tokens: None,
@@ -197,14 +208,14 @@ pub fn plan(
         &mut model,
         &cuts,
         calibrated(before),
-        calibrated(cost),
+        (cost, calibrated(cost)),
         wanted,
     )
 }
 
 /// The summary to write ahead of time: up to the bound of a summary made now, unless a ready one would already
 /// bring the next rewrite down to the target.
-fn precompute(model: &mut Model, cuts: &Cuts, base: u64, lim: Limits) -> Option<usize> {
+fn precompute(model: &mut Model<'_, '_>, cuts: &Cuts, base: u64, lim: Limits) -> Option<usize> {
     let n = model.len();
     let bound = model.summary_bound(n);
     if !model.summarizable(cuts.summary, bound, model.newest_user_before(n)) {
@@ -229,14 +240,15 @@ fn precompute(model: &mut Model, cuts: &Cuts, base: u64, lim: Limits) -> Option<
     Some(bound)
 }
 
-fn build(
-    input: &PlanInput,
-    model: &mut Model,
+/// `after`: the rewrite's cost, uncalibrated and calibrated.
+fn build<'a>(
+    input: &PlanInput<'a>,
+    model: &mut Model<'a, '_>,
     cuts: &Cuts,
     before: u64,
-    after: u64,
+    (estimate, after): (u64, u64),
     wanted_summary: Option<usize>,
-) -> Plan {
+) -> Plan<'a> {
     let mut messages = Vec::with_capacity(input.messages.len());
     let mut changed = false;
     let mut gone = Vec::new();
@@ -247,14 +259,14 @@ fn build(
     for (i, original) in input.messages.iter().enumerate() {
         if i == cuts.summary {
             if let Some(s) = summary {
-                messages.push(s.clone());
+                messages.push(Cow::Borrowed(s));
                 changed = true;
             }
         }
         let mode = model.mode(i, cuts);
-        match model.rendered(i, mode) {
-            Some((v, _)) => {
-                changed |= mode != Mode::Keep && v != *original;
+        match model.take_rendered(i, mode) {
+            Some(v) => {
+                changed |= mode != Mode::Keep && *v != *original;
                 cleared += usize::from(mode == Mode::Cleared);
                 messages.push(v);
             }
@@ -324,6 +336,7 @@ fn build(
     };
     Plan::Rewrite(Box::new(Rewrite {
         messages,
+        estimate,
         record,
         pruned,
         wanted_summary,

@@ -20,7 +20,10 @@ pub fn is_placeholder(m: &Value) -> bool {
 /// result's size, and how to get it back (`recall_tool`, when the recall tool is offered in this request).
 pub fn placeholder(m: &Value, tool_name: &str, recall_tool: Option<&str>) -> Value {
     let id = m.get("tool_call_id").and_then(Value::as_str).unwrap_or("");
-    let chars = message_text(m).chars().count();
+    let chars = match m.get("content") {
+        Some(Value::String(s)) => s.chars().count(),
+        _ => message_text(m).chars().count(),
+    };
     let how = match recall_tool {
         Some(t) => format!(" Call `{t}` with call_id \"{id}\" to see it again."),
         None => " ctxgate keeps it in the conversation's full history.".to_string(),
@@ -61,21 +64,41 @@ fn without_tool_calls(m: &Value) -> Value {
     c
 }
 
+/// `m` with `content` in place of its content (same key order; the old content is never copied).
 fn with_content(m: &Value, content: String) -> Value {
-    let mut out = m.as_object().cloned().unwrap_or_else(Map::new);
-    out.insert("content".into(), Value::String(content));
+    let mut content = Some(Value::String(content));
+    let mut out = Map::new();
+    for (k, v) in m.as_object().into_iter().flatten() {
+        let v = match (k.as_str(), content.take()) {
+            ("content", Some(c)) => c,
+            (_, c) => {
+                content = c;
+                v.clone()
+            }
+        };
+        out.insert(k.clone(), v);
+    }
+    if let Some(c) = content {
+        out.insert("content".into(), c);
+    }
     Value::Object(out)
 }
 
 /// A one-line digest of a call's arguments: compact, at most `max` characters.
 pub fn digest(arguments: &str, max: usize) -> String {
-    let one_line: String = arguments.split_whitespace().collect::<Vec<_>>().join(" ");
-    if one_line.chars().count() <= max {
-        return one_line;
+    let mut out = String::new();
+    let mut chars = 0;
+    for (i, word) in arguments.split_whitespace().enumerate() {
+        for c in (i > 0).then_some(' ').into_iter().chain(word.chars()) {
+            if chars == max {
+                out.push('…');
+                return out;
+            }
+            out.push(c);
+            chars += 1;
+        }
     }
-    let mut s: String = one_line.chars().take(max).collect();
-    s.push('…');
-    s
+    out
 }
 
 #[cfg(test)]

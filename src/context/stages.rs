@@ -9,6 +9,7 @@ use super::units::{units, Unit};
 use crate::config::PruneConfig;
 use crate::session::runloop::{is_system, role, run_loops, RunLoop};
 use serde_json::Value;
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 /// Where the rewrite cuts. All zero: nothing rewritten.
@@ -67,12 +68,13 @@ pub struct Summaries<'a> {
     pub ready: &'a [(usize, Value)],
 }
 
-/// The messages with everything the cuts need, computed once per request.
-pub struct Model<'a> {
+/// The messages with everything the cuts need, computed once per request. `'a`: the request's messages; `'c`:
+/// the counter and the settings.
+pub struct Model<'a, 'c> {
     msgs: &'a [Value],
-    counter: &'a TokenCounter,
+    counter: &'c TokenCounter,
     enc: Encoding,
-    prune: &'a PruneConfig,
+    prune: &'c PruneConfig,
     recall_tool: Option<&'a str>,
     /// Summaries, when the strategy uses them; `None` prunes instead.
     pub summaries: Option<Summaries<'a>>,
@@ -93,14 +95,14 @@ pub struct Model<'a> {
     alt: HashMap<usize, (Value, u64)>,
 }
 
-impl<'a> Model<'a> {
+impl<'a, 'c> Model<'a, 'c> {
     /// Counts and indexes `msgs`. `times` are first-seen unix seconds aligned with `msgs`.
     pub fn new(
         msgs: &'a [Value],
         times: Vec<i64>,
-        counter: &'a TokenCounter,
+        counter: &'c TokenCounter,
         enc: Encoding,
-        prune: &'a PruneConfig,
+        prune: &'c PruneConfig,
         recall_tool: Option<&'a str>,
     ) -> Self {
         let tok = counter.messages_tokens(enc, msgs);
@@ -192,12 +194,16 @@ impl<'a> Model<'a> {
         Mode::Keep
     }
 
-    /// The message as sent under `mode`, and its tokens.
-    pub fn rendered(&mut self, i: usize, mode: Mode) -> Option<(Value, u64)> {
+    /// The message as sent under `mode`: the client's own when kept (borrowed), else its rewritten form, taken
+    /// out of the model (ask once per message).
+    pub fn take_rendered(&mut self, i: usize, mode: Mode) -> Option<Cow<'a, Value>> {
         match mode {
-            Mode::Keep => Some((self.msgs[i].clone(), self.tok[i])),
+            Mode::Keep => Some(Cow::Borrowed(&self.msgs[i])),
             Mode::Omitted | Mode::Dropped => None,
-            Mode::Cleared | Mode::Truncated => Some(self.alt(i, mode).clone()),
+            Mode::Cleared | Mode::Truncated => {
+                self.alt(i, mode);
+                self.alt.remove(&i).map(|(v, _)| Cow::Owned(v))
+            }
         }
     }
 

@@ -1,6 +1,8 @@
 //! Token accounting: the tiktoken encoding per model, bounded-time text counts, cached per-message counts
 //! (OpenAI cookbook rules) and a per-model calibration against the usage the upstream reports.
 
+use super::pretokenize;
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
@@ -8,7 +10,7 @@ use moka::sync::Cache;
 use parking_lot::RwLock;
 use serde_json::Value;
 use tiktoken_rs::CoreBPE;
-use xxhash_rust::xxh3::Xxh3Default;
+use xxhash_rust::xxh3::xxh3_64;
 
 /// Tokens every message costs beyond its fields (cookbook: `<|start|>{role}\n{content}<|end|>`).
 const PER_MESSAGE: u64 = 3;
@@ -24,16 +26,10 @@ const PER_TOOL_CALL: u64 = 3;
 const PER_TOOL: u64 = 4;
 const TOOLS_BLOCK: u64 = 8;
 
-/// Texts are tokenised in chunks of at most this many bytes, cut just before a space that follows a non-space,
-/// where the encodings' pre-tokeniser splits anyway (so ordinary text counts exactly as if uncut).
-const CHUNK: usize = 8 * 1024;
-/// A stretch this long without such a space (base64, minified code, CJK) is cut at a char boundary: the BPE merge
-/// is quadratic in the length of one pre-token, so its pieces must stay short.
-const MAX_RUN: usize = 256;
 /// Longer texts are estimated from `SAMPLES` windows of `SAMPLE_LEN` bytes spread evenly over the text (within
-/// 0.1% of the exact count on uniform text). Measured on a shared 2-core VM, tokenizer crates and ours at
-/// opt-level 3: a 5 MB string without spaces 7-9 ms (base64-like 18 ms, prose 8 ms); exact counting of 128 KiB
-/// 13-36 ms (prose 15 ms). An unoptimised debug build is about 15x slower (5 MB: 120-220 ms).
+/// 0.1% of the exact count on uniform text). Measured on the project's shared 2-core VM, release build, every
+/// piece of text seen for the first time: exact counting of 128 KiB of prose 4 ms (base64 3.7 ms); a 5 MB string
+/// 3-8 ms (base64, a single repeated letter). An unoptimised debug build is several times slower.
 const EXACT_LIMIT: usize = 128 * 1024;
 const SAMPLES: usize = 8;
 const SAMPLE_LEN: usize = 8 * 1024;
@@ -78,6 +74,13 @@ impl Encoding {
         }
     }
 
+    fn which(self) -> pretokenize::Which {
+        match self {
+            Encoding::O200k => pretokenize::Which::O200k,
+            Encoding::Cl100k => pretokenize::Which::Cl100k,
+        }
+    }
+
     /// The encoding's BPE, built once per process; `None` only if tiktoken's embedded tables fail to load.
     fn bpe(self) -> Option<&'static CoreBPE> {
         static O200K: OnceLock<Option<CoreBPE>> = OnceLock::new();
@@ -90,59 +93,31 @@ impl Encoding {
     }
 }
 
-/// Number of tokens in `text`: exact (chunked) up to 128 KiB, sampled and extrapolated beyond, so any input is
-/// counted in bounded time and stack.
+/// Forgets the pieces of text this thread has counted (benchmarks of a first sight use it; counts are unchanged).
+pub fn forget_pieces() {
+    pretokenize::forget_pieces();
+}
+
+/// Number of tokens in `text`: exact up to 128 KiB (tiktoken's own count; a single piece over 256 bytes without
+/// a break, such as base64, is counted in parts), sampled and extrapolated beyond, so any input is counted in
+/// bounded time and stack.
 pub fn count_text(enc: Encoding, text: &str) -> u64 {
     let Some(bpe) = enc.bpe() else {
         return (text.len() as u64).div_ceil(4);
     };
     if text.len() <= EXACT_LIMIT {
-        return count_chunked(bpe, text);
+        return pretokenize::count(enc.which(), bpe, text);
     }
     let step = (text.len() - SAMPLE_LEN) / (SAMPLES - 1);
     let (mut tokens, mut bytes) = (0u64, 0u64);
     for i in 0..SAMPLES {
         let start = floor_boundary(text, i * step);
         let end = floor_boundary(text, (i * step + SAMPLE_LEN).min(text.len()));
-        tokens += count_chunked(bpe, &text[start..end]);
+        tokens += pretokenize::count(enc.which(), bpe, &text[start..end]);
         bytes += (end - start) as u64;
     }
     let estimate = (u128::from(tokens) * text.len() as u128).div_ceil(u128::from(bytes.max(1)));
     u64::try_from(estimate).unwrap_or(u64::MAX)
-}
-
-fn count_chunked(bpe: &CoreBPE, mut text: &str) -> u64 {
-    let mut total = 0;
-    while !text.is_empty() {
-        let (head, rest) = text.split_at(next_chunk_len(text));
-        total += bpe.encode_ordinary(head).len() as u64;
-        text = rest;
-    }
-    total
-}
-
-/// Length of the next chunk of `text` (see [`CHUNK`] and [`MAX_RUN`]); always > 0 for non-empty text.
-fn next_chunk_len(text: &str) -> usize {
-    let bytes = text.as_bytes();
-    let mut good = 0; // last position just before a space that follows a non-space
-    for i in 1..bytes.len().min(CHUNK) {
-        if bytes[i] == b' ' && !bytes[i - 1].is_ascii_whitespace() {
-            good = i;
-        } else if i - good >= MAX_RUN {
-            return if good > 0 {
-                good
-            } else {
-                floor_boundary(text, i)
-            };
-        }
-    }
-    if bytes.len() <= CHUNK {
-        bytes.len()
-    } else if good > 0 {
-        good
-    } else {
-        floor_boundary(text, CHUNK)
-    }
 }
 
 /// The largest char boundary at or below `i` (`i` ≥ 4 keeps the result > 0).
@@ -214,11 +189,11 @@ impl TokenCounter {
 
     /// Tokens of each message of `msgs`. When many are not cached yet (a long history seen for the first time),
     /// they are counted on every core (scoped threads): that is mostly tokenizing, which splits well.
-    pub fn messages_tokens(&self, enc: Encoding, msgs: &[Value]) -> Vec<u64> {
+    pub fn messages_tokens<M: Borrow<Value> + Sync>(&self, enc: Encoding, msgs: &[M]) -> Vec<u64> {
         let mut out = Vec::with_capacity(msgs.len());
         let mut misses = Vec::new();
         for (i, m) in msgs.iter().enumerate() {
-            let key = (enc, hash_value(Kind::Message, m));
+            let key = (enc, hash_value(Kind::Message, m.borrow()));
             match self.cache.get(&key) {
                 Some(n) => out.push(n),
                 None => {
@@ -229,19 +204,24 @@ impl TokenCounter {
         }
         let count = |part: &[(usize, (Encoding, u64))]| -> Vec<u64> {
             part.iter()
-                .map(|(i, _)| message_uncached(enc, &msgs[*i]))
+                .map(|(i, _)| message_uncached(enc, msgs[*i].borrow()))
                 .collect()
         };
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(8);
-        let counts: Vec<u64> = if threads < 2 || misses.len() < PARALLEL_FROM {
+        let threads = if misses.len() < PARALLEL_FROM {
+            1
+        } else {
+            cores()
+        };
+        let counts: Vec<u64> = if threads < 2 {
             count(&misses)
         } else {
             std::thread::scope(|s| {
                 let parts: Vec<_> = misses
                     .chunks(misses.len().div_ceil(threads))
-                    .map(|part| (part, s.spawn(move || count(part))))
+                    .map(|part| {
+                        let h = s.spawn(move || count(part));
+                        (part, h)
+                    })
                     .collect();
                 parts
                     .into_iter()
@@ -257,7 +237,12 @@ impl TokenCounter {
     }
 
     /// Tokens of a whole request: its messages, its tools, and the reply priming.
-    pub fn request_tokens(&self, enc: Encoding, messages: &[Value], tools: Option<&Value>) -> u64 {
+    pub fn request_tokens<M: Borrow<Value> + Sync>(
+        &self,
+        enc: Encoding,
+        messages: &[M],
+        tools: Option<&Value>,
+    ) -> u64 {
         let msgs: u64 = self.messages_tokens(enc, messages).iter().sum();
         msgs + tools.map_or(0, |t| self.tools_tokens(enc, t)) + REPLY_PRIMING
     }
@@ -374,45 +359,71 @@ fn string_leaves(enc: Encoding, v: &Value) -> u64 {
     total
 }
 
-/// A 64-bit xxh3 of `v`'s structure and contents, fed by walking it (no serialization).
+/// Cores to count on (at most 8), read once: `available_parallelism` reads cgroup files on every call.
+fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(8)
+    })
+}
+
+/// A 64-bit xxh3 of `v`'s structure and contents, fed by walking it (no serialization). Each item adds a tag and a
+/// word (a leaf's length, a container's arity, a number's bits) to a small buffer, so the pre-order stream is
+/// unambiguous; short strings are copied in, long ones (most of a conversation's bytes) are hashed in one pass
+/// (`xxh3_64`, much faster than the streaming hasher) and only their digest is added.
 fn hash_value(kind: Kind, v: &Value) -> u64 {
     enum Item<'a> {
         Key(&'a str),
         Val(&'a Value),
     }
-    let mut h = Xxh3Default::new();
-    h.update(&[kind as u8]);
+    const INLINE: usize = 64;
+    let mut buf: Vec<u8> = Vec::with_capacity(256);
+    buf.push(kind as u8);
     let mut stack = vec![Item::Val(v)];
-    // Each item feeds a tag, a word (a leaf's length, a container's arity, a number's bits) and its bytes, so the
-    // pre-order stream is unambiguous.
+    let text = |buf: &mut Vec<u8>, tag: u8, s: &str| {
+        buf.push(tag);
+        buf.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        if s.len() <= INLINE {
+            buf.extend_from_slice(s.as_bytes());
+        } else {
+            buf.extend_from_slice(&xxh3_64(s.as_bytes()).to_le_bytes());
+        }
+    };
     while let Some(item) = stack.pop() {
-        let (tag, word, bytes): (u8, u64, &[u8]) = match item {
-            Item::Key(k) => (b'k', k.len() as u64, k.as_bytes()),
-            Item::Val(Value::String(s)) => (b's', s.len() as u64, s.as_bytes()),
-            Item::Val(Value::Null) => (b'z', 0, &[]),
-            Item::Val(Value::Bool(b)) => (b'b', u64::from(*b), &[]),
+        let (tag, word) = match item {
+            Item::Key(k) => {
+                text(&mut buf, b'k', k);
+                continue;
+            }
+            Item::Val(Value::String(s)) => {
+                text(&mut buf, b's', s);
+                continue;
+            }
+            Item::Val(Value::Null) => (b'z', 0),
+            Item::Val(Value::Bool(b)) => (b'b', u64::from(*b)),
             Item::Val(Value::Number(n)) => match (n.as_u64(), n.as_i64()) {
-                (Some(u), _) => (b'u', u, &[]),
-                (None, Some(i)) => (b'i', i as u64, &[]),
-                (None, None) => (b'f', n.as_f64().unwrap_or(0.0).to_bits(), &[]),
+                (Some(u), _) => (b'u', u),
+                (None, Some(i)) => (b'i', i as u64),
+                (None, None) => (b'f', n.as_f64().unwrap_or(0.0).to_bits()),
             },
             Item::Val(Value::Array(a)) => {
                 stack.extend(a.iter().rev().map(Item::Val));
-                (b'a', a.len() as u64, &[])
+                (b'a', a.len() as u64)
             }
             Item::Val(Value::Object(o)) => {
                 for (k, v) in o.iter().rev() {
                     stack.push(Item::Val(v));
                     stack.push(Item::Key(k));
                 }
-                (b'o', o.len() as u64, &[])
+                (b'o', o.len() as u64)
             }
         };
-        h.update(&[tag]);
-        h.update(&word.to_le_bytes());
-        h.update(bytes);
+        buf.push(tag);
+        buf.extend_from_slice(&word.to_le_bytes());
     }
-    h.digest()
+    xxh3_64(&buf)
 }
 
 #[cfg(test)]
@@ -452,10 +463,8 @@ mod tests {
         let text = para.repeat(500); // ~45 KB: many chunks
         for enc in [Encoding::O200k, Encoding::Cl100k] {
             let bpe = enc.bpe().unwrap();
-            assert_eq!(
-                count_text(enc, &text),
-                bpe.encode_ordinary(&text).len() as u64
-            );
+            let whole = bpe.encode_ordinary(&text).len() as u64;
+            assert_eq!(count_text(enc, &text), whole);
         }
     }
 

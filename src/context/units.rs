@@ -1,7 +1,7 @@
 //! Whole units of a message list (an assistant tool-call message with its results is one unit), the smallest
 //! pieces the hard limit may drop, and the validity check every outgoing request must pass.
 
-use crate::session::runloop::{is_system, role, tool_calls};
+use crate::session::runloop::{field, is_system, role, tool_calls};
 use serde_json::Value;
 use std::collections::HashSet;
 
@@ -55,7 +55,7 @@ pub fn check_sequence(messages: &[Value]) -> Result<(), String> {
         }
         let mut open: HashSet<&str> = calls
             .iter()
-            .filter_map(|c| c.get("id").and_then(Value::as_str))
+            .filter_map(|c| field(c, "id").and_then(Value::as_str))
             .collect();
         if open.len() != calls.len() {
             return Err(format!(

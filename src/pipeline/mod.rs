@@ -157,9 +157,10 @@ async fn handle(
     };
     // 6b. The model may call the recall tools we offered: ctxgate answers them and asks again, within the same
     //     response. Anything but a successful first answer is relayed as it is.
-    if let Some(rw) = outgoing
+    if outgoing
         .rewrite
-        .filter(|r| r.injected && status.is_success())
+        .as_ref()
+        .is_some_and(|r| r.injected && status.is_success())
     {
         let source = match &mark {
             Some(m) => m
@@ -171,7 +172,8 @@ async fn handle(
             state: state.clone(),
             url,
             headers,
-            body: rw.body,
+            sent: outgoing.body.clone(),
+            appended: Vec::new(),
             source,
             finisher: turn.finisher(None),
             on_round: record_round(&state, mark.clone()),

@@ -6,14 +6,14 @@ use crate::app::AppState;
 use crate::config::Strategy;
 use crate::context::plan::Summaries;
 use crate::context::tokens::Encoding;
-use crate::context::{self, CompressionRecord, Plan, PlanInput, PrunedCall};
+use crate::context::{self, CompressionRecord, Plan, PlanInput, PrunedCall, RewrittenBody};
 use crate::error::GatewayError;
 use crate::recall::{self, Injection, Recallable};
 use crate::session::RequestMark;
 use crate::summary;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::sync::Arc;
 
 /// Request header choosing the strategy for one request.
@@ -39,8 +39,6 @@ pub struct Rewritten {
     pub pruned: Vec<PrunedCall>,
     /// The recall tools were added (their calls must be answered by ctxgate).
     pub injected: bool,
-    /// The outgoing body as JSON, for recall rounds to extend.
-    pub body: Map<String, Value>,
 }
 
 /// The strategy for this request: the header's, else the config's. A header naming no strategy is a 400.
@@ -103,8 +101,10 @@ pub async fn plan_request(
         .filter(|m| m.get("role").and_then(Value::as_str) == Some("tool"))
         .count();
     let encoding = Encoding::for_model(&chat.model);
-    let plan_with = |ready: &[(usize, Value, String)]| {
-        let pairs: Vec<(usize, Value)> = ready.iter().map(|(u, m, _)| (*u, m.clone())).collect();
+    let pairs = |ready: &[(usize, Value, String)]| -> Vec<(usize, Value)> {
+        ready.iter().map(|(u, m, _)| (*u, m.clone())).collect()
+    };
+    let plan_with = same_lifetime(|pairs| {
         let input = PlanInput {
             messages,
             tools: chat.body.get("tools"),
@@ -124,13 +124,15 @@ pub async fn plan_request(
             summaries: summarizer.map(|_| Summaries {
                 keep_recent: cfg.summary.keep_recent,
                 max_tokens: cfg.summary.max_tokens,
-                ready: &pairs,
+                ready: pairs,
             }),
             precompute_at: cfg.summary.precompute_at,
         };
         context::plan(&input, &cfg.context, &cfg.prune, &state.counter)
-    };
-    let mut decision = plan_with(&ready);
+    });
+    let (first_pairs, later_pairs);
+    first_pairs = pairs(&ready);
+    let mut decision = plan_with(&first_pairs);
     if let (Some((s, m)), Some(upto)) = (summarizer, wanted_summary(&decision)) {
         // A summary is wanted: have it written in the background. A request that is being pruned for want of it
         // may wait `summary.wait_ms` for it.
@@ -153,7 +155,8 @@ pub async fn plan_request(
                 .is_ok()
             {
                 ready = summary::ready(&m.entry.compressions(), &m.path);
-                decision = plan_with(&ready);
+                later_pairs = pairs(&ready);
+                decision = plan_with(&later_pairs);
             }
         }
     }
@@ -178,28 +181,18 @@ pub async fn plan_request(
         }
         Plan::Rewrite(rw) => *rw,
     };
-    let mut body = Map::with_capacity(chat.body.len() + 1);
-    let mut messages = Some(rw.messages);
-    for (k, v) in &chat.body {
-        let v = match (k.as_str(), messages.take()) {
-            ("messages", Some(m)) => Value::Array(m),
-            (_, m) => {
-                messages = m;
-                v.clone()
-            }
-        };
-        body.insert(k.clone(), v);
-    }
+    // The client's unchanged messages are serialised from its own parsed body, never copied.
+    let mut body = RewrittenBody::new(&chat.body, rw.messages);
     let injected = inject(&mut body, &rw.pruned, state);
-    let estimate = state.counter.request_tokens(
-        encoding,
-        body.get("messages")
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-            .unwrap_or_default(),
-        body.get("tools"),
-    );
-    let bytes = serde_json::to_vec(&body)
+    let estimate = if injected {
+        state
+            .counter
+            .request_tokens(encoding, &body.messages, body.fields.get("tools"))
+    } else {
+        rw.estimate
+    };
+    let bytes = body
+        .to_vec()
         .map_err(|e| GatewayError::Internal(format!("serialising the rewrite: {e}")))?;
     Ok(Outgoing {
         body: Bytes::from(bytes),
@@ -209,9 +202,13 @@ pub async fn plan_request(
             record: rw.record,
             pruned: rw.pruned,
             injected,
-            body,
         }),
     })
+}
+
+/// Gives a planning closure one lifetime for its summaries and its plan (they borrow the summaries).
+fn same_lifetime<'x, F: Fn(&'x [(usize, Value)]) -> Plan<'x>>(f: F) -> F {
+    f
 }
 
 fn wanted_summary(p: &Plan) -> Option<usize> {
@@ -248,7 +245,7 @@ fn summary_job(
     }
 }
 
-fn inject(body: &mut Map<String, Value>, recallable: &[Recallable], state: &AppState) -> bool {
+fn inject(body: &mut RewrittenBody<'_>, recallable: &[Recallable], state: &AppState) -> bool {
     match recall::inject(body, recallable, &state.config.recall) {
         Injection::Injected => true,
         Injection::Skipped(why) => {

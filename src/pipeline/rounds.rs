@@ -30,8 +30,10 @@ pub struct Rounds {
     pub url: String,
     /// Headers for the follow-up requests.
     pub headers: HeaderMap,
-    /// The outgoing body (with the injected tools); each round appends to its messages.
-    pub body: Map<String, Value>,
+    /// The first request's body as sent (with the injected tools).
+    pub sent: Bytes,
+    /// What each round appended to its messages (assistant calls, ctxgate's answers); empty at first.
+    pub appended: Vec<Value>,
     /// What recall and search may read.
     pub source: HistorySource,
     /// Called once with the client-visible reply: records it before the last bytes are released.
@@ -74,10 +76,26 @@ impl Rounds {
             })
             .collect();
         (self.on_round)(json!({"round": round, "assistant": assistant, "results": results}));
-        if let Some(Value::Array(m)) = self.body.get_mut("messages") {
-            m.push(assistant);
-            m.extend(results);
+        self.appended.push(assistant);
+        self.appended.extend(results);
+    }
+
+    /// The next round's body: the first one with the rounds' messages appended. Parsed again from the bytes
+    /// sent (a millisecond or two before an LLM call) so that the common case, no recall, never copies the
+    /// rewritten messages.
+    fn next_body(&self) -> Result<Bytes, GatewayError> {
+        let internal =
+            |e: serde_json::Error| GatewayError::Internal(format!("recall round body: {e}"));
+        let mut body: Map<String, Value> = serde_json::from_slice(&self.sent).map_err(internal)?;
+        match body.get_mut("messages") {
+            Some(Value::Array(m)) => m.extend(self.appended.iter().cloned()),
+            _ => {
+                return Err(GatewayError::Internal(
+                    "recall round body: no messages".into(),
+                ))
+            }
         }
+        Ok(Bytes::from(serde_json::to_vec(&body).map_err(internal)?))
     }
 
     /// The next round's request (built now, so the future holds no borrow of `self`).
@@ -85,8 +103,7 @@ impl Rounds {
         &self,
     ) -> impl std::future::Future<Output = Result<reqwest::Response, GatewayError>> + Send + 'static
     {
-        let body =
-            serde_json::to_vec(&self.body).map_err(|e| GatewayError::Internal(e.to_string()));
+        let body = self.next_body();
         let (state, url, headers) = (self.state.clone(), self.url.clone(), self.headers.clone());
         async move {
             state

@@ -1,7 +1,9 @@
 //! Adding the recall and search tools, and a note listing what can be recalled, to an outgoing request.
 
 use crate::config::RecallConfig;
+use crate::context::RewrittenBody;
 use serde_json::{json, Map, Value};
+use std::borrow::Cow;
 
 /// A pruned tool call the model may recall: the context engine's record of it.
 pub use crate::context::PrunedCall as Recallable;
@@ -18,17 +20,18 @@ pub enum Injection {
 /// Adds the recall tools and the note to `body` (an outgoing, already rewritten request). Deterministic: the same
 /// list gives the same bytes. The client's own `tools` entries and `tool_choice` stay as they were.
 pub fn inject(
-    body: &mut Map<String, Value>,
+    body: &mut RewrittenBody<'_>,
     recallable: &[Recallable],
     cfg: &RecallConfig,
 ) -> Injection {
     if recallable.is_empty() {
         return Injection::Skipped("nothing to recall");
     }
-    if let Err(why) = can_inject(body, cfg) {
+    if let Err(why) = can_inject(&body.fields, cfg) {
         return Injection::Skipped(why);
     }
     let tools = body
+        .fields
         .entry("tools")
         .or_insert_with(|| Value::Array(Vec::new()));
     if tools.is_null() {
@@ -38,7 +41,7 @@ pub fn inject(
         list.push(recall_tool(&cfg.tool_name));
         list.push(search_tool(&cfg.search_tool_name));
     }
-    add_note(body, &note(recallable, cfg));
+    add_note(&mut body.messages, &note(recallable, cfg));
     Injection::Injected
 }
 
@@ -131,10 +134,7 @@ fn note(recallable: &[Recallable], cfg: &RecallConfig) -> String {
 }
 
 /// Appends the note to the first system (or developer) message, or inserts a system message first.
-fn add_note(body: &mut Map<String, Value>, note: &str) {
-    let Some(Value::Array(messages)) = body.get_mut("messages") else {
-        return;
-    };
+fn add_note(messages: &mut Vec<Cow<'_, Value>>, note: &str) {
     let first_system = messages.iter().position(|m| {
         matches!(
             m.get("role").and_then(Value::as_str),
@@ -143,7 +143,7 @@ fn add_note(body: &mut Map<String, Value>, note: &str) {
     });
     match first_system {
         Some(i) => {
-            let msg = &mut messages[i];
+            let msg = messages[i].to_mut();
             match msg.get_mut("content") {
                 Some(Value::String(c)) => {
                     c.push_str("\n\n");
@@ -151,11 +151,12 @@ fn add_note(body: &mut Map<String, Value>, note: &str) {
                 }
                 Some(Value::Array(parts)) => parts.push(json!({"type": "text", "text": note})),
                 _ => {
-                    messages.insert(i + 1, json!({"role": "system", "content": note}));
+                    let m = json!({"role": "system", "content": note});
+                    messages.insert(i + 1, Cow::Owned(m));
                 }
             }
         }
-        None => messages.insert(0, json!({"role": "system", "content": note})),
+        None => messages.insert(0, Cow::Owned(json!({"role": "system", "content": note}))),
     }
 }
 
@@ -173,24 +174,36 @@ mod tests {
             .collect()
     }
 
-    fn body(v: Value) -> Map<String, Value> {
-        v.as_object().unwrap().clone()
+    /// A rewritten body holding `v`'s fields and messages.
+    fn body(v: &Value) -> RewrittenBody<'_> {
+        let messages = v["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(Cow::Borrowed)
+            .collect();
+        RewrittenBody::new(v.as_object().unwrap(), messages)
+    }
+
+    fn json_of(b: &RewrittenBody) -> Value {
+        Value::Object(b.to_map())
     }
 
     #[test]
     fn injects_tools_and_note_deterministically() {
         let cfg = RecallConfig::default();
-        let mut a = body(
-            json!({"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":"u"}],
-            "tools":[{"type":"function","function":{"name":"read_file","parameters":{}}}],"tool_choice":"auto"}),
-        );
+        let client = json!({"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":"u"}],
+            "tools":[{"type":"function","function":{"name":"read_file","parameters":{}}}],"tool_choice":"auto"});
+        let mut a = body(&client);
         let mut b = a.clone();
         assert_eq!(inject(&mut a, &rec(3), &cfg), Injection::Injected);
         inject(&mut b, &rec(3), &cfg);
-        assert_eq!(
-            serde_json::to_string(&a).unwrap(),
-            serde_json::to_string(&b).unwrap()
+        assert_eq!(a.to_vec().unwrap(), b.to_vec().unwrap());
+        assert!(
+            matches!(a.messages[1], Cow::Borrowed(_)),
+            "untouched messages stay borrowed"
         );
+        let a = json_of(&a);
         let tools = a["tools"].as_array().unwrap();
         assert_eq!(tools.len(), 3);
         assert_eq!(tools[0]["function"]["name"], "read_file");
@@ -212,14 +225,15 @@ mod tests {
             json!({"messages": m, "tool_choice": {"type":"function","function":{"name":"x"}}}),
             json!({"messages": m, "tools":[{"type":"function","function":{"name":"recall_tool_call"}}]}),
         ] {
-            let mut b = body(v.clone());
+            let mut b = body(&v);
             assert!(matches!(
                 inject(&mut b, &rec(1), &cfg),
                 Injection::Skipped(_)
             ));
-            assert_eq!(Value::Object(b), v, "untouched");
+            assert_eq!(json_of(&b), v, "untouched");
         }
-        let mut b = body(json!({"messages": m}));
+        let only = json!({"messages": m});
+        let mut b = body(&only);
         assert_eq!(
             inject(&mut b, &[], &cfg),
             Injection::Skipped("nothing to recall")
@@ -240,8 +254,10 @@ mod tests {
             max_note_calls: 5,
             ..Default::default()
         };
-        let mut b = body(json!({"messages":[{"role":"user","content":"u"}]}));
+        let client = json!({"messages":[{"role":"user","content":"u"}]});
+        let mut b = body(&client);
         inject(&mut b, &rec(40), &cfg);
+        let b = json_of(&b);
         let note = b["messages"][0]["content"].as_str().unwrap();
         assert_eq!(b["messages"][0]["role"], "system");
         assert!(note.contains("call_39") && !note.contains("call_34 "));
