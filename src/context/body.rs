@@ -30,9 +30,27 @@ impl<'a> RewrittenBody<'a> {
         Self { fields, messages }
     }
 
-    /// The body as JSON bytes.
-    pub fn to_vec(&self) -> serde_json::Result<Vec<u8>> {
-        serde_json::to_vec(self)
+    /// The body as JSON bytes (as `serde_json::to_vec` writes it), and the offset of the `]` closing its
+    /// messages: later messages can be spliced in there without parsing the body again.
+    pub fn to_vec(&self) -> serde_json::Result<(Vec<u8>, usize)> {
+        let mut out = Vec::with_capacity(1024);
+        let mut close = 0;
+        out.push(b'{');
+        for (i, (k, v)) in self.fields.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            serde_json::to_writer(&mut out, k)?;
+            out.push(b':');
+            if k == "messages" {
+                serde_json::to_writer(&mut out, &self.messages)?;
+                close = out.len() - 1;
+            } else {
+                serde_json::to_writer(&mut out, v)?;
+            }
+        }
+        out.push(b'}');
+        Ok((out, close))
     }
 
     /// The body as an owned JSON object.
@@ -44,6 +62,22 @@ impl<'a> RewrittenBody<'a> {
         );
         out
     }
+}
+
+/// `body` (JSON written by [`RewrittenBody::to_vec`]) with `more` appended to its messages, whose array closes
+/// at `close`. `None` when `close` is not where a non-empty messages array ends.
+pub fn splice_messages(body: &[u8], close: usize, more: &[Value]) -> Option<Vec<u8>> {
+    if body.get(close) != Some(&b']') || close == 0 || body.get(close - 1) == Some(&b'[') {
+        return None;
+    }
+    let mut out = Vec::with_capacity(body.len() + 256 * more.len());
+    out.extend_from_slice(&body[..close]);
+    for m in more {
+        out.push(b',');
+        serde_json::to_writer(&mut out, m).ok()?;
+    }
+    out.extend_from_slice(&body[close..]);
+    Some(out)
 }
 
 impl Serialize for RewrittenBody<'_> {
@@ -71,15 +105,40 @@ mod tests {
             "tools": [], "x_vendor": {"a": 1}});
         let new = json!({"role": "user", "content": "short"});
         let body = RewrittenBody::new(client.as_object().unwrap(), vec![Cow::Borrowed(&new)]);
-        let text = String::from_utf8(body.to_vec().unwrap()).unwrap();
+        let (bytes, close) = body.to_vec().unwrap();
+        let text = String::from_utf8(bytes.clone()).unwrap();
         assert_eq!(
             text,
             r#"{"model":"m","messages":[{"role":"user","content":"short"}],"stream":true,"tools":[],"x_vendor":{"a":1}}"#
         );
         assert_eq!(
+            serde_json::to_string(&body).unwrap(),
+            text,
+            "as serde writes it"
+        );
+        assert_eq!(
             serde_json::to_string(&body.to_map()).unwrap(),
             text,
             "the owned form serialises the same"
+        );
+        // later messages spliced in where the array closes, exactly as if they had been there
+        let more = [
+            json!({"role": "assistant", "content": "a \"]\" b"}),
+            json!({"role": "user", "content": "c"}),
+        ];
+        let spliced = splice_messages(&bytes, close, &more).unwrap();
+        let mut expected = body.clone();
+        expected.messages.extend(more.iter().map(Cow::Borrowed));
+        assert_eq!(spliced, expected.to_vec().unwrap().0);
+        assert_eq!(
+            splice_messages(&bytes, close - 1, &more),
+            None,
+            "a wrong offset is refused"
+        );
+        assert_eq!(
+            splice_messages(br#"{"messages":[]}"#, 13, &more),
+            None,
+            "so is an empty array"
         );
     }
 }

@@ -10,7 +10,7 @@ mod stages;
 pub mod tokens;
 pub mod units;
 
-pub use body::RewrittenBody;
+pub use body::{splice_messages, RewrittenBody};
 pub use plan::{plan, CompressionRecord, Plan, PlanInput, PrunedCall, Rewrite};
 
 #[cfg(test)]

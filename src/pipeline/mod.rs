@@ -173,6 +173,7 @@ async fn handle(
             url,
             headers,
             sent: outgoing.body.clone(),
+            messages_close: outgoing.messages_close,
             appended: Vec::new(),
             source,
             finisher: turn.finisher(None),

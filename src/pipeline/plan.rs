@@ -23,6 +23,8 @@ pub const STRATEGY_HEADER: &str = "x-ctxgate-strategy";
 pub struct Outgoing {
     /// The body to send.
     pub body: Bytes,
+    /// For a rewritten body: the offset of the `]` closing its messages (recall rounds append there).
+    pub messages_close: usize,
     /// Set when the messages were rewritten.
     pub rewrite: Option<Rewritten>,
     /// Estimated tokens of what is sent (uncalibrated), when counted; for calibration against `usage`.
@@ -65,6 +67,7 @@ pub async fn plan_request(
     let cfg = &state.config;
     let forward = |estimate: Option<u64>, client_tokens: Option<u64>| Outgoing {
         body: chat.raw.clone(),
+        messages_close: 0,
         rewrite: None,
         estimate,
         client_tokens,
@@ -191,11 +194,12 @@ pub async fn plan_request(
     } else {
         rw.estimate
     };
-    let bytes = body
+    let (bytes, messages_close) = body
         .to_vec()
         .map_err(|e| GatewayError::Internal(format!("serialising the rewrite: {e}")))?;
     Ok(Outgoing {
         body: Bytes::from(bytes),
+        messages_close,
         estimate: Some(estimate),
         client_tokens: Some(rw.record.tokens_before),
         rewrite: Some(Rewritten {

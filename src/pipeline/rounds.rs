@@ -3,6 +3,7 @@
 //! continuous SSE stream; the client never sees the injected tools.
 
 use crate::app::AppState;
+use crate::context::splice_messages;
 use crate::error::GatewayError;
 use crate::metrics::{RecallOutcome, RecallTool};
 use crate::recall::{
@@ -32,6 +33,8 @@ pub struct Rounds {
     pub headers: HeaderMap,
     /// The first request's body as sent (with the injected tools).
     pub sent: Bytes,
+    /// Offset in `sent` of the `]` closing its messages.
+    pub messages_close: usize,
     /// What each round appended to its messages (assistant calls, ctxgate's answers); empty at first.
     pub appended: Vec<Value>,
     /// What recall and search may read.
@@ -80,10 +83,13 @@ impl Rounds {
         self.appended.extend(results);
     }
 
-    /// The next round's body: the first one with the rounds' messages appended. Parsed again from the bytes
-    /// sent (a millisecond or two before an LLM call) so that the common case, no recall, never copies the
-    /// rewritten messages.
+    /// The next round's body: the first one with the rounds' messages spliced in where its messages end (no
+    /// parsing; parsed again only if that offset were wrong).
     fn next_body(&self) -> Result<Bytes, GatewayError> {
+        if let Some(b) = splice_messages(&self.sent, self.messages_close, &self.appended) {
+            return Ok(Bytes::from(b));
+        }
+        tracing::warn!("recall: the first body's messages offset is off; parsing it again");
         let internal =
             |e: serde_json::Error| GatewayError::Internal(format!("recall round body: {e}"));
         let mut body: Map<String, Value> = serde_json::from_slice(&self.sent).map_err(internal)?;
