@@ -367,3 +367,31 @@ async fn streaming_client_calls_are_relayed_and_injected_ones_swallowed() {
         "the client's call ends the response"
     );
 }
+
+/// Without a system message, or with one whose content is not text, the note comes as a new system message (the
+/// gateway's token estimate of such a request is checked against a full recount in debug builds).
+#[tokio::test]
+async fn the_note_comes_as_a_new_system_message_when_needed() {
+    for first in [None, Some(json!({"role": "system", "content": null}))] {
+        let h = harness().await;
+        let mut b = body(false);
+        let msgs = b["messages"].as_array_mut().unwrap();
+        msgs.remove(0);
+        if let Some(s) = &first {
+            msgs.insert(0, s.clone());
+        }
+        let resp = post(&h, "sk-a", &b).await;
+        assert_eq!(resp.status(), 200, "{first:?}");
+        let sent = h.mock.requests()[0].json();
+        let at = usize::from(first.is_some());
+        let note = &sent["messages"][at];
+        assert_eq!(note["role"], "system", "{first:?}");
+        assert!(
+            note["content"]
+                .as_str()
+                .unwrap()
+                .contains("call_0 read_file"),
+            "{first:?}"
+        );
+    }
+}

@@ -9,6 +9,7 @@ use crate::context::tokens::Encoding;
 use crate::context::{self, CompressionRecord, Plan, PlanInput, PrunedCall, RewrittenBody};
 use crate::error::GatewayError;
 use crate::recall::{self, Injection, Recallable};
+use crate::session::runloop::is_system;
 use crate::session::RequestMark;
 use crate::summary;
 use bytes::Bytes;
@@ -186,14 +187,38 @@ pub async fn plan_request(
     };
     // The client's unchanged messages are serialised from its own parsed body, never copied.
     let mut body = RewrittenBody::new(&chat.body, rw.messages);
+    let (counter, sent_before) = (&state.counter, body.messages.len());
+    // The note goes into the first system message, or a new message right after it (first when there is none):
+    // only that head and the tools change, so the planner's estimate is corrected by recounting them rather than
+    // every message again.
+    let head_len = body
+        .messages
+        .iter()
+        .position(|m| is_system(m))
+        .map_or(0, |i| i + 1);
+    let head = |b: &RewrittenBody<'_>, len: usize| -> u64 {
+        let msgs: u64 = counter
+            .messages_tokens(encoding, &b.messages[..len])
+            .iter()
+            .sum();
+        msgs + b
+            .fields
+            .get("tools")
+            .map_or(0, |t| counter.tools_tokens(encoding, t))
+    };
+    let head_before = head(&body, head_len);
     let injected = inject(&mut body, &rw.pruned, state);
     let estimate = if injected {
-        state
-            .counter
-            .request_tokens(encoding, &body.messages, body.fields.get("tools"))
+        let added = body.messages.len() - sent_before;
+        (rw.estimate + head(&body, head_len + added)).saturating_sub(head_before)
     } else {
         rw.estimate
     };
+    debug_assert_eq!(
+        estimate,
+        counter.request_tokens(encoding, &body.messages, body.fields.get("tools")),
+        "the corrected estimate is a full recount"
+    );
     let (bytes, messages_close) = body
         .to_vec()
         .map_err(|e| GatewayError::Internal(format!("serialising the rewrite: {e}")))?;

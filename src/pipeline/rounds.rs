@@ -15,7 +15,7 @@ use crate::sse::{AssembledReply, MessageAssembler, SseParser};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, Method};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
@@ -84,24 +84,13 @@ impl Rounds {
     }
 
     /// The next round's body: the first one with the rounds' messages spliced in where its messages end (no
-    /// parsing; parsed again only if that offset were wrong).
+    /// parsing).
     fn next_body(&self) -> Result<Bytes, GatewayError> {
-        if let Some(b) = splice_messages(&self.sent, self.messages_close, &self.appended) {
-            return Ok(Bytes::from(b));
-        }
-        tracing::warn!("recall: the first body's messages offset is off; parsing it again");
-        let internal =
-            |e: serde_json::Error| GatewayError::Internal(format!("recall round body: {e}"));
-        let mut body: Map<String, Value> = serde_json::from_slice(&self.sent).map_err(internal)?;
-        match body.get_mut("messages") {
-            Some(Value::Array(m)) => m.extend(self.appended.iter().cloned()),
-            _ => {
-                return Err(GatewayError::Internal(
-                    "recall round body: no messages".into(),
-                ))
-            }
-        }
-        Ok(Bytes::from(serde_json::to_vec(&body).map_err(internal)?))
+        splice_messages(&self.sent, self.messages_close, &self.appended)
+            .map(Bytes::from)
+            .ok_or_else(|| {
+                GatewayError::Internal("recall round body: messages offset is off".into())
+            })
     }
 
     /// The next round's request (built now, so the future holds no borrow of `self`).
