@@ -49,6 +49,18 @@ pub struct ServerConfig {
     pub shutdown_grace_secs: u64,
     /// Log format: `text` (human) or `json`.
     pub log_format: LogFormat,
+    /// Seconds, after the grace period, that shutdown waits for background work (turn records, summaries,
+    /// compression records) and queued store writes to finish before the process exits.
+    pub drain_secs: u64,
+    /// Seconds a client may take to send a request's headers; slower connections are closed.
+    pub header_read_timeout_secs: u64,
+    /// Seconds a client may take to send a whole request body; slower requests get 408.
+    pub body_read_timeout_secs: u64,
+    /// Most client connections open at once; further connections wait in the listen queue. 0: no limit.
+    pub max_connections: usize,
+    /// Most requests in flight at once (streams count until they end); beyond it requests get 503 with
+    /// `retry-after` at once. 0: no limit.
+    pub max_in_flight: usize,
 }
 
 impl Default for ServerConfig {
@@ -58,6 +70,11 @@ impl Default for ServerConfig {
             max_body_bytes: 32 * 1024 * 1024,
             shutdown_grace_secs: 30,
             log_format: LogFormat::Text,
+            drain_secs: 10,
+            header_read_timeout_secs: 10,
+            body_read_timeout_secs: 60,
+            max_connections: 4096,
+            max_in_flight: 1024,
         }
     }
 }
@@ -105,12 +122,18 @@ impl Default for UpstreamConfig {
 pub struct SessionConfig {
     /// Request header that names the conversation explicitly.
     pub header: String,
+    /// Identify conversations by a fingerprint of their opening also for callers that send no credential header
+    /// (the "anonymous" tenant, e.g. clients of a gateway that adds `upstream.api_key` for them). Such callers
+    /// share one namespace: two of them opening with the same system prompt and first message share a session.
+    /// `false`: anonymous requests without a session header are proxied without history.
+    pub anonymous_fingerprint: bool,
 }
 
 impl Default for SessionConfig {
     fn default() -> Self {
         Self {
             header: "x-session-id".into(),
+            anonymous_fingerprint: true,
         }
     }
 }
@@ -127,6 +150,12 @@ pub struct StoreConfig {
     pub cache_max_bytes: u64,
     /// Sessions idle for longer than this many days are purged; 0 keeps them forever.
     pub retention_days: u64,
+    /// Milliseconds a request waits for the store (loading a session, committing a turn) before it is answered
+    /// without history; the write still completes in the background when the store recovers.
+    pub timeout_ms: u64,
+    /// Most write batches queued for the store; beyond it new writes are refused at once (counted in
+    /// `ctxgate_store_errors_total`) instead of growing memory without bound.
+    pub queue_capacity: usize,
 }
 
 impl Default for StoreConfig {
@@ -136,6 +165,8 @@ impl Default for StoreConfig {
             path: PathBuf::from("data/ctxgate.db"),
             cache_max_bytes: 256 * 1024 * 1024,
             retention_days: 30,
+            timeout_ms: 2000,
+            queue_capacity: 10_000,
         }
     }
 }
@@ -154,8 +185,12 @@ pub enum StoreBackend {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
-    /// Bearer token required by `/admin/*`; when unset, only loopback peers are served.
+    /// Bearer token required by `/admin/*`. When unset, the admin API is off unless
+    /// `allow_loopback_without_token` lets loopback peers in.
     pub token: Option<String>,
+    /// Without a token, serve `/admin/*` to loopback peers. Unset: true only when `server.listen` is a loopback
+    /// address (a same-host reverse proxy or sidecar would otherwise make the admin API public).
+    pub allow_loopback_without_token: Option<bool>,
 }
 
 /// `[metrics]`
@@ -320,6 +355,9 @@ pub struct SummaryConfig {
     pub wait_ms: u64,
     /// File with the summary prompt; unset means the shipped `config/summary_prompt.txt`.
     pub prompt_file: Option<PathBuf>,
+    /// Most summary requests in flight at once across all sessions; further summaries wait for a free slot
+    /// (requests never wait for them: they are pruned meanwhile).
+    pub max_concurrent: usize,
 }
 
 impl Default for SummaryConfig {
@@ -334,6 +372,7 @@ impl Default for SummaryConfig {
             precompute_at: 0.6,
             wait_ms: 0,
             prompt_file: None,
+            max_concurrent: 4,
         }
     }
 }
@@ -498,6 +537,18 @@ impl Config {
         if self.server.max_body_bytes == 0 {
             e.push("server.max_body_bytes: must be greater than 0".into());
         }
+        for (key, v) in [
+            ("drain_secs", self.server.drain_secs),
+            (
+                "header_read_timeout_secs",
+                self.server.header_read_timeout_secs,
+            ),
+            ("body_read_timeout_secs", self.server.body_read_timeout_secs),
+        ] {
+            if v == 0 {
+                e.push(format!("server.{key}: must be greater than 0"));
+            }
+        }
         match reqwest::Url::parse(&self.upstream.base_url) {
             Ok(u) if u.scheme() == "http" || u.scheme() == "https" => {}
             _ => e.push(format!(
@@ -524,6 +575,12 @@ impl Config {
         }
         if self.store.cache_max_bytes == 0 {
             e.push("store.cache_max_bytes: must be greater than 0".into());
+        }
+        if self.store.timeout_ms == 0 {
+            e.push("store.timeout_ms: must be greater than 0".into());
+        }
+        if self.store.queue_capacity == 0 {
+            e.push("store.queue_capacity: must be greater than 0".into());
         }
         if self.store.backend == StoreBackend::Sqlite && self.store.path.as_os_str().is_empty() {
             e.push("store.path: must not be empty with backend = \"sqlite\"".into());
@@ -624,6 +681,9 @@ impl Config {
         if sm.timeout_secs == 0 {
             e.push("summary.timeout_secs: must be greater than 0".into());
         }
+        if sm.max_concurrent == 0 {
+            e.push("summary.max_concurrent: must be at least 1".into());
+        }
         if !(sm.precompute_at > 0.0 && sm.precompute_at <= 1.0) {
             e.push(format!(
                 "summary.precompute_at: {} must be a fraction in (0, 1]",
@@ -664,6 +724,17 @@ impl Config {
                 "server.listen: {:?} is not an address",
                 self.server.listen
             )])
+        })
+    }
+
+    /// Whether `/admin/*` serves loopback peers without a token: `admin.allow_loopback_without_token`, or when
+    /// unset, whether `server.listen` is a loopback address.
+    pub fn admin_loopback_without_token(&self) -> bool {
+        self.admin.allow_loopback_without_token.unwrap_or_else(|| {
+            self.server
+                .listen
+                .parse::<SocketAddr>()
+                .is_ok_and(|a| a.ip().is_loopback())
         })
     }
 
