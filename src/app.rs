@@ -10,7 +10,7 @@ use crate::session::Sessions;
 use crate::summary::Summarizer;
 use crate::upstream::Upstream;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::broadcast;
 use tokio_util::task::TaskTracker;
 
@@ -90,13 +90,78 @@ impl AppState {
         }))
     }
 
-    /// Waits for background work (turn recording) and for every queued store write to be committed.
+    /// Waits for background work (turn recording) and for every queued store write to be committed, however
+    /// long that takes (tests use it to settle; shutdown uses [`AppState::drain_within`]).
     pub async fn drain(&self) {
         self.tasks.close();
         self.tasks.wait().await;
         if let Err(e) = self.sessions.flush().await {
-            tracing::error!(error = %e, "store: could not flush queued writes on shutdown");
+            tracing::error!(error = %e, "store: could not flush queued writes");
         }
+    }
+
+    /// Waits, at most `within`, for background work (turn records, summaries, compression and recall records,
+    /// disconnect finishers) and then for every queued store write to be committed; logs what was drained and
+    /// what was left behind. Work spawned on `tasks` while this waits is waited for too.
+    pub async fn drain_within(&self, within: Duration) -> Drained {
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + within;
+        self.tasks.close();
+        let tasks_pending = self.tasks.len();
+        let tasks_done = tokio::time::timeout_at(deadline, self.tasks.wait())
+            .await
+            .is_ok();
+        let tasks_left = self.tasks.len();
+        // Whatever the tasks queued (and whatever a task cut short had queued) is committed now, in order.
+        let store_flushed = match tokio::time::timeout_at(deadline, self.sessions.flush()).await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "shutdown: could not commit the store's queued writes");
+                false
+            }
+            Err(_) => false,
+        };
+        let drained = Drained {
+            tasks_pending,
+            tasks_left: if tasks_done { 0 } else { tasks_left },
+            store_flushed,
+        };
+        let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        if drained.complete() {
+            tracing::info!(
+                background_tasks = tasks_pending,
+                elapsed_ms,
+                "shutdown: drained background work and committed every queued store write"
+            );
+        } else {
+            tracing::warn!(
+                background_tasks = tasks_pending,
+                tasks_left = drained.tasks_left,
+                store_flushed,
+                drain_secs = within.as_secs(),
+                elapsed_ms,
+                "shutdown: drain deadline (server.drain_secs) passed; unfinished work is lost"
+            );
+        }
+        drained
+    }
+}
+
+/// What a shutdown drain achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drained {
+    /// Background tasks running when the drain began.
+    pub tasks_pending: usize,
+    /// Background tasks still running at the deadline.
+    pub tasks_left: usize,
+    /// Every queued store write was committed.
+    pub store_flushed: bool,
+}
+
+impl Drained {
+    /// Nothing was left behind.
+    pub fn complete(&self) -> bool {
+        self.tasks_left == 0 && self.store_flushed
     }
 }
 

@@ -21,6 +21,20 @@ pub enum GatewayError {
         /// The configured limit.
         limit: u64,
     },
+    /// The client did not send the whole request body within `server.body_read_timeout_secs`.
+    #[error("the request body was not received within {secs} s (server.body_read_timeout_secs)")]
+    RequestTimeout {
+        /// The configured deadline.
+        secs: u64,
+    },
+    /// `server.max_in_flight` requests are already being served.
+    #[error("the gateway is serving its limit of {limit} requests (server.max_in_flight); retry after {retry_after_secs} s")]
+    Overloaded {
+        /// The configured limit.
+        limit: usize,
+        /// Seconds the client is told to wait (`retry-after`).
+        retry_after_secs: u64,
+    },
     /// Even the hard limit cannot make the request fit the model's window.
     #[error("{message}")]
     ContextLengthExceeded {
@@ -61,6 +75,8 @@ impl GatewayError {
         match self {
             GatewayError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            GatewayError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::ContextLengthExceeded { .. } => StatusCode::BAD_REQUEST,
             GatewayError::Unauthorized => StatusCode::UNAUTHORIZED,
             GatewayError::Forbidden => StatusCode::FORBIDDEN,
@@ -76,13 +92,14 @@ impl GatewayError {
         match self {
             GatewayError::BadRequest { .. }
             | GatewayError::PayloadTooLarge { .. }
+            | GatewayError::RequestTimeout { .. }
             | GatewayError::ContextLengthExceeded { .. } => "invalid_request_error",
             GatewayError::Unauthorized | GatewayError::Forbidden => "authentication_error",
             GatewayError::NotFound(_) => "not_found_error",
             GatewayError::UpstreamUnreachable(_) | GatewayError::UpstreamTimeout(_) => {
                 "upstream_error"
             }
-            GatewayError::Internal(_) => "server_error",
+            GatewayError::Overloaded { .. } | GatewayError::Internal(_) => "server_error",
         }
     }
 
@@ -91,6 +108,8 @@ impl GatewayError {
         match self {
             GatewayError::BadRequest { .. } => None,
             GatewayError::PayloadTooLarge { .. } => Some("request_too_large"),
+            GatewayError::RequestTimeout { .. } => Some("request_timeout"),
+            GatewayError::Overloaded { .. } => Some("overloaded"),
             GatewayError::ContextLengthExceeded { .. } => Some("context_length_exceeded"),
             GatewayError::Unauthorized => Some("invalid_api_key"),
             GatewayError::Forbidden => Some("forbidden"),
@@ -119,7 +138,17 @@ impl GatewayError {
 
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
-        (self.status(), axum::Json(self.body())).into_response()
+        let mut resp = (self.status(), axum::Json(self.body())).into_response();
+        if let GatewayError::Overloaded {
+            retry_after_secs, ..
+        } = self
+        {
+            resp.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from(retry_after_secs),
+            );
+        }
+        resp
     }
 }
 
@@ -132,6 +161,14 @@ mod tests {
         let cases = [
             (GatewayError::bad_request("x"), 400),
             (GatewayError::PayloadTooLarge { limit: 1 }, 413),
+            (GatewayError::RequestTimeout { secs: 1 }, 408),
+            (
+                GatewayError::Overloaded {
+                    limit: 1,
+                    retry_after_secs: 1,
+                },
+                503,
+            ),
             (GatewayError::UpstreamUnreachable("refused".into()), 502),
             (GatewayError::UpstreamTimeout(5), 504),
             (GatewayError::Internal("x".into()), 500),
@@ -143,5 +180,16 @@ mod tests {
             assert!(b["error"]["type"].is_string());
             assert!(b["error"].get("param").is_some() && b["error"].get("code").is_some());
         }
+    }
+
+    #[test]
+    fn overloaded_says_when_to_retry() {
+        let resp = GatewayError::Overloaded {
+            limit: 4,
+            retry_after_secs: 2,
+        }
+        .into_response();
+        assert_eq!(resp.status(), 503);
+        assert_eq!(resp.headers()[http::header::RETRY_AFTER], "2");
     }
 }

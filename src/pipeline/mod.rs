@@ -53,7 +53,8 @@ async fn handle(
     let cfg = &state.config;
 
     // 1. Read the whole body, within the limit: it has to be parsed before anything goes upstream.
-    let raw = match read_body(body, cfg.server.max_body_bytes).await {
+    let body_timeout = std::time::Duration::from_secs(cfg.server.body_read_timeout_secs);
+    let raw = match read_body(body, cfg.server.max_body_bytes, body_timeout).await {
         Ok(b) => b,
         Err(e) => return own_error(e, None, started, false, ""),
     };

@@ -5,6 +5,7 @@ use axum::body::Body;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use serde_json::{Map, Value};
+use std::time::Duration;
 
 /// A parsed chat-completions request. `raw` is what the client sent; it is forwarded as is when no rewrite is
 /// needed.
@@ -71,13 +72,17 @@ impl ChatRequest {
     }
 }
 
-/// Reads a whole body, refusing more than `limit` bytes with 413.
-pub async fn read_body(body: Body, limit: u64) -> Result<Bytes, GatewayError> {
+/// Reads a whole body, refusing more than `limit` bytes with 413 and a body not received within `timeout` with
+/// 408.
+pub async fn read_body(body: Body, limit: u64, timeout: Duration) -> Result<Bytes, GatewayError> {
     let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
-    match http_body_util::Limited::new(body, limit_usize)
-        .collect()
-        .await
-    {
+    let collect = http_body_util::Limited::new(body, limit_usize).collect();
+    let Ok(collected) = tokio::time::timeout(timeout, collect).await else {
+        return Err(GatewayError::RequestTimeout {
+            secs: timeout.as_secs(),
+        });
+    };
+    match collected {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             Err(GatewayError::PayloadTooLarge { limit })

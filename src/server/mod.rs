@@ -1,6 +1,8 @@
 //! The HTTP front: router, thin handlers, `/healthz`, the `/v1/*` passthrough, and serving with graceful shutdown.
 
 mod admin;
+mod conn;
+mod limits;
 mod metrics;
 mod passthrough;
 
@@ -17,11 +19,22 @@ use std::time::Duration;
 
 /// The gateway's routes.
 pub fn router(state: Arc<AppState>) -> Router {
+    let in_flight = limits::InFlight::new(state.config.server.max_in_flight);
+    let v1 = Router::new()
+        // Only POST is a chat request; any other method (GET lists stored completions) is the upstream's.
+        .route(
+            "/v1/chat/completions",
+            post(chat).fallback(passthrough::handle),
+        )
+        .route("/v1/{*rest}", any(passthrough::handle))
+        .route_layer(axum::middleware::from_fn_with_state(
+            (state.clone(), in_flight),
+            limits::limit,
+        ));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics::handle))
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/{*rest}", any(passthrough::handle))
+        .merge(v1)
         .merge(
             admin::routes(state.clone()).layer(axum::middleware::from_fn_with_state(
                 state.clone(),
@@ -88,13 +101,21 @@ impl Server {
         self.listener.local_addr()
     }
 
-    /// Serves until `shutdown` resolves, then stops accepting and gives in-flight requests and streams up to
-    /// `server.shutdown_grace_secs` to finish.
+    /// Serves until `shutdown` resolves. Then: stop accepting (the listener closes), give in-flight requests and
+    /// streams up to `server.shutdown_grace_secs` to finish (then close what is left: cut streams are recorded as
+    /// partial), and drain background work and queued store writes within `server.drain_secs`. Returns once all
+    /// of that is done, so the process can exit without losing acknowledged work.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        let grace = Duration::from_secs(self.state.config.server.shutdown_grace_secs);
+        let server = &self.state.config.server;
+        let grace = Duration::from_secs(server.shutdown_grace_secs);
+        let drain = Duration::from_secs(server.drain_secs);
+        let limits = conn::Limits {
+            max_connections: server.max_connections,
+            header_read_timeout: Duration::from_secs(server.header_read_timeout_secs),
+        };
         // The metrics listener needs no graceful shutdown: it ends with `run`.
         let _metrics = self.metrics_listener.map(|l| {
             if let Ok(a) = l.local_addr() {
@@ -103,44 +124,23 @@ impl Server {
             let app = metrics::router(self.state.clone());
             AbortOnDrop(tokio::spawn(axum::serve(l, app).into_future()).abort_handle())
         });
-        let app = router(self.state.clone()).into_make_service_with_connect_info::<SocketAddr>();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
-        // Every chunk of a stream goes out at once: no Nagle delay waiting for the client's (delayed) ACK.
-        let listener = axum::serve::ListenerExt::tap_io(self.listener, |tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "could not set TCP_NODELAY on a client connection");
-            }
-        });
-        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-            shutdown.await;
-            let _ = stopped_tx.send(());
-            let _ = rx.await;
-        });
-        let state = self.state.clone();
-        let mut serve = std::pin::pin!(serve.into_future());
-        tokio::select! {
-            r = &mut serve => {
-                state.drain().await;
-                return r;
-            }
-            _ = stopped_rx => {}
-        }
+        let app = router(self.state.clone());
+        let conns = conn::Connections::accept_until(self.listener, app, limits, shutdown).await;
         tracing::info!(
+            open_connections = conns.open(),
             grace_secs = grace.as_secs(),
             "shutting down: no new connections, waiting for in-flight requests"
         );
-        let _ = tx.send(());
-        match tokio::time::timeout(grace, serve).await {
-            Ok(r) => r,
-            Err(_) => {
-                tracing::warn!(
-                    grace_secs = grace.as_secs(),
-                    "grace period over: closing remaining connections"
-                );
-                Ok(())
-            }
+        let closed = conns.finish_within(grace).await;
+        if closed > 0 {
+            tracing::warn!(
+                closed,
+                grace_secs = grace.as_secs(),
+                "grace period over: closed the remaining connections (their replies are recorded as partial)"
+            );
         }
+        self.state.drain_within(drain).await;
+        Ok(())
     }
 }
 

@@ -1,0 +1,100 @@
+//! `server.max_in_flight`: beyond it a `/v1/*` request is refused at once with 503 and `retry-after`, before its
+//! body is read; a response holds its slot until its body has been sent (a stream counts until it ends).
+
+use crate::app::AppState;
+use crate::error::GatewayError;
+use crate::metrics::Route;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Seconds a refused client is told to wait.
+pub const RETRY_AFTER_SECS: u64 = 1;
+
+/// The in-flight slots (`None`: no limit).
+#[derive(Clone)]
+pub struct InFlight {
+    slots: Option<Arc<Semaphore>>,
+    limit: usize,
+}
+
+impl InFlight {
+    /// Slots for `limit` requests; 0 means no limit.
+    pub fn new(limit: usize) -> Self {
+        Self {
+            slots: (limit > 0).then(|| Arc::new(Semaphore::new(limit))),
+            limit,
+        }
+    }
+}
+
+/// Middleware: takes a slot for the request and hands it to the response body, or refuses the request.
+pub async fn limit(
+    State((state, in_flight)): State<(Arc<AppState>, InFlight)>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let Some(slots) = &in_flight.slots else {
+        return next.run(req).await;
+    };
+    let Ok(permit) = slots.clone().try_acquire_owned() else {
+        // Counted like any answered request (route and status class), so that dashboards see the refusals.
+        let route = if req.uri().path() == "/v1/chat/completions" {
+            Route::Chat
+        } else {
+            Route::Passthrough
+        };
+        let mut timer = state.metrics.start(route, Instant::now());
+        timer.set_status(503);
+        tracing::warn!(
+            max_in_flight = in_flight.limit,
+            "server busy: refused a request (server.max_in_flight)"
+        );
+        return GatewayError::Overloaded {
+            limit: in_flight.limit,
+            retry_after_secs: RETRY_AFTER_SECS,
+        }
+        .into_response();
+    };
+    let resp = next.run(req).await;
+    resp.map(|body| {
+        Body::new(Holding {
+            inner: body,
+            _permit: permit,
+        })
+    })
+}
+
+/// A response body that keeps its request's in-flight slot until it is dropped (sent, or the client left).
+struct Holding {
+    inner: Body,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl http_body::Body for Holding {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
