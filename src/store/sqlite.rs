@@ -88,6 +88,7 @@ impl SqliteStore {
             .map_err(|e| err(format!("cannot open {}: {e}", path.display())))?;
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(err)?;
+        check_integrity(&conn, path)?;
         conn.execute_batch(SCHEMA).map_err(err)?;
         let (tx, rx) = mpsc::channel::<Cmd>();
         std::thread::Builder::new()
@@ -110,6 +111,36 @@ impl SqliteStore {
             rx.await.unwrap_or(Err(StoreError::Closed))
         })
     }
+}
+
+/// Refuses a file that is not a sound SQLite database (`PRAGMA quick_check`), with what is wrong, the file, and
+/// how to recover; other failures (permissions, a lock) are reported as they are.
+fn check_integrity(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let started = Instant::now();
+    let verdict = conn.query_row("PRAGMA quick_check", [], |r| r.get::<_, String>(0));
+    let problem = match verdict {
+        Ok(v) if v == "ok" => {
+            tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "store: integrity checked");
+            return Ok(());
+        }
+        Ok(v) => v,
+        Err(rusqlite::Error::SqliteFailure(e, msg))
+            if matches!(
+                e.code,
+                rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt
+            ) =>
+        {
+            msg.unwrap_or_else(|| e.to_string())
+        }
+        Err(e) => return Err(err(format!("cannot read {}: {e}", path.display()))),
+    };
+    let p = path.display();
+    Err(err(format!(
+        "{p} is damaged or not a ctxgate database ({problem}); refusing to start on it. To recover: stop \
+         ctxgate and move the file aside together with its -wal and -shm files (`mv {p} {p}.corrupt`, same for \
+         {p}-wal and {p}-shm); then either start with an empty store, or first salvage what SQLite can still \
+         read: `sqlite3 {p}.corrupt .recover | sqlite3 {p}`"
+    )))
 }
 
 impl Store for SqliteStore {
