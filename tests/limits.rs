@@ -1,0 +1,256 @@
+//! Server limits against misbehaving or too many clients: header and body read deadlines, `max_in_flight`,
+//! `max_connections`, bounded buffering for a client that stops reading, and non-POST chat methods passed through.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::Harness;
+use futures_util::StreamExt;
+use ctxgate::mock::MockReply;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Reads until the peer closes or `within` passes; returns what was read and whether the peer closed.
+async fn read_until_closed(tcp: &mut TcpStream, within: Duration) -> (String, bool) {
+    let mut out = Vec::new();
+    let closed = tokio::time::timeout(within, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .is_ok();
+    (String::from_utf8_lossy(&out).into_owned(), closed)
+}
+
+#[tokio::test]
+async fn slow_headers_are_cut_off() {
+    let h = Harness::start_with(|c| c.server.header_read_timeout_secs = 1).await;
+    // headers started, never finished
+    let mut partial = TcpStream::connect(h.addr).await.unwrap();
+    partial
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n")
+        .await
+        .unwrap();
+    // a connection that never sends a byte
+    let mut silent = TcpStream::connect(h.addr).await.unwrap();
+    let (_, closed) = read_until_closed(&mut partial, Duration::from_secs(8)).await;
+    assert!(closed, "a client stuck in its headers is disconnected");
+    let (_, closed) = read_until_closed(&mut silent, Duration::from_secs(8)).await;
+    assert!(closed, "a silent client is disconnected");
+    // the server still serves others
+    let ok = h.client.get(h.url("/healthz")).send().await.unwrap();
+    assert_eq!(ok.status(), 200);
+}
+
+#[tokio::test]
+async fn a_slow_chat_body_gets_408_in_openai_shape() {
+    let h = Harness::start_with(|c| c.server.body_read_timeout_secs = 1).await;
+    let mut tcp = TcpStream::connect(h.addr).await.unwrap();
+    tcp.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"model\":\"m\",",
+    )
+    .await
+    .unwrap();
+    let (text, _) = read_until_closed(&mut tcp, Duration::from_secs(8)).await;
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    let body: Value = serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], "request_timeout");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert!(h.mock.requests().is_empty(), "nothing went upstream");
+}
+
+#[tokio::test]
+async fn beyond_max_in_flight_requests_get_503_with_retry_after_until_a_stream_ends() {
+    let h = Harness::start_with(|c| c.server.max_in_flight = 1).await;
+    // One stream holds the only slot while it runs.
+    h.mock.push(MockReply::sse_chunks(
+        &[ctxgate::mock::chunk(json!({"content":"slow"}), None)],
+        Duration::from_millis(1500),
+    ));
+    let body = json!({"model":"mock-model","stream":true,"messages":[{"role":"user","content":"hi"}]});
+    let held = h.post_chat(body.to_string()).await;
+    assert_eq!(held.status(), 200);
+
+    // Refused at once, before its body is read: headers only, the body never comes.
+    let mut tcp = TcpStream::connect(h.addr).await.unwrap();
+    tcp.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 5000\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf))
+        .await
+        .expect("refused without waiting for the body")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]).to_lowercase();
+    assert!(text.starts_with("http/1.1 503"), "{text}");
+    assert!(text.contains("retry-after: 1"), "{text}");
+
+    let refused = h.post_chat(body.to_string()).await;
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let e: Value = refused.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "overloaded");
+    assert_eq!(e["error"]["type"], "server_error");
+    // passthrough shares the limit; health and metrics do not
+    let models = h.client.get(h.url("/v1/models")).send().await.unwrap();
+    assert_eq!(models.status(), 503);
+    let metrics = h.client.get(h.url("/metrics")).send().await.unwrap();
+    assert_eq!(metrics.status(), 200);
+    let text = metrics.text().await.unwrap();
+    assert!(
+        text.lines().any(|l| l.starts_with("ctxgate_requests_total")
+            && l.contains("route=\"chat\"")
+            && l.contains("status=\"5xx\"")
+            && l.ends_with(" 2")),
+        "refusals are counted: {text}"
+    );
+
+    // The stream ends: its slot is free again.
+    held.text().await.unwrap();
+    let mut again = None;
+    for _ in 0..50 {
+        let r = h.post_chat(body.to_string()).await;
+        if r.status() == 200 {
+            again = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(again.is_some(), "the slot is released when the stream ends");
+}
+
+#[tokio::test]
+async fn beyond_max_connections_a_connection_waits_until_one_closes() {
+    let h = Harness::start_with(|c| c.server.max_connections = 1).await;
+    let first = TcpStream::connect(h.addr).await.unwrap();
+    // give the accept loop time to take the first connection
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut second = TcpStream::connect(h.addr).await.unwrap();
+    second
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let (text, _) = read_until_closed(&mut second, Duration::from_millis(700)).await;
+    assert!(text.is_empty(), "answered beyond the limit: {text}");
+    drop(first);
+    let (text, closed) = read_until_closed(&mut second, Duration::from_secs(5)).await;
+    assert!(closed && text.starts_with("HTTP/1.1 200"), "{text}");
+}
+
+#[tokio::test]
+async fn get_and_other_methods_on_chat_completions_pass_through() {
+    let h = Harness::start().await;
+    h.mock.push(MockReply::json(
+        200,
+        json!({"object":"list","data":[{"id":"chatcmpl-1","object":"chat.completion"}]}),
+    ));
+    let list = h
+        .client
+        .get(h.url("/v1/chat/completions?limit=2&model=gpt-4o"))
+        .header("authorization", "Bearer sk-test-a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(list.status(), 200);
+    let v: Value = list.json().await.unwrap();
+    assert_eq!(v["data"][0]["id"], "chatcmpl-1");
+    h.mock.push(MockReply::json(
+        200,
+        json!({"id":"chatcmpl-1","object":"chat.completion.deleted","deleted":true}),
+    ));
+    let del = h
+        .client
+        .delete(h.url("/v1/chat/completions/chatcmpl-1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(del.status(), 200);
+    let reqs = h.mock.requests();
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(reqs[0].method, http::Method::GET);
+    assert_eq!(reqs[0].uri, "/v1/chat/completions?limit=2&model=gpt-4o");
+    assert_eq!(
+        reqs[0].headers["authorization"], "Bearer sk-test-a",
+        "credentials forwarded"
+    );
+    assert_eq!(reqs[1].method, http::Method::DELETE);
+    assert_eq!(reqs[1].uri, "/v1/chat/completions/chatcmpl-1");
+    assert!(
+        h.state.sessions.list(10, 0).await.unwrap().0.is_empty(),
+        "no session for a passthrough"
+    );
+}
+
+/// A client that stops reading a stream: the gateway reads the upstream only as far as the client's socket and a
+/// bounded buffer allow (hyper's backpressure), not the whole stream into memory.
+#[tokio::test]
+async fn a_client_that_stops_reading_does_not_make_the_gateway_read_ahead() {
+    const CHUNK: usize = 16 * 1024;
+    const CHUNKS: usize = 8 * 1024; // 128 MiB in all
+    let produced = Arc::new(AtomicUsize::new(0));
+    let upstream = {
+        let produced = produced.clone();
+        let app = axum::Router::new().fallback(move || {
+            let produced = produced.clone();
+            async move {
+                let stream = futures_util::stream::iter(0..CHUNKS).map(move |i| {
+                    produced.fetch_add(1, Ordering::SeqCst);
+                    let piece = "x".repeat(CHUNK - 64);
+                    Ok::<_, std::io::Error>(format!(
+                        "data: {}\n\n",
+                        json!({"choices":[{"index":0,"delta":{"content":format!("{i}{piece}")}}]})
+                    ))
+                });
+                axum::response::Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(axum::body::Body::from_stream(stream))
+                    .unwrap()
+            }
+        });
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, app).await });
+        addr
+    };
+    let mock = ctxgate::mock::MockUpstream::start().await.unwrap();
+    let cfg = common::test_config(&format!("http://{upstream}/v1"));
+    let h = Harness::start_config(mock, cfg).await;
+    let mut resp = h
+        .post_chat(
+            json!({"model":"mock-model","stream":true,"messages":[{"role":"user","content":"hi"}]})
+                .to_string(),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let first = resp.chunk().await.unwrap().unwrap();
+    assert!(!first.is_empty());
+    // stop reading; let every buffer on the way fill up
+    let mut last = 0;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = produced.load(Ordering::SeqCst);
+        if now == last && now > 0 {
+            break;
+        }
+        last = now;
+    }
+    let read_ahead = produced.load(Ordering::SeqCst) * CHUNK;
+    eprintln!("upstream produced {read_ahead} bytes ahead of a stalled client");
+    assert!(
+        read_ahead < 48 * 1024 * 1024,
+        "the gateway read {read_ahead} bytes ahead of the client"
+    );
+    assert!(produced.load(Ordering::SeqCst) < CHUNKS);
+    drop(resp);
+}
