@@ -276,7 +276,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("cannot listen on {addr}"))?;
             tracing::info!(listen = %server.local_addr()?, upstream = %upstream_url, "ctxgate listening");
-            server.run(ctxgate::server::shutdown_signal()).await?;
+            // The first SIGTERM/SIGINT starts the shutdown (grace, then drain) and `run` returns once it is done;
+            // a second one exits at once, giving up what is still being drained.
+            let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
+            let run = server.run(async move {
+                ctxgate::server::shutdown_signal().await;
+                let _ = first_tx.send(());
+            });
+            let second = async move {
+                if first_rx.await.is_ok() {
+                    ctxgate::server::shutdown_signal().await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                r = run => r?,
+                () = second => {
+                    tracing::warn!("second shutdown signal: exiting without finishing the drain");
+                    anyhow::bail!("interrupted during shutdown");
+                }
+            }
             tracing::info!("ctxgate stopped");
             Ok(())
         }

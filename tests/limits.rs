@@ -254,3 +254,63 @@ async fn a_client_that_stops_reading_does_not_make_the_gateway_read_ahead() {
     assert!(produced.load(Ordering::SeqCst) < CHUNKS);
     drop(resp);
 }
+
+/// A stream still running when the grace period ends is closed; its partial reply is recorded during the drain,
+/// before `run` returns.
+#[tokio::test]
+async fn a_stream_past_the_grace_period_is_closed_and_recorded_partial_before_run_returns() {
+    let mut h = Harness::start_with(|c| {
+        c.server.shutdown_grace_secs = 1;
+        c.server.drain_secs = 5;
+    })
+    .await;
+    h.mock.push(MockReply::Sse {
+        chunks: vec![
+            (
+                Duration::ZERO,
+                format!(
+                    "data: {}\n\n",
+                    ctxgate::mock::chunk(json!({"role":"assistant","content":"first words"}), None)
+                )
+                .into(),
+            ),
+            (
+                Duration::from_secs(60),
+                format!(
+                    "data: {}\n\n",
+                    ctxgate::mock::chunk(json!({"content":" never sent"}), None)
+                )
+                .into(),
+            ),
+        ],
+        stall_after: false,
+    });
+    let resp = h
+        .post_chat(
+            json!({"model":"mock-model","stream":true,"messages":[{"role":"user","content":"tell me"}]})
+                .to_string(),
+        )
+        .await;
+    let sid = resp.headers()["x-ctxgate-session"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let mut body = resp.bytes_stream();
+    let first = body.next().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("first words"));
+    let state = h.state.clone();
+    tokio::time::timeout(Duration::from_secs(10), h.stop())
+        .await
+        .expect("run returns after grace + drain");
+    // the client's stream was cut
+    while let Some(c) = body.next().await {
+        if c.is_err() {
+            break;
+        }
+    }
+    // recorded by the drain, before `run` returned: no further waiting here
+    let v = state.sessions.view(&sid).await.unwrap().unwrap();
+    assert_eq!(v.messages.len(), 2, "{:?}", v.messages);
+    assert_eq!(v.messages[1]["content"], "first words");
+    assert_eq!(v.partial, [1]);
+}
