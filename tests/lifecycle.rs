@@ -175,7 +175,8 @@ async fn sigterm_drains_background_summaries_and_queued_records_before_exiting()
     // The summary call takes a while: it is still running when SIGTERM arrives.
     mock.set_responder(Arc::new(|r: &RecordedRequest| {
         (r.json()["model"] == SUMMARIZER).then(|| {
-            MockReply::completion("Goals: travel help (call_0).").delayed(Duration::from_millis(1500))
+            MockReply::completion("Goals: travel help (call_0).")
+                .delayed(Duration::from_millis(1500))
         })
     }));
     let dir = tempfile::tempdir().unwrap();

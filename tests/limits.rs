@@ -5,8 +5,8 @@
 mod common;
 
 use common::Harness;
-use futures_util::StreamExt;
 use ctxgate::mock::MockReply;
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -37,7 +37,9 @@ async fn slow_headers_are_cut_off() {
     // headers started, never finished
     let mut partial = TcpStream::connect(h.addr).await.unwrap();
     partial
-        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n")
+        .write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n",
+        )
         .await
         .unwrap();
     // a connection that never sends a byte
@@ -76,7 +78,8 @@ async fn beyond_max_in_flight_requests_get_503_with_retry_after_until_a_stream_e
         &[ctxgate::mock::chunk(json!({"content":"slow"}), None)],
         Duration::from_millis(1500),
     ));
-    let body = json!({"model":"mock-model","stream":true,"messages":[{"role":"user","content":"hi"}]});
+    let body =
+        json!({"model":"mock-model","stream":true,"messages":[{"role":"user","content":"hi"}]});
     let held = h.post_chat(body.to_string()).await;
     assert_eq!(held.status(), 200);
 

@@ -120,7 +120,10 @@ fn check_integrity(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let verdict = conn.query_row("PRAGMA quick_check", [], |r| r.get::<_, String>(0));
     let problem = match verdict {
         Ok(v) if v == "ok" => {
-            tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "store: integrity checked");
+            tracing::debug!(
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "store: integrity checked"
+            );
             return Ok(());
         }
         Ok(v) => v,
