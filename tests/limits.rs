@@ -317,3 +317,35 @@ async fn a_stream_past_the_grace_period_is_closed_and_recorded_partial_before_ru
     assert_eq!(v.messages[1]["content"], "first words");
     assert_eq!(v.partial, [1]);
 }
+
+/// The drain is bounded by `server.drain_secs`: work that never ends is given up (and reported), the queued store
+/// writes are still committed, and shutdown completes.
+#[tokio::test]
+async fn the_drain_gives_up_on_work_that_never_ends_and_still_commits_the_store() {
+    let mut h = Harness::start_with(|c| c.server.drain_secs = 1).await;
+    let resp = h
+        .post_chat(
+            json!({"model":"mock-model","messages":[{"role":"user","content":"hi"}]}).to_string(),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let sid = resp.headers()["x-ctxgate-session"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    resp.text().await.unwrap();
+    h.state.tasks.spawn(std::future::pending::<()>());
+    let drained = tokio::time::timeout(
+        Duration::from_secs(10),
+        h.state.drain_within(Duration::from_secs(1)),
+    )
+    .await
+    .expect("the drain ends at its deadline");
+    assert_eq!(drained.tasks_left, 1, "{drained:?}");
+    assert!(drained.store_flushed && !drained.complete(), "{drained:?}");
+    let v = h.state.sessions.view(&sid).await.unwrap().unwrap();
+    assert_eq!(v.messages.len(), 2);
+    tokio::time::timeout(Duration::from_secs(10), h.stop())
+        .await
+        .expect("shutdown completes despite the stuck task");
+}
