@@ -62,7 +62,10 @@ impl Gateway {
             if let Ok(Some(status)) = child.try_wait() {
                 panic!("ctxgate exited ({status}): {text}");
             }
-            assert!(started.elapsed() < Duration::from_secs(30), "not listening: {text}");
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "not listening: {text}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         };
         Gateway {
@@ -80,7 +83,10 @@ impl Gateway {
         assert!(ok.success());
         let started = Instant::now();
         while self.child.try_wait().unwrap().is_none() {
-            assert!(started.elapsed() < Duration::from_secs(60), "no exit after SIGTERM");
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "no exit after SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         if let Some(r) = self.reader.take() {
@@ -148,7 +154,9 @@ async fn scenario(log: &str, format: &str) -> (String, Vec<(String, Vec<u8>)>, S
         json!({"role":"system","content":"be brief"}),
         json!({"role":"user","content":"first question CANARYTEXT-1"}),
     ];
-    let r = post("plain", json!({"model":"gpt-4o","messages":history})).await.unwrap();
+    let r = post("plain", json!({"model":"gpt-4o","messages":history}))
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.unwrap();
     history.push(v["choices"][0]["message"].clone());
@@ -185,9 +193,12 @@ async fn scenario(log: &str, format: &str) -> (String, Vec<(String, Vec<u8>)>, S
         json!({"error":{"message":format!("Incorrect API key provided: {AUTH_KEY}"),
             "type":"invalid_request_error","param":null,"code":"invalid_api_key"}}),
     ));
-    let r = post("refused", json!({"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}))
-        .await
-        .unwrap();
+    let r = post(
+        "refused",
+        json!({"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status(), 401);
     // a request ctxgate refuses itself, and a passthrough call
     let r = client
@@ -236,14 +247,20 @@ async fn scenario(log: &str, format: &str) -> (String, Vec<(String, Vec<u8>)>, S
         assert!(!text.contains(CANARY), "admin view: {text}");
     }
     let plain = ids.iter().find(|i| i.ends_with("-plain")).unwrap();
-    let r = admin(reqwest::Method::POST, &format!("/admin/sessions/{plain}/compress"))
-        .await
-        .unwrap();
+    let r = admin(
+        reqwest::Method::POST,
+        &format!("/admin/sessions/{plain}/compress"),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status(), 400, "summaries are off");
     if let Some(refused) = ids.iter().find(|i| i.ends_with("-refused")) {
-        let r = admin(reqwest::Method::DELETE, &format!("/admin/sessions/{refused}"))
-            .await
-            .unwrap();
+        let r = admin(
+            reqwest::Method::DELETE,
+            &format!("/admin/sessions/{refused}"),
+        )
+        .await
+        .unwrap();
         assert_eq!(r.status(), 200);
     }
     let metrics = client
@@ -256,7 +273,9 @@ async fn scenario(log: &str, format: &str) -> (String, Vec<(String, Vec<u8>)>, S
         .unwrap();
     assert!(metrics.contains("ctxgate_requests_total"), "{metrics}");
 
-    let logs = tokio::task::spawn_blocking(move || gw.stop()).await.unwrap();
+    let logs = tokio::task::spawn_blocking(move || gw.stop())
+        .await
+        .unwrap();
     let mut files = Vec::new();
     for entry in std::fs::read_dir(&data).unwrap() {
         let path = entry.unwrap().path();
@@ -280,7 +299,10 @@ async fn no_key_anywhere(log: &str, format: &str) {
     }
     let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
     assert!(names.iter().any(|n| n.ends_with("ctxgate.db")), "{names:?}");
-    assert!(names.iter().any(|n| n.ends_with("ctxgate.secret")), "{names:?}");
+    assert!(
+        names.iter().any(|n| n.ends_with("ctxgate.secret")),
+        "{names:?}"
+    );
     let store: Vec<u8> = files.iter().flat_map(|(_, b)| b.clone()).collect();
     assert!(contains(&store, "CANARYTEXT-1") && contains(&store, "MARKER-0"));
 
@@ -291,10 +313,21 @@ async fn no_key_anywhere(log: &str, format: &str) {
         hex::encode(sha2::Sha256::digest(format!("Bearer {AUTH_KEY}"))),
         hex::encode(sha2::Sha256::digest(X_API_KEY)),
     ];
-    needles.extend(needles.clone().iter().map(|n| n[..16.min(n.len())].to_string()));
+    needles.extend(
+        needles
+            .clone()
+            .iter()
+            .map(|n| n[..16.min(n.len())].to_string()),
+    );
     for needle in &needles {
-        assert!(!contains(logs.as_bytes(), needle), "{needle} in the logs:\n{logs}");
-        assert!(!contains(metrics.as_bytes(), needle), "{needle} in /metrics");
+        assert!(
+            !contains(logs.as_bytes(), needle),
+            "{needle} in the logs:\n{logs}"
+        );
+        assert!(
+            !contains(metrics.as_bytes(), needle),
+            "{needle} in /metrics"
+        );
         for (name, bytes) in &files {
             assert!(!contains(bytes, needle), "{needle} in {name}");
         }

@@ -47,8 +47,18 @@ async fn every_credential_header_is_its_own_tenant() {
     let h = Harness::start().await;
     for name in OTHER_CREDENTIALS {
         let sid = format!("shared-{name}");
-        let (a, _) = chat(&h, &[(name, "key-a"), ("x-session-id", &sid)], &user("from a")).await;
-        let (b, _) = chat(&h, &[(name, "key-b"), ("x-session-id", &sid)], &user("from b")).await;
+        let (a, _) = chat(
+            &h,
+            &[(name, "key-a"), ("x-session-id", &sid)],
+            &user("from a"),
+        )
+        .await;
+        let (b, _) = chat(
+            &h,
+            &[(name, "key-b"), ("x-session-id", &sid)],
+            &user("from b"),
+        )
+        .await;
         let (a, b) = (a.unwrap(), b.unwrap());
         assert_ne!(a, b, "{name}: same session id, other key, other session");
         let second = json!([{"role":"user","content":"from a"},{"role":"assistant","content":"mock reply"},
@@ -61,7 +71,11 @@ async fn every_credential_header_is_its_own_tenant() {
         let opening = user(&format!("same opening {name}"));
         let (fa, _) = chat(&h, &[(name, "key-a")], &opening).await;
         let (fb, _) = chat(&h, &[(name, "key-b")], &opening).await;
-        assert_ne!(fa.unwrap(), fb.unwrap(), "{name}: same fingerprint, other key");
+        assert_ne!(
+            fa.unwrap(),
+            fb.unwrap(),
+            "{name}: same fingerprint, other key"
+        );
     }
 }
 
@@ -92,9 +106,7 @@ async fn recall_and_search_do_not_cross_tenants_keyed_by_x_api_key() {
             }
         }
     }
-    let call = |id: &str, name: &str, args: Value| {
-        json!({"id":id,"type":"function","function":{"name":name,"arguments":args.to_string()}})
-    };
+    let call = |id: &str, name: &str, args: Value| json!({"id":id,"type":"function","function":{"name":name,"arguments":args.to_string()}});
     h.mock.push(MockReply::message(
         json!({"role":"assistant","content":null,"tool_calls":[
             call("r1", "recall_tool_call", json!({"call_id":"call_0"})),
@@ -113,12 +125,18 @@ async fn recall_and_search_do_not_cross_tenants_keyed_by_x_api_key() {
         .collect();
     assert_eq!(answers.len(), 2, "both calls answered: {last}");
     assert!(
-        answers[0]["content"].as_str().unwrap().starts_with("Not found"),
+        answers[0]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("Not found"),
         "{}",
         answers[0]
     );
     let found: Value = serde_json::from_str(answers[1]["content"].as_str().unwrap()).unwrap();
-    assert_eq!(found["total_matches"], 0, "nothing of key-a reaches key-b: {found}");
+    assert_eq!(
+        found["total_matches"], 0,
+        "nothing of key-a reaches key-b: {found}"
+    );
 }
 
 #[tokio::test]
@@ -155,8 +173,17 @@ async fn the_stored_tenant_is_a_keyed_hash_and_the_secret_survives_a_restart() {
         .unwrap();
     drop(conn);
     assert_eq!(tenant.len(), 64);
-    for plain in [key.to_string(), format!("x-api-key{key}"), format!("Bearer {key}"), String::new()] {
-        assert_ne!(tenant, hex::encode(sha2::Sha256::digest(plain.as_bytes())), "{plain:?}");
+    for plain in [
+        key.to_string(),
+        format!("x-api-key{key}"),
+        format!("Bearer {key}"),
+        String::new(),
+    ] {
+        assert_ne!(
+            tenant,
+            hex::encode(sha2::Sha256::digest(plain.as_bytes())),
+            "{plain:?}"
+        );
     }
 
     // after a restart: same secret, same tenant, the conversation goes on
@@ -168,7 +195,11 @@ async fn the_stored_tenant_is_a_keyed_hash_and_the_secret_survives_a_restart() {
     let view = h.state.sessions.view(&first).await.unwrap().unwrap();
     assert_eq!(view.messages.len(), 4, "both turns, one history");
     assert_eq!(view.messages[2]["content"], "and now?");
-    assert_eq!(std::fs::read_to_string(&secret).unwrap(), text, "read, not replaced");
+    assert_eq!(
+        std::fs::read_to_string(&secret).unwrap(),
+        text,
+        "read, not replaced"
+    );
 }
 
 #[tokio::test]
@@ -184,10 +215,17 @@ async fn anonymous_callers_keep_fingerprints_unless_turned_off() {
     let h = Harness::start_with(|c| c.session.anonymous_fingerprint = false).await;
     let (id, v) = chat(&h, &[], &user("anon opening")).await;
     assert_eq!(id, None, "no session, no session header");
-    assert_eq!(v["choices"][0]["message"]["content"], "mock reply", "still proxied");
+    assert_eq!(
+        v["choices"][0]["message"]["content"], "mock reply",
+        "still proxied"
+    );
     assert_eq!(h.mock.requests().len(), 1);
     h.state.drain().await;
-    assert_eq!(h.state.sessions.list(10, 0).await.unwrap().1, 0, "nothing stored");
+    assert_eq!(
+        h.state.sessions.list(10, 0).await.unwrap().1,
+        0,
+        "nothing stored"
+    );
     // a session header, or a credential, still gets history
     let (named, _) = chat(&h, &[("x-session-id", "s1")], &user("hi")).await;
     assert_eq!(named.unwrap(), "anonymous-s1");
@@ -206,7 +244,11 @@ async fn our_session_id_sent_back_is_the_same_session() {
     let next = json!([{"role":"user","content":"first"},{"role":"assistant","content":"mock reply"},
         {"role":"user","content":"second"}]);
     let (again, _) = chat(&h, &[a[0], ("x-session-id", &id)], &next).await;
-    assert_eq!(again.unwrap(), id, "x-ctxgate-session sent back as x-session-id");
+    assert_eq!(
+        again.unwrap(),
+        id,
+        "x-ctxgate-session sent back as x-session-id"
+    );
     let view = h.state.sessions.view(&id).await.unwrap().unwrap();
     assert_eq!(view.messages.len(), 4, "both turns, one history");
     assert_eq!(view.messages[2]["content"], "second");
@@ -229,7 +271,12 @@ async fn our_session_id_sent_back_is_the_same_session() {
 }
 
 /// Status of `GET /admin/sessions` under a config, with an optional bearer token.
-async fn admin_status(listen: &str, allow: Option<bool>, token: Option<&str>, bearer: Option<&str>) -> u16 {
+async fn admin_status(
+    listen: &str,
+    allow: Option<bool>,
+    token: Option<&str>,
+    bearer: Option<&str>,
+) -> u16 {
     let (listen, token) = (listen.to_string(), token.map(str::to_string));
     let h = Harness::start_with(move |c| {
         c.server.listen = listen;
@@ -268,7 +315,10 @@ async fn admin_without_a_token_is_off_unless_loopback_peers_are_allowed() {
     ];
     for (listen, allow, token, bearer, want) in cases {
         let got = admin_status(listen, allow, token, bearer).await;
-        assert_eq!(got, want, "listen {listen}, allow {allow:?}, token {token:?}, bearer {bearer:?}");
+        assert_eq!(
+            got, want,
+            "listen {listen}, allow {allow:?}, token {token:?}, bearer {bearer:?}"
+        );
     }
 }
 
@@ -312,11 +362,20 @@ fn startup_log(listen: &str, token: Option<&str>) -> String {
 #[tokio::test]
 async fn start_up_warns_when_the_admin_api_is_disabled() {
     let log = startup_log("0.0.0.0:8787", None);
-    assert!(log.contains("WARN") && log.contains("admin API disabled"), "{log}");
+    assert!(
+        log.contains("WARN") && log.contains("admin API disabled"),
+        "{log}"
+    );
     let log = startup_log("127.0.0.1:8787", None);
-    assert!(!log.contains("WARN") && log.contains("loopback peers only"), "{log}");
+    assert!(
+        !log.contains("WARN") && log.contains("loopback peers only"),
+        "{log}"
+    );
     let log = startup_log("0.0.0.0:8787", Some("tok"));
-    assert!(!log.contains("WARN") && log.contains("token required"), "{log}");
+    assert!(
+        !log.contains("WARN") && log.contains("token required"),
+        "{log}"
+    );
 }
 
 /// Sends `GET <path>` byte for byte (no client-side normalisation) and returns the status and body.
@@ -369,12 +428,19 @@ async fn passthrough_paths_that_would_leave_v1_never_reach_the_upstream() {
             .unwrap();
         assert_eq!(status, 400, "{path}: {body}");
         let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-        assert_eq!(v["error"]["type"], "invalid_request_error", "{path}: {body}");
+        assert_eq!(
+            v["error"]["type"], "invalid_request_error",
+            "{path}: {body}"
+        );
     }
     assert!(
         h.mock.requests().is_empty(),
         "reached the upstream: {:?}",
-        h.mock.requests().iter().map(|r| r.uri.clone()).collect::<Vec<_>>()
+        h.mock
+            .requests()
+            .iter()
+            .map(|r| r.uri.clone())
+            .collect::<Vec<_>>()
     );
     // the same client does reach the upstream with an ordinary path
     let (status, _) = tokio::task::spawn_blocking(move || raw_get(addr, "/v1/models"))
@@ -389,7 +455,13 @@ async fn passthrough_paths_that_would_leave_v1_never_reach_the_upstream() {
 async fn absurd_models_are_refused_before_anything_is_sent() {
     let h = Harness::start().await;
     let long = "gpt-4o".to_string() + &"x".repeat(1 << 20);
-    for model in [json!(long), json!(42), json!(["gpt-4o"]), json!({"id": "gpt-4o"}), Value::Null] {
+    for model in [
+        json!(long),
+        json!(42),
+        json!(["gpt-4o"]),
+        json!({"id": "gpt-4o"}),
+        Value::Null,
+    ] {
         let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
         let resp = h.post_chat(body.to_string()).await;
         assert_eq!(resp.status(), 400);
@@ -402,6 +474,7 @@ async fn absurd_models_are_refused_before_anything_is_sent() {
     h.state.drain().await;
     assert_eq!(h.state.sessions.list(10, 0).await.unwrap().1, 0);
     // a real name still goes through
-    let body = json!({"model": "gpt-4o-2024-08-06", "messages": [{"role": "user", "content": "hi"}]});
+    let body =
+        json!({"model": "gpt-4o-2024-08-06", "messages": [{"role": "user", "content": "hi"}]});
     assert_eq!(h.post_chat(body.to_string()).await.status(), 200);
 }

@@ -69,9 +69,9 @@ fn log_exposure(config: &crate::config::Config) {
         .parse::<SocketAddr>()
         .is_ok_and(|a| a.ip().is_loopback());
     match (config.admin_loopback_without_token(), listen_loopback) {
-        (true, true) => tracing::info!(
-            "admin API on for loopback peers only (no [admin] token set)"
-        ),
+        (true, true) => {
+            tracing::info!("admin API on for loopback peers only (no [admin] token set)")
+        }
         (true, false) => tracing::warn!(
             listen = %config.server.listen,
             "admin API served without a token to loopback peers of a non-loopback listener: a same-host \

@@ -23,7 +23,12 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
         let e = GatewayError::bad_request(
             "the path has a `.` or `..` segment (raw or percent-encoded); ctxgate only forwards paths under /v1",
         );
-        log(&parts.method, parts.uri.path(), e.status().as_u16(), started);
+        log(
+            &parts.method,
+            parts.uri.path(),
+            e.status().as_u16(),
+            started,
+        );
         timer.set_status(e.status().as_u16());
         return e.into_response();
     }
@@ -110,11 +115,18 @@ fn has_dot_segment(path: &str) -> bool {
 
 /// `%XX` sequences decoded; anything else (including a malformed `%`) kept as it is.
 fn percent_decode(input: &[u8]) -> Vec<u8> {
-    let hex = |b: u8| char::from(b).to_digit(16).and_then(|d| u8::try_from(d).ok());
+    let hex = |b: u8| {
+        char::from(b)
+            .to_digit(16)
+            .and_then(|d| u8::try_from(d).ok())
+    };
     let mut out = Vec::with_capacity(input.len());
     let mut i = 0;
     while i < input.len() {
-        let pair = (input.get(i + 1).copied().and_then(hex), input.get(i + 2).copied().and_then(hex));
+        let pair = (
+            input.get(i + 1).copied().and_then(hex),
+            input.get(i + 2).copied().and_then(hex),
+        );
         match (input[i], pair) {
             (b'%', (Some(hi), Some(lo))) => {
                 out.push(hi << 4 | lo);

@@ -220,8 +220,14 @@ mod tests {
             .as_object()
             .cloned()
             .unwrap();
-        let a = ident(&headers(&[("authorization", "Bearer a"), ("x-session-id", "s1")]), &body);
-        let b = ident(&headers(&[("authorization", "Bearer b"), ("x-session-id", "s1")]), &body);
+        let a = ident(
+            &headers(&[("authorization", "Bearer a"), ("x-session-id", "s1")]),
+            &body,
+        );
+        let b = ident(
+            &headers(&[("authorization", "Bearer b"), ("x-session-id", "s1")]),
+            &body,
+        );
         assert_ne!(a.id, b.id);
         assert!(a.id.ends_with("-s1") && a.source == IdSource::Header);
         let fa = ident(&headers(&[("authorization", "Bearer a")]), &body);
@@ -245,18 +251,15 @@ mod tests {
         .cloned()
         .unwrap();
         let h = headers(&[]);
-        assert_eq!(
-            ident(&h, &body).id,
-            ident(&h, &later).id
-        );
+        assert_eq!(ident(&h, &body).id, ident(&h, &later).id);
         let other = json!({"model":"gpt-4o","messages":[{"role":"system","content":"s"},{"role":"user","content":"other"}]}).as_object().cloned().unwrap();
-        assert_ne!(
-            ident(&h, &body).id,
-            ident(&h, &other).id
-        );
+        assert_ne!(ident(&h, &body).id, ident(&h, &other).id);
         let agent = ident(&headers(&[("helicone-session-id", "abc")]), &body);
         assert_eq!(agent.source, IdSource::AgentHeader);
-        let both = ident(&headers(&[("helicone-session-id", "abc"), ("x-session-id", "x")]), &body);
+        let both = ident(
+            &headers(&[("helicone-session-id", "abc"), ("x-session-id", "x")]),
+            &body,
+        );
         assert!(both.id.ends_with("-x"));
         let weird = ident(&headers(&[("x-session-id", "a b/c")]), &body);
         assert!(!weird.id.contains(' ') && !weird.id.contains('/'));
@@ -310,7 +313,11 @@ mod tests {
             .as_object()
             .cloned()
             .unwrap();
-        for creds in [&[("authorization", "Bearer a")][..], &[("x-api-key", "k")], &[]] {
+        for creds in [
+            &[("authorization", "Bearer a")][..],
+            &[("x-api-key", "k")],
+            &[],
+        ] {
             let with = |sid: &str| {
                 let mut pairs = creds.to_vec();
                 pairs.push(("x-session-id", sid));

@@ -7,5 +7,5 @@ pub mod tenant;
 pub mod tree;
 
 pub use identity::{identify, SessionIdentity};
-pub use tenant::TenantKey;
 pub use manager::{RequestMark, SessionView, Sessions};
+pub use tenant::TenantKey;

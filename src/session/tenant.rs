@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 
 /// The headers that authenticate a caller, in the fixed order they are hashed: OpenAI's `authorization`,
 /// Anthropic's `x-api-key`, Azure OpenAI's `api-key`, Google's `x-goog-api-key`.
-pub const CREDENTIAL_HEADERS: &[&str] = &["authorization", "x-api-key", "api-key", "x-goog-api-key"];
+pub const CREDENTIAL_HEADERS: &[&str] =
+    &["authorization", "x-api-key", "api-key", "x-goog-api-key"];
 
 /// The tenant of callers that send no credential header (e.g. clients of a gateway that adds `upstream.api_key`
 /// for them). Never a hex hash, so no keyed tenant can take it, nor its id prefix.
@@ -143,7 +144,8 @@ fn parse_secret(text: &[u8]) -> Result<TenantKey, &'static str> {
     let hex_text = std::str::from_utf8(text)
         .map_err(|_| "not a ctxgate secret (expected 64 hex digits)")?
         .trim();
-    let bytes = hex::decode(hex_text).map_err(|_| "not a ctxgate secret (expected 64 hex digits)")?;
+    let bytes =
+        hex::decode(hex_text).map_err(|_| "not a ctxgate secret (expected 64 hex digits)")?;
     let secret: [u8; SECRET_LEN] = bytes
         .try_into()
         .map_err(|_| "not a ctxgate secret (expected 64 hex digits)")?;
@@ -198,14 +200,23 @@ mod tests {
             assert!(seen.insert(a), "{name}: the header's name counts too");
         }
         // several credentials: all of them count, whatever order they came in
-        let both = k.tenant(&headers(&[("authorization", "Bearer x"), ("x-api-key", "y")]));
-        let swapped = k.tenant(&headers(&[("x-api-key", "y"), ("authorization", "Bearer x")]));
+        let both = k.tenant(&headers(&[
+            ("authorization", "Bearer x"),
+            ("x-api-key", "y"),
+        ]));
+        let swapped = k.tenant(&headers(&[
+            ("x-api-key", "y"),
+            ("authorization", "Bearer x"),
+        ]));
         assert_eq!(both, swapped);
         assert_ne!(both, k.tenant(&headers(&[("authorization", "Bearer x")])));
         assert_ne!(both, k.tenant(&headers(&[("x-api-key", "y")])));
         assert_ne!(
             both,
-            k.tenant(&headers(&[("authorization", "Bearer x"), ("x-api-key", "z")]))
+            k.tenant(&headers(&[
+                ("authorization", "Bearer x"),
+                ("x-api-key", "z")
+            ]))
         );
     }
 
@@ -239,6 +250,10 @@ mod tests {
         std::fs::write(&path, "garbage").unwrap();
         let e = TenantKey::load_or_create(&path).unwrap_err().to_string();
         assert!(e.contains("not a ctxgate secret"), "{e}");
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "garbage", "never replaced");
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "garbage",
+            "never replaced"
+        );
     }
 }
