@@ -57,7 +57,7 @@ fn main() {
         let mut history: Vec<Value> = (0..500).map(message).collect();
         let body = |h: &[Value]| json!({"model":"gpt-4o","messages":h}).to_string();
         let opening = json!({"model":"gpt-4o","messages":history});
-        let ident = identify(&headers, &SessionConfig::default(), &TenantKey::from_bytes([0; 32]), opening.as_object().unwrap()).unwrap();
+        let ident = identify(&headers, &SessionConfig::default(), &TenantKey::from_bytes([0; 32]).unwrap(), opening.as_object().unwrap()).unwrap();
         // warm: first sight of the 500 messages
         let raw = body(&history);
         let mark = sessions.record_request(&ident, &history, &raw_message_hashes(raw.as_bytes())).await.unwrap();
@@ -108,7 +108,7 @@ fn main() {
         for s in 0..1000 {
             let mut h = http::HeaderMap::new();
             h.insert("x-session-id", format!("mem-{s}").parse().unwrap());
-            let ident = identify(&h, &SessionConfig::default(), &TenantKey::from_bytes([0; 32]), &serde_json::Map::new()).unwrap();
+            let ident = identify(&h, &SessionConfig::default(), &TenantKey::from_bytes([0; 32]).unwrap(), &serde_json::Map::new()).unwrap();
             sessions.record_request(&ident, &msgs, &hashes).await.unwrap();
         }
         sessions.flush().await.unwrap();

@@ -200,7 +200,7 @@ mod tests {
 
     /// `identify` under a fixed key and the default config.
     fn ident(h: &HeaderMap, body: &Map<String, Value>) -> SessionIdentity {
-        identify(h, &cfg(), &TenantKey::from_bytes([9; 32]), body).unwrap()
+        identify(h, &cfg(), &TenantKey::from_bytes([9; 32]).unwrap(), body).unwrap()
     }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
@@ -290,7 +290,7 @@ mod tests {
             .as_object()
             .cloned()
             .unwrap();
-        let key = TenantKey::from_bytes([9; 32]);
+        let key = TenantKey::from_bytes([9; 32]).unwrap();
         let anon = ident(&headers(&[]), &body);
         assert_eq!(anon.tenant, ANONYMOUS);
         assert_eq!(anon.source, IdSource::Fingerprint);

@@ -25,10 +25,10 @@ pub const SECRET_FILE: &str = "ctxgate.secret";
 /// Bytes of secret.
 const SECRET_LEN: usize = 32;
 
-/// The per-install secret that keys tenant hashes.
+/// The per-install secret that keys tenant hashes (held as the HMAC state it keys).
 #[derive(Clone)]
 pub struct TenantKey {
-    secret: [u8; SECRET_LEN],
+    mac: Hmac<Sha256>,
 }
 
 impl fmt::Debug for TenantKey {
@@ -43,6 +43,9 @@ pub enum SecretError {
     /// The operating system's random source failed.
     #[error("no randomness for the tenant secret: {0}")]
     Random(String),
+    /// The key was refused by HMAC (never, for HMAC takes keys of any length).
+    #[error("tenant secret unusable: {0}")]
+    Key(String),
     /// Reading, creating or writing the file failed.
     #[error("tenant secret {path}: {message}")]
     File {
@@ -54,16 +57,19 @@ pub enum SecretError {
 }
 
 impl TenantKey {
-    /// A key from known bytes (tests and benchmarks).
-    pub fn from_bytes(secret: [u8; SECRET_LEN]) -> Self {
-        TenantKey { secret }
+    /// A key from known bytes (the secret file's, or fixed ones in tests and benchmarks).
+    pub fn from_bytes(secret: [u8; SECRET_LEN]) -> Result<Self, SecretError> {
+        // HMAC takes keys of any length; the error cannot happen, but is not unwrapped.
+        let mac =
+            Hmac::<Sha256>::new_from_slice(&secret).map_err(|e| SecretError::Key(e.to_string()))?;
+        Ok(TenantKey { mac })
     }
 
     /// A fresh random key.
     pub fn random() -> Result<Self, SecretError> {
         let mut secret = [0u8; SECRET_LEN];
         getrandom::fill(&mut secret).map_err(|e| SecretError::Random(e.to_string()))?;
-        Ok(TenantKey { secret })
+        Self::from_bytes(secret)
     }
 
     /// The key of a store: for SQLite, read from [`SECRET_FILE`] beside the database (created on first start);
@@ -83,16 +89,18 @@ impl TenantKey {
             message,
         };
         match std::fs::read(path) {
-            Ok(text) => return parse_secret(&text).map_err(|m| fail(m.into())),
+            Ok(text) => return Self::from_bytes(parse_secret(&text).map_err(|m| fail(m.into()))?),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(fail(format!("cannot read it: {e}"))),
         }
-        let key = Self::random()?;
+        let mut secret = [0u8; SECRET_LEN];
+        getrandom::fill(&mut secret).map_err(|e| SecretError::Random(e.to_string()))?;
+        let key = Self::from_bytes(secret)?;
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
                 .map_err(|e| fail(format!("cannot create its folder: {e}")))?;
         }
-        match write_new(path, &key.secret) {
+        match write_new(path, &secret) {
             Ok(()) => {
                 tracing::info!(path = %path.display(), "created the tenant secret (keep it with the database)");
                 Ok(key)
@@ -100,7 +108,7 @@ impl TenantKey {
             // Another process created it first: use theirs.
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 let text = std::fs::read(path).map_err(|e| fail(format!("cannot read it: {e}")))?;
-                parse_secret(&text).map_err(|m| fail(m.into()))
+                Self::from_bytes(parse_secret(&text).map_err(|m| fail(m.into()))?)
             }
             Err(e) => Err(fail(format!("cannot create it: {e}"))),
         }
@@ -109,11 +117,7 @@ impl TenantKey {
     /// The tenant of a request: `HMAC-SHA256(secret, credentials)` in hex over every [`CREDENTIAL_HEADERS`]
     /// value present (name and value, in that fixed order), or [`ANONYMOUS`] when there is none.
     pub fn tenant(&self, headers: &HeaderMap) -> String {
-        let mut mac = match Hmac::<Sha256>::new_from_slice(&self.secret) {
-            Ok(m) => m,
-            // HMAC takes keys of any length: unreachable, and failing closed would merge nobody.
-            Err(_) => return ANONYMOUS.to_string(),
-        };
+        let mut mac = self.mac.clone();
         let mut any = false;
         for name in CREDENTIAL_HEADERS {
             for value in headers.get_all(*name) {
@@ -140,7 +144,7 @@ pub fn secret_path(db: &Path) -> PathBuf {
     }
 }
 
-fn parse_secret(text: &[u8]) -> Result<TenantKey, &'static str> {
+fn parse_secret(text: &[u8]) -> Result<[u8; SECRET_LEN], &'static str> {
     let hex_text = std::str::from_utf8(text)
         .map_err(|_| "not a ctxgate secret (expected 64 hex digits)")?
         .trim();
@@ -149,7 +153,7 @@ fn parse_secret(text: &[u8]) -> Result<TenantKey, &'static str> {
     let secret: [u8; SECRET_LEN] = bytes
         .try_into()
         .map_err(|_| "not a ctxgate secret (expected 64 hex digits)")?;
-    Ok(TenantKey { secret })
+    Ok(secret)
 }
 
 /// Creates `path` (failing if it exists), readable by its owner only, holding the secret in hex.
@@ -188,7 +192,7 @@ mod tests {
 
     #[test]
     fn every_credential_header_counts_and_none_is_anonymous() {
-        let k = TenantKey::from_bytes([7; 32]);
+        let k = TenantKey::from_bytes([7; 32]).unwrap();
         assert_eq!(k.tenant(&headers(&[("content-type", "x")])), ANONYMOUS);
         let mut seen = std::collections::HashSet::new();
         for name in CREDENTIAL_HEADERS {
@@ -223,8 +227,8 @@ mod tests {
     #[test]
     fn the_hash_is_keyed() {
         let h = headers(&[("authorization", "Bearer sk-1")]);
-        let a = TenantKey::from_bytes([1; 32]).tenant(&h);
-        let b = TenantKey::from_bytes([2; 32]).tenant(&h);
+        let a = TenantKey::from_bytes([1; 32]).unwrap().tenant(&h);
+        let b = TenantKey::from_bytes([2; 32]).unwrap().tenant(&h);
         assert_ne!(a, b, "another install, another tenant hash");
         for plain in [&b"Bearer sk-1"[..], b"sk-1"] {
             assert_ne!(a, hex::encode(sha2::Sha256::digest(plain)));
