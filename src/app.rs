@@ -6,7 +6,7 @@ use crate::context::tokens::TokenCounter;
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
 use crate::relay::RelayOutcome;
-use crate::session::Sessions;
+use crate::session::{Sessions, TenantKey};
 use crate::summary::Summarizer;
 use crate::upstream::Upstream;
 use std::sync::Arc;
@@ -45,6 +45,8 @@ pub struct AppState {
     pub summarizer: Option<Arc<Summarizer>>,
     /// The Prometheus registry and every metric's handles.
     pub metrics: Arc<Metrics>,
+    /// The per-install secret that keys tenant hashes (kept beside the store).
+    pub tenant_key: TenantKey,
 }
 
 impl AppState {
@@ -58,6 +60,8 @@ impl AppState {
         let metrics = Arc::new(new_metrics(&config)?);
         let store = crate::store::open_with_metrics(&config.store, &metrics)
             .map_err(|e| GatewayError::Internal(format!("cannot open the store: {e}")))?;
+        let tenant_key = TenantKey::for_store(&config.store)
+            .map_err(|e| GatewayError::Internal(format!("cannot load the tenant secret: {e}")))?;
         let sessions = Arc::new(
             Sessions::new(store, config.store.cache_max_bytes)
                 .with_metrics(metrics.session_metrics()),
@@ -87,6 +91,7 @@ impl AppState {
             models,
             summarizer,
             metrics,
+            tenant_key,
         }))
     }
 

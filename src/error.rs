@@ -44,8 +44,11 @@ pub enum GatewayError {
     /// The admin API was called without valid credentials.
     #[error("admin API: missing or invalid bearer token")]
     Unauthorized,
-    /// The admin API is restricted to loopback peers when no token is configured.
-    #[error("admin API: no [admin] token is configured, so only loopback peers are served")]
+    /// Without a configured token the admin API is off, or serves loopback peers only.
+    #[error(
+        "admin API: no [admin] token is configured; without one it is off, or serves loopback peers only when \
+         [admin] allow_loopback_without_token allows it"
+    )]
     Forbidden,
     /// An unknown resource (admin API).
     #[error("{0}")]

@@ -7,6 +7,10 @@ use serde::Deserialize;
 
 use crate::config::ModelEntry;
 
+/// Longest model name that is looked up; longer names match nothing (the default window, no entry). Bounds the
+/// cost of matching a name against every pattern.
+pub const MAX_MODEL_LEN: usize = 256;
+
 /// The built-in table, in the same shape as the user's `[models."<pattern>"]` config.
 const SHIPPED: &str = include_str!("../../config/models.toml");
 
@@ -88,6 +92,9 @@ impl ModelTable {
     /// specific first), else the default. Case-insensitive; a provider prefix (`openai/gpt-4o`) is also tried
     /// without the prefix.
     pub fn context_window(&self, model: &str) -> u64 {
+        if model.len() > MAX_MODEL_LEN {
+            return self.default_window;
+        }
         let full = model.trim().to_lowercase();
         let bare = full.rsplit('/').next().unwrap_or_default();
         let names: &[&str] = if bare.len() < full.len() {
@@ -120,6 +127,9 @@ impl ModelTable {
     /// [`ModelTable::context_window`]; `None` when the default applies. Always one of
     /// [`ModelTable::known_models`]: it is the model's metric label.
     pub fn matching_entry(&self, model: &str) -> Option<String> {
+        if model.len() > MAX_MODEL_LEN {
+            return None;
+        }
         let full = model.trim().to_lowercase();
         let bare = full.rsplit('/').next().unwrap_or_default();
         let names: &[&str] = if bare.len() < full.len() {
@@ -296,6 +306,21 @@ mod tests {
         ] {
             let e = t.matching_entry(m).unwrap();
             assert!(known.contains(&e), "{m} -> {e}");
+        }
+    }
+
+    #[test]
+    fn names_longer_than_the_cap_match_nothing() {
+        let t = table(&[("gpt-4o*", 100)]);
+        let at_cap = format!("gpt-4o{}", "x".repeat(MAX_MODEL_LEN - 6));
+        assert_eq!(t.context_window(&at_cap), 100);
+        assert_eq!(t.matching_entry(&at_cap).as_deref(), Some("gpt-4o*"));
+        for long in [
+            format!("gpt-4o{}", "x".repeat(MAX_MODEL_LEN)),
+            format!("gpt-4o{}", "x".repeat(30 << 20)),
+        ] {
+            assert_eq!(t.context_window(&long), 7777);
+            assert_eq!(t.matching_entry(&long), None);
         }
     }
 

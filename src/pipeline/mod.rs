@@ -70,20 +70,23 @@ async fn handle(
         Ok(s) => s,
         Err(e) => return own_error(e, None, started, chat.stream, &chat.model),
     };
-    // 3. Identify the conversation (namespaced by the caller's credential).
-    let session = identify(&parts.headers, &cfg.session.header, &chat.body);
+    // 3. Identify the conversation (namespaced by the caller's credentials); `None`: no history is kept.
+    let session = identify(&parts.headers, &cfg.session, &state.tenant_key, &chat.body);
     // 3b. Reconcile with the stored history; new messages are queued for writing, not awaited. A store failure
     //     only costs this turn its recording.
-    let mark = match state
-        .sessions
-        .record_request(&session, chat.messages(), &raw_message_hashes(&chat.raw))
-        .await
-    {
-        Ok(m) => Some(m),
-        Err(e) => {
-            tracing::warn!(error = %e, session = %session.id, "session: could not record the request; proxying without history");
-            None
-        }
+    let mark = match &session {
+        None => None,
+        Some(session) => match state
+            .sessions
+            .record_request(session, chat.messages(), &raw_message_hashes(&chat.raw))
+            .await
+        {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::warn!(error = %e, session = %session.id, "session: could not record the request; proxying without history");
+                None
+            }
+        },
     };
 
     // 4. Plan: count the request against its model's window; over budget, rewrite what goes upstream. Without a
@@ -94,7 +97,7 @@ async fn handle(
             Ok(o) => o,
             Err(e) => {
                 measure::plan_failed(&state, strategy, &chat.model, &e);
-                return own_error(e, Some(&session), started, chat.stream, &chat.model);
+                return own_error(e, session.as_ref(), started, chat.stream, &chat.model);
             }
         };
     if let Some(rw) = &outgoing.rewrite {
@@ -125,7 +128,7 @@ async fn handle(
         Ok(r) => r,
         Err(e) => {
             measure::send_failed(&state, timer, &e);
-            return own_error(e, Some(&session), started, chat.stream, &chat.model);
+            return own_error(e, session.as_ref(), started, chat.stream, &chat.model);
         }
     };
     let upstream_wait = upstream_started.elapsed();
@@ -144,7 +147,7 @@ async fn handle(
     let turn = Turn {
         state: state.clone(),
         mark: mark.clone(),
-        session_id: session.id.clone(),
+        session_id: session.as_ref().map(|s| s.id.clone()).unwrap_or_default(),
         model: chat.model.clone(),
         stream: chat.stream,
         status,
@@ -367,10 +370,13 @@ async fn record_reply(
     }
 }
 
-fn with_session_header(b: http::response::Builder, s: &SessionIdentity) -> http::response::Builder {
-    match HeaderValue::from_str(&s.id) {
-        Ok(v) => b.header(SESSION_HEADER, v),
-        Err(_) => b,
+fn with_session_header(
+    b: http::response::Builder,
+    s: &Option<SessionIdentity>,
+) -> http::response::Builder {
+    match s.as_ref().map(|s| HeaderValue::from_str(&s.id)) {
+        Some(Ok(v)) => b.header(SESSION_HEADER, v),
+        _ => b,
     }
 }
 

@@ -7,6 +7,10 @@ use http_body_util::BodyExt;
 use serde_json::{Map, Value};
 use std::time::Duration;
 
+/// Longest `model` accepted: real model names are far shorter, and the name is matched against the model table,
+/// used as a metric label and logged.
+pub const MAX_MODEL_LEN: usize = crate::context::models::MAX_MODEL_LEN;
+
 /// A parsed chat-completions request. `raw` is what the client sent; it is forwarded as is when no rewrite is
 /// needed.
 #[derive(Debug, Clone)]
@@ -49,11 +53,16 @@ impl ChatRequest {
             }
         }
         let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
-        let model = body
-            .get("model")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
+        let model = match body.get("model") {
+            None => String::new(),
+            Some(Value::String(m)) if m.len() <= MAX_MODEL_LEN => m.clone(),
+            Some(_) => {
+                return Err(GatewayError::BadRequest {
+                    message: format!("`model` must be a string of at most {MAX_MODEL_LEN} bytes"),
+                    param: Some("model"),
+                })
+            }
+        };
         Ok(Self {
             raw,
             body,
@@ -110,5 +119,29 @@ mod tests {
             let e = ChatRequest::parse(Bytes::copy_from_slice(bad)).unwrap_err();
             assert_eq!(e.status().as_u16(), 400);
         }
+    }
+
+    #[test]
+    fn absurd_models_are_refused() {
+        let parse = |model: serde_json::Value| {
+            let body = serde_json::json!({"model": model, "messages": []});
+            ChatRequest::parse(Bytes::from(body.to_string()))
+        };
+        let longest = "m".repeat(MAX_MODEL_LEN);
+        assert_eq!(parse(longest.clone().into()).unwrap().model, longest);
+        for bad in [
+            serde_json::json!("m".repeat(MAX_MODEL_LEN + 1)),
+            serde_json::json!("x".repeat(30 << 20)),
+            serde_json::json!(42),
+            serde_json::json!(["gpt-4o"]),
+            serde_json::json!({"name": "gpt-4o"}),
+            serde_json::Value::Null,
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert_eq!(e.status().as_u16(), 400);
+            assert!(e.to_string().contains("`model`"), "{e}");
+        }
+        let absent = ChatRequest::parse(Bytes::from_static(br#"{"messages":[]}"#)).unwrap();
+        assert_eq!(absent.model, "");
     }
 }

@@ -1,5 +1,6 @@
 //! The admin API under `/admin`: sessions listed, shown whole and deleted. Bearer `[admin] token`; without a
-//! token only loopback peers are served.
+//! token it is off, unless `[admin] allow_loopback_without_token` (by default: when `server.listen` is a loopback
+//! address) serves loopback peers.
 
 use crate::app::AppState;
 use crate::error::GatewayError;
@@ -13,8 +14,9 @@ use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-/// The `/admin` routes, authenticated.
+/// The `/admin` routes, authenticated. Logs at start-up who may reach them.
 pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
+    log_exposure(&state.config);
     Router::new()
         .route("/admin/sessions", get(list))
         .route("/admin/sessions/{id}", get(show).delete(delete))
@@ -40,15 +42,50 @@ async fn authenticate(State(state): State<Arc<AppState>>, req: Request, next: Ne
             }
             true
         }
-        None => req
-            .extensions()
-            .get::<ConnectInfo<SocketAddr>>()
-            .is_some_and(|ConnectInfo(a)| a.ip().is_loopback()),
+        None => {
+            state.config.admin_loopback_without_token()
+                && req
+                    .extensions()
+                    .get::<ConnectInfo<SocketAddr>>()
+                    .is_some_and(|ConnectInfo(a)| a.ip().is_loopback())
+        }
     };
     if !allowed {
         return GatewayError::Forbidden.into_response();
     }
     next.run(req).await
+}
+
+/// Says at start-up how the admin API is reachable, with a warning when it is disabled or open to loopback peers
+/// of a listener that is not itself on loopback.
+fn log_exposure(config: &crate::config::Config) {
+    if config.admin.token.is_some() {
+        tracing::info!("admin API on: bearer [admin] token required");
+        return;
+    }
+    let listen_loopback = config
+        .server
+        .listen
+        .parse::<SocketAddr>()
+        .is_ok_and(|a| a.ip().is_loopback());
+    match (config.admin_loopback_without_token(), listen_loopback) {
+        (true, true) => {
+            tracing::info!("admin API on for loopback peers only (no [admin] token set)")
+        }
+        (true, false) => tracing::warn!(
+            listen = %config.server.listen,
+            "admin API served without a token to loopback peers of a non-loopback listener: a same-host \
+             reverse proxy or sidecar makes it public; set [admin] token"
+        ),
+        (false, true) => tracing::info!(
+            "admin API disabled: no [admin] token set and allow_loopback_without_token = false"
+        ),
+        (false, false) => tracing::warn!(
+            listen = %config.server.listen,
+            "admin API disabled: server.listen is not a loopback address and no [admin] token is set; set \
+             [admin] token to enable it"
+        ),
+    }
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

@@ -12,12 +12,26 @@ use futures_util::{StreamExt, TryStreamExt};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Forwards any `/v1/<rest>` request to `<upstream.base_url>/<rest>`.
+/// Forwards any `/v1/<rest>` request to `<upstream.base_url>/<rest>`; a path with a `.` or `..` segment (raw or
+/// percent-encoded) is refused with 400, since the URL parser would resolve it onto another upstream path.
 pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Response {
     let started = Instant::now();
     // Records the request when dropped: with the response body, once it is relayed (or the client went away).
     let mut timer = state.metrics.start(Route::Passthrough, started);
     let (parts, body) = req.into_parts();
+    if has_dot_segment(parts.uri.path()) {
+        let e = GatewayError::bad_request(
+            "the path has a `.` or `..` segment (raw or percent-encoded); ctxgate only forwards paths under /v1",
+        );
+        log(
+            &parts.method,
+            parts.uri.path(),
+            e.status().as_u16(),
+            started,
+        );
+        timer.set_status(e.status().as_u16());
+        return e.into_response();
+    }
     let rest = parts
         .uri
         .path()
@@ -76,6 +90,57 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
         .unwrap_or_else(|e| GatewayError::Internal(e.to_string()).into_response())
 }
 
+/// Whether `path` has a segment that is `.` or `..` once percent-decoded (repeatedly, so that double encoding is
+/// caught too), with `\` taken as a separator as URL parsers do for http(s). `%2f` decodes to a separator, so
+/// `..%2f` is a `..` segment.
+fn has_dot_segment(path: &str) -> bool {
+    let mut bytes = path.as_bytes().to_vec();
+    // Each round removes at least one `%`: a bounded number of rounds decodes any realistic nesting.
+    for _ in 0..8 {
+        if bytes
+            .split(|&b| b == b'/' || b == b'\\')
+            .any(|seg| seg == b"." || seg == b"..")
+        {
+            return true;
+        }
+        let decoded = percent_decode(&bytes);
+        if decoded == bytes {
+            return false;
+        }
+        bytes = decoded;
+    }
+    // Still changing after that many rounds: nothing legitimate looks like this.
+    true
+}
+
+/// `%XX` sequences decoded; anything else (including a malformed `%`) kept as it is.
+fn percent_decode(input: &[u8]) -> Vec<u8> {
+    let hex = |b: u8| {
+        char::from(b)
+            .to_digit(16)
+            .and_then(|d| u8::try_from(d).ok())
+    };
+    let mut out = Vec::with_capacity(input.len());
+    let mut i = 0;
+    while i < input.len() {
+        let pair = (
+            input.get(i + 1).copied().and_then(hex),
+            input.get(i + 2).copied().and_then(hex),
+        );
+        match (input[i], pair) {
+            (b'%', (Some(hi), Some(lo))) => {
+                out.push(hi << 4 | lo);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
 fn log(method: &http::Method, path: &str, status: u16, started: Instant) {
     tracing::info!(
         target: "ctxgate::access",
@@ -85,4 +150,45 @@ fn log(method: &http::Method, path: &str, status: u16, started: Instant) {
         upstream_ms = started.elapsed().as_secs_f64() * 1000.0,
         "passthrough"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_dot_segment;
+
+    #[test]
+    fn dot_segments_raw_and_encoded_are_found() {
+        for bad in [
+            "/v1/../x",
+            "/v1/..",
+            "/v1/./models",
+            "/v1/a/.",
+            "/v1/%2e%2e/x",
+            "/v1/%2E%2E/x",
+            "/v1/.%2e/x",
+            "/v1/%2e./x",
+            "/v1/%2e/models",
+            "/v1/..%2fadmin",
+            "/v1/%2e%2e%2fadmin",
+            "/v1/..%5cadmin",
+            "/v1/..\\admin",
+            "/v1/%252e%252e/x",
+            "/v1/%25252e%25252e/x",
+        ] {
+            assert!(has_dot_segment(bad), "{bad}");
+        }
+        for good in [
+            "/v1/models",
+            "/v1/files/file-abc/content",
+            "/v1/models/gpt-4.1",
+            "/v1/files/a..b",
+            "/v1/.well-known",
+            "/v1/...",
+            "/v1/files%2fabc",
+            "/v1/%zz",
+            "/v1/100%",
+        ] {
+            assert!(!has_dot_segment(good), "{good}");
+        }
+    }
 }

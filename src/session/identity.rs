@@ -1,6 +1,8 @@
 //! Which conversation a request belongs to: explicit header, well-known agent headers, or a fingerprint of its
-//! opening; always namespaced by a SHA-256 of the caller's credential (the credential itself is never kept).
+//! opening; always namespaced by the caller's tenant, a keyed hash of its credentials (see [`super::tenant`]).
 
+use super::tenant::{TenantKey, ANONYMOUS};
+use crate::config::SessionConfig;
 use http::HeaderMap;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
@@ -16,7 +18,7 @@ pub const AGENT_HEADERS: &[&str] = &[
 /// A resolved session identity.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionIdentity {
-    /// SHA-256 (hex) of the caller's Authorization header, or of the empty string when there is none.
+    /// The caller's tenant: HMAC-SHA256 (hex) of its credential headers, or [`ANONYMOUS`].
     pub tenant: String,
     /// The public id: a short tenant prefix plus the client's id or a fingerprint; unique across tenants.
     pub id: String,
@@ -40,23 +42,21 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// The tenant hash of a request: SHA-256 of its Authorization header value.
-pub fn tenant_hash(headers: &HeaderMap) -> String {
-    let cred = headers
-        .get(http::header::AUTHORIZATION)
-        .map(|v| v.as_bytes())
-        .unwrap_or_default();
-    sha256_hex(cred)
+/// The prefix of a tenant's session ids: 16 hex digits of its hash, or the whole [`ANONYMOUS`].
+fn id_prefix(tenant: &str) -> &str {
+    tenant.get(..16).unwrap_or(tenant)
 }
 
-/// Resolves the session of a chat request.
+/// Resolves the session of a chat request. `None`: the request is proxied without history (an anonymous caller
+/// without a session header while `[session] anonymous_fingerprint` is off).
 pub fn identify(
     headers: &HeaderMap,
-    session_header: &str,
+    cfg: &SessionConfig,
+    key: &TenantKey,
     body: &Map<String, Value>,
-) -> SessionIdentity {
-    let tenant = tenant_hash(headers);
-    let prefix = &tenant[..16];
+) -> Option<SessionIdentity> {
+    let tenant = key.tenant(headers);
+    let prefix = id_prefix(&tenant);
     let header_value = |name: &str| {
         headers
             .get(name)
@@ -65,27 +65,41 @@ pub fn identify(
             .filter(|v| !v.is_empty())
             .map(str::to_string)
     };
-    if let Some(v) = header_value(session_header) {
-        return SessionIdentity {
-            id: format!("{prefix}-{}", client_id_part(&v)),
+    if let Some(v) = header_value(&cfg.header) {
+        return Some(SessionIdentity {
+            id: scoped_id(prefix, &v),
             tenant,
             source: IdSource::Header,
-        };
+        });
     }
     for h in AGENT_HEADERS {
         if let Some(v) = header_value(h) {
-            return SessionIdentity {
-                id: format!("{prefix}-{}", client_id_part(&v)),
+            return Some(SessionIdentity {
+                id: scoped_id(prefix, &v),
                 tenant,
                 source: IdSource::AgentHeader,
-            };
+            });
         }
     }
-    SessionIdentity {
+    if tenant == ANONYMOUS && !cfg.anonymous_fingerprint {
+        return None;
+    }
+    Some(SessionIdentity {
         id: format!("{prefix}-fp{}", &fingerprint(body)[..24]),
         tenant,
         source: IdSource::Fingerprint,
-    }
+    })
+}
+
+/// The session id for the client's id `v`: `<prefix>-<id>`. An id that already carries this tenant's prefix (our
+/// own `x-ctxgate-session` sent back) is a fixed point; any other (another tenant's prefix included) is prefixed,
+/// so nobody can name a session of another tenant.
+fn scoped_id(prefix: &str, v: &str) -> String {
+    let own = v
+        .strip_prefix(prefix)
+        .and_then(|rest| rest.strip_prefix('-'))
+        .filter(|rest| !rest.is_empty());
+    format!("{prefix}-{}", client_id_part(own.unwrap_or(v)))
 }
 
 /// The client's id as used in ours: kept as is when short and plain, hashed otherwise.
@@ -180,6 +194,15 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn cfg() -> SessionConfig {
+        SessionConfig::default()
+    }
+
+    /// `identify` under a fixed key and the default config.
+    fn ident(h: &HeaderMap, body: &Map<String, Value>) -> SessionIdentity {
+        identify(h, &cfg(), &TenantKey::from_bytes([9; 32]).unwrap(), body).unwrap()
+    }
+
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
@@ -197,28 +220,18 @@ mod tests {
             .as_object()
             .cloned()
             .unwrap();
-        let a = identify(
+        let a = ident(
             &headers(&[("authorization", "Bearer a"), ("x-session-id", "s1")]),
-            "x-session-id",
             &body,
         );
-        let b = identify(
+        let b = ident(
             &headers(&[("authorization", "Bearer b"), ("x-session-id", "s1")]),
-            "x-session-id",
             &body,
         );
         assert_ne!(a.id, b.id);
         assert!(a.id.ends_with("-s1") && a.source == IdSource::Header);
-        let fa = identify(
-            &headers(&[("authorization", "Bearer a")]),
-            "x-session-id",
-            &body,
-        );
-        let fb = identify(
-            &headers(&[("authorization", "Bearer b")]),
-            "x-session-id",
-            &body,
-        );
+        let fa = ident(&headers(&[("authorization", "Bearer a")]), &body);
+        let fb = ident(&headers(&[("authorization", "Bearer b")]), &body);
         assert_ne!(fa.id, fb.id);
         assert_eq!(fa.source, IdSource::Fingerprint);
         assert!(!a.id.contains("Bearer") && !a.tenant.contains("Bearer"));
@@ -238,33 +251,101 @@ mod tests {
         .cloned()
         .unwrap();
         let h = headers(&[]);
-        assert_eq!(
-            identify(&h, "x-session-id", &body).id,
-            identify(&h, "x-session-id", &later).id
-        );
+        assert_eq!(ident(&h, &body).id, ident(&h, &later).id);
         let other = json!({"model":"gpt-4o","messages":[{"role":"system","content":"s"},{"role":"user","content":"other"}]}).as_object().cloned().unwrap();
-        assert_ne!(
-            identify(&h, "x-session-id", &body).id,
-            identify(&h, "x-session-id", &other).id
-        );
-        let agent = identify(
-            &headers(&[("helicone-session-id", "abc")]),
-            "x-session-id",
-            &body,
-        );
+        assert_ne!(ident(&h, &body).id, ident(&h, &other).id);
+        let agent = ident(&headers(&[("helicone-session-id", "abc")]), &body);
         assert_eq!(agent.source, IdSource::AgentHeader);
-        let both = identify(
+        let both = ident(
             &headers(&[("helicone-session-id", "abc"), ("x-session-id", "x")]),
-            "x-session-id",
             &body,
         );
         assert!(both.id.ends_with("-x"));
-        let weird = identify(
-            &headers(&[("x-session-id", "a b/c")]),
-            "x-session-id",
-            &body,
-        );
+        let weird = ident(&headers(&[("x-session-id", "a b/c")]), &body);
         assert!(!weird.id.contains(' ') && !weird.id.contains('/'));
+    }
+
+    #[test]
+    fn every_credential_header_separates_tenants() {
+        let body = json!({"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]})
+            .as_object()
+            .cloned()
+            .unwrap();
+        for name in ["x-api-key", "api-key", "x-goog-api-key"] {
+            let a = ident(&headers(&[(name, "key-a"), ("x-session-id", "s1")]), &body);
+            let b = ident(&headers(&[(name, "key-b"), ("x-session-id", "s1")]), &body);
+            assert_ne!(a.id, b.id, "{name}: same session id, other key");
+            assert_ne!(a.tenant, b.tenant, "{name}");
+            let fa = ident(&headers(&[(name, "key-a")]), &body);
+            let fb = ident(&headers(&[(name, "key-b")]), &body);
+            assert_ne!(fa.id, fb.id, "{name}: same fingerprint, other key");
+            let again = ident(&headers(&[(name, "key-a"), ("x-session-id", "s1")]), &body);
+            assert_eq!(a, again, "{name}: same key, same session");
+        }
+    }
+
+    #[test]
+    fn anonymous_callers_and_their_fingerprints() {
+        let body = json!({"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]})
+            .as_object()
+            .cloned()
+            .unwrap();
+        let key = TenantKey::from_bytes([9; 32]).unwrap();
+        let anon = ident(&headers(&[]), &body);
+        assert_eq!(anon.tenant, ANONYMOUS);
+        assert_eq!(anon.source, IdSource::Fingerprint);
+        assert!(anon.id.starts_with("anonymous-fp"), "{}", anon.id);
+        let off = SessionConfig {
+            anonymous_fingerprint: false,
+            ..SessionConfig::default()
+        };
+        assert_eq!(identify(&headers(&[]), &off, &key, &body), None);
+        let named = identify(&headers(&[("x-session-id", "s1")]), &off, &key, &body).unwrap();
+        assert_eq!(named.id, "anonymous-s1");
+        // callers with a credential keep their fingerprints
+        let keyed = identify(&headers(&[("x-api-key", "k")]), &off, &key, &body).unwrap();
+        assert_eq!(keyed.source, IdSource::Fingerprint);
+    }
+
+    #[test]
+    fn our_own_id_sent_back_is_a_fixed_point() {
+        let body = json!({"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]})
+            .as_object()
+            .cloned()
+            .unwrap();
+        for creds in [
+            &[("authorization", "Bearer a")][..],
+            &[("x-api-key", "k")],
+            &[],
+        ] {
+            let with = |sid: &str| {
+                let mut pairs = creds.to_vec();
+                pairs.push(("x-session-id", sid));
+                ident(&headers(&pairs), &body)
+            };
+            let fp = ident(&headers(creds), &body).id;
+            for first in [with("conv-1").id, with("a b/c").id, fp] {
+                let again = with(&first);
+                assert_eq!(again.id, first, "sent back as x-session-id");
+                assert_eq!(with(&again.id).id, first);
+            }
+        }
+        // another tenant's id is only a name inside ours
+        let a = with_auth("Bearer a", "conv-1", &body);
+        let b = with_auth("Bearer b", &a.id, &body);
+        assert_ne!(b.id, a.id);
+        assert!(b.id.ends_with(&a.id) && b.id.starts_with(&b.tenant[..16]));
+        let anon = ident(&headers(&[("x-session-id", &a.id)]), &body);
+        assert_eq!(anon.id, format!("anonymous-{}", a.id));
+        let into_anon = with_auth("Bearer a", "anonymous-conv-1", &body);
+        assert_ne!(into_anon.id, "anonymous-conv-1");
+    }
+
+    fn with_auth(auth: &str, sid: &str, body: &Map<String, Value>) -> SessionIdentity {
+        ident(
+            &headers(&[("authorization", auth), ("x-session-id", sid)]),
+            body,
+        )
     }
 
     #[test]

@@ -3,7 +3,9 @@
 pub mod identity;
 pub mod manager;
 pub mod runloop;
+pub mod tenant;
 pub mod tree;
 
 pub use identity::{identify, SessionIdentity};
 pub use manager::{RequestMark, SessionView, Sessions};
+pub use tenant::TenantKey;
