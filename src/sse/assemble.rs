@@ -17,7 +17,8 @@ pub struct AssembledReply {
     pub model: Option<String>,
     /// An `error` object sent by the upstream (inside a 200 stream, or as an error body).
     pub error: Option<Value>,
-    /// The reply ended properly: `[DONE]` or a `finish_reason` was seen, or a whole JSON body was parsed.
+    /// The reply ended properly: `[DONE]` or a `finish_reason` was seen and no error event, or a whole JSON body
+    /// was parsed.
     pub complete: bool,
     /// Number of `data:` events that carried a chunk.
     pub chunks: usize,
@@ -27,6 +28,22 @@ impl AssembledReply {
     /// `usage.prompt_tokens`, when reported.
     pub fn prompt_tokens(&self) -> Option<u64> {
         self.usage.as_ref()?.get("prompt_tokens")?.as_u64()
+    }
+
+    /// The message says nothing: no text, no tool or function call, no refusal (e.g. a bare `[DONE]`).
+    pub fn is_empty(&self) -> bool {
+        let Some(m) = self.message.as_object() else {
+            return true;
+        };
+        let said = |k: &str| match m.get(k) {
+            None | Some(Value::Null) => false,
+            Some(Value::String(s)) => !s.is_empty(),
+            Some(Value::Array(a)) => !a.is_empty(),
+            Some(_) => true,
+        };
+        !["content", "tool_calls", "function_call", "refusal", "audio"]
+            .into_iter()
+            .any(said)
     }
 
     /// `usage.completion_tokens`, when reported.
@@ -236,7 +253,8 @@ impl MessageAssembler {
             id: self.id.clone(),
             model: self.model.clone(),
             error: self.error.clone(),
-            complete: self.done || (self.finish_reason.is_some() && self.error.is_none()),
+            // An error event means the reply was cut short, even when `[DONE]` follows it.
+            complete: (self.done || self.finish_reason.is_some()) && self.error.is_none(),
             chunks: self.chunks,
         }
     }
@@ -345,6 +363,8 @@ mod tests {
         assert_eq!(partial.message["content"], "par");
         a.on_event_data(r#"{"error":{"message":"overloaded","type":"server_error"}}"#);
         assert_eq!(a.finish().error.unwrap()["message"], "overloaded");
+        a.on_event_data("[DONE]");
+        assert!(!a.finish().complete, "an error then [DONE] is still cut short");
     }
 
     #[test]
