@@ -314,7 +314,11 @@ mod tests {
         let err = GatewayError::UpstreamTimeout(3);
         for mid in [false, true] {
             let b = error_event(&err, mid);
-            let before: &[u8] = if mid { b"data: {\"cho" } else { b"data: {}\n\n" };
+            let before: &[u8] = if mid {
+                b"data: {\"cho"
+            } else {
+                b"data: {}\n\n"
+            };
             let events = SseParser::new().feed(&[before, &b].concat());
             let last: serde_json::Value =
                 serde_json::from_str(&events.last().unwrap().data).unwrap();

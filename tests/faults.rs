@@ -68,7 +68,9 @@ async fn a_stream_reset_midway_ends_with_an_error_event_and_a_partial_reply() {
     let resp = within(10, h.post_chat(body(true))).await;
     assert_eq!(resp.status(), 200);
     let id = session(&h, &resp).await;
-    let raw = within(10, resp.bytes()).await.expect("a clean end of the body");
+    let raw = within(10, resp.bytes())
+        .await
+        .expect("a clean end of the body");
     let events = SseParser::new().feed(&raw);
     assert_eq!(events.len(), 3, "{events:?}");
     assert!(events[1].data.contains("wor"));
@@ -88,12 +90,18 @@ async fn a_stream_reset_midway_ends_with_an_error_event_and_a_partial_reply() {
 #[tokio::test]
 async fn a_stream_reset_inside_an_event_still_ends_with_a_readable_error_event() {
     let h = Harness::start().await;
-    let whole = format!("data: {}\n\n", chunk(json!({"role":"assistant","content":"a"}), None));
+    let whole = format!(
+        "data: {}\n\n",
+        chunk(json!({"role":"assistant","content":"a"}), None)
+    );
     h.mock.push(MockReply::Broken {
         content_type: "text/event-stream".into(),
         chunks: vec![
             (Duration::ZERO, Bytes::from(whole)),
-            (Duration::ZERO, Bytes::from_static(b"data: {\"choices\":[{\"ind")),
+            (
+                Duration::ZERO,
+                Bytes::from_static(b"data: {\"choices\":[{\"ind"),
+            ),
         ],
     });
     let raw = within(10, within(10, h.post_chat(body(true))).await.bytes())
@@ -110,11 +118,17 @@ async fn a_json_body_reset_midway_aborts_the_client_body() {
     let mut h = Harness::start().await;
     h.mock.push(MockReply::Broken {
         content_type: "application/json".into(),
-        chunks: vec![(Duration::ZERO, Bytes::from_static(b"{\"id\":\"x\",\"choices\":[{\"mess"))],
+        chunks: vec![(
+            Duration::ZERO,
+            Bytes::from_static(b"{\"id\":\"x\",\"choices\":[{\"mess"),
+        )],
     });
     let resp = within(10, h.post_chat(body(false))).await;
     let id = session(&h, &resp).await;
-    assert!(within(10, resp.bytes()).await.is_err(), "the body is cut, not ended");
+    assert!(
+        within(10, resp.bytes()).await.is_err(),
+        "the body is cut, not ended"
+    );
     let turn = h.next_turn().await;
     assert!(turn.outcome.reply.is_empty());
     assert_eq!(view(&h, &id).await.messages.len(), 1, "no reply recorded");
@@ -222,9 +236,13 @@ async fn a_stream_reset_during_recall_rounds_ends_with_an_error_event() {
     let b = json!({"model":"mock-model","stream":true,"messages":common::agent_history(14, 300)});
     let resp = within(30, h.post_chat(b.to_string())).await;
     let id = session(&h, &resp).await;
-    let raw = within(30, resp.bytes()).await.expect("a clean end of the body");
+    let raw = within(30, resp.bytes())
+        .await
+        .expect("a clean end of the body");
     assert!(
-        h.mock.requests()[0].json()["tools"].to_string().contains("recall_tool_call"),
+        h.mock.requests()[0].json()["tools"]
+            .to_string()
+            .contains("recall_tool_call"),
         "recall was offered"
     );
     let events = SseParser::new().feed(&raw);

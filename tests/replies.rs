@@ -43,13 +43,20 @@ fn user(text: &str) -> Value {
 #[tokio::test]
 async fn an_error_event_then_done_is_recorded_partial() {
     let mut h = Harness::start().await;
-    let err = json!({"error":{"message":"overloaded","type":"server_error","param":null,"code":null}});
+    let err =
+        json!({"error":{"message":"overloaded","type":"server_error","param":null,"code":null}});
     h.mock.push(MockReply::sse_chunks(
-        &[chunk(json!({"role":"assistant","content":"half an ans"}), None), err],
+        &[
+            chunk(json!({"role":"assistant","content":"half an ans"}), None),
+            err,
+        ],
         Duration::ZERO,
     ));
     let (id, text) = chat(&h, "err-done", &user("q")).await;
-    assert!(text.contains("overloaded") && text.ends_with("data: [DONE]\n\n"), "relayed as is");
+    assert!(
+        text.contains("overloaded") && text.ends_with("data: [DONE]\n\n"),
+        "relayed as is"
+    );
     let turn = h.next_turn().await;
     assert!(!turn.outcome.reply.complete);
     let v = view(&h, &id).await;
@@ -64,7 +71,10 @@ async fn an_empty_reply_stores_nothing_and_the_head_stays() {
     let mut h = Harness::start().await;
     h.mock.push(MockReply::sse_chunks(&[], Duration::ZERO));
     h.mock.push(MockReply::sse_chunks(
-        &[chunk(json!({"role":"assistant","content":""}), Some("stop"))],
+        &[chunk(
+            json!({"role":"assistant","content":""}),
+            Some("stop"),
+        )],
         Duration::ZERO,
     ));
     let (id, _) = chat(&h, "empty", &user("q")).await;
@@ -107,7 +117,10 @@ async fn several_choices_get_the_rewrite_without_the_recall_tools() {
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["choices"][0]["message"]["content"], "mock reply");
     let sent = h.mock.requests()[0].json();
-    assert_ne!(sent["messages"], body["messages"], "the request was rewritten");
+    assert_ne!(
+        sent["messages"], body["messages"],
+        "the request was rewritten"
+    );
     let names: Vec<&str> = sent["tools"]
         .as_array()
         .unwrap()
@@ -119,7 +132,9 @@ async fn several_choices_get_the_rewrite_without_the_recall_tools() {
     // n = 1 still gets them
     body["n"] = json!(1);
     chat(&h, "n1", &body).await;
-    assert!(h.mock.requests()[1].json()["tools"].to_string().contains(RECALL));
+    assert!(h.mock.requests()[1].json()["tools"]
+        .to_string()
+        .contains(RECALL));
 }
 
 /// The JSON recall rounds used to run in the handler's future: a client leaving mid-round dropped them with the

@@ -95,7 +95,10 @@ fn check_messages(messages: &[Value]) -> Result<(), GatewayError> {
 /// `stream` must be a boolean and `n` a positive integer when given (`null` counts as absent): both decide how
 /// ctxgate reads the answer (stream or body, recall offered or not).
 fn check_options(body: &Map<String, Value>) -> Result<(), GatewayError> {
-    if body.get("stream").is_some_and(|s| !s.is_boolean() && !s.is_null()) {
+    if body
+        .get("stream")
+        .is_some_and(|s| !s.is_boolean() && !s.is_null())
+    {
         return Err(GatewayError::BadRequest {
             message: "`stream` must be a boolean".into(),
             param: Some("stream"),
@@ -103,7 +106,7 @@ fn check_options(body: &Map<String, Value>) -> Result<(), GatewayError> {
     }
     if body
         .get("n")
-        .is_some_and(|n| !n.is_null() && !n.as_u64().is_some_and(|n| n >= 1))
+        .is_some_and(|n| !n.is_null() && n.as_u64().is_none_or(|n| n < 1))
     {
         return Err(GatewayError::BadRequest {
             message: "`n` must be a positive integer".into(),
@@ -153,7 +156,10 @@ mod tests {
     fn messages_must_be_objects_with_a_string_role() {
         let bad: [(&[u8], &str); 7] = [
             (br#"{"messages":["hi"]}"#, "messages"),
-            (br#"{"messages":[{"role":"user","content":"a"},null]}"#, "messages"),
+            (
+                br#"{"messages":[{"role":"user","content":"a"},null]}"#,
+                "messages",
+            ),
             (br#"{"messages":[[{"role":"user"}]]}"#, "messages"),
             (br#"{"messages":[{"content":"no role"}]}"#, "messages"),
             (br#"{"messages":[{"role":7,"content":"a"}]}"#, "messages"),
@@ -163,7 +169,12 @@ mod tests {
         for (body, param) in bad {
             let e = ChatRequest::parse(Bytes::copy_from_slice(body)).unwrap_err();
             assert_eq!(e.status().as_u16(), 400);
-            assert_eq!(e.body()["error"]["param"], param, "{}", String::from_utf8_lossy(body));
+            assert_eq!(
+                e.body()["error"]["param"],
+                param,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
         }
         for good in [
             &br#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}],"n":2,"stream":null}"#[..],

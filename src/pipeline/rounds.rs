@@ -11,8 +11,8 @@ use crate::recall::{
     RoundEnd, StreamSplicer,
 };
 use crate::relay::{Finisher, RelayOutcome};
-use crate::upstream::map_reqwest_error;
 use crate::sse::{AssembledReply, MessageAssembler, SseParser};
+use crate::upstream::map_reqwest_error;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, Method};

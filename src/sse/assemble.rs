@@ -364,7 +364,10 @@ mod tests {
         a.on_event_data(r#"{"error":{"message":"overloaded","type":"server_error"}}"#);
         assert_eq!(a.finish().error.unwrap()["message"], "overloaded");
         a.on_event_data("[DONE]");
-        assert!(!a.finish().complete, "an error then [DONE] is still cut short");
+        assert!(
+            !a.finish().complete,
+            "an error then [DONE] is still cut short"
+        );
     }
 
     #[test]

@@ -252,7 +252,10 @@ mod tests {
             assert!(p.buffered() <= MAX_LINE_BYTES + line.len());
         }
         assert_eq!(p.dropped(), 1);
-        assert!(p.feed(b"\n").is_empty(), "the broken event is not dispatched");
+        assert!(
+            p.feed(b"\n").is_empty(),
+            "the broken event is not dispatched"
+        );
         assert_eq!(p.feed(b"data: ok\n\n")[0].data, "ok");
         assert_eq!(p.dropped(), 1);
     }

@@ -78,8 +78,11 @@ impl Failures {
             .min(MAX_BACKOFF);
         self.0.insert(id.to_string(), (n, now + wait));
         if self.0.len() > MAX_FAILURE_ENTRIES {
-            let mut ends: Vec<(Instant, String)> =
-                self.0.iter().map(|(k, (_, until))| (*until, k.clone())).collect();
+            let mut ends: Vec<(Instant, String)> = self
+                .0
+                .iter()
+                .map(|(k, (_, until))| (*until, k.clone()))
+                .collect();
             ends.sort_unstable();
             let excess = self.0.len() - MAX_FAILURE_ENTRIES;
             for (_, k) in ends.into_iter().take(excess) {
@@ -427,13 +430,19 @@ mod tests {
         // another job of this session is running: its receiver, no copy
         let (_tx, running) = watch::channel(false);
         s.in_flight.lock().insert("s1".into(), running);
-        assert!(s.start_with("s1", never, sessions.clone(), &tasks).is_some());
+        assert!(s
+            .start_with("s1", never, sessions.clone(), &tasks)
+            .is_some());
         // backing off
         s.failures.lock().failed("s2", Instant::now());
-        assert!(s.start_with("s2", never, sessions.clone(), &tasks).is_none());
+        assert!(s
+            .start_with("s2", never, sessions.clone(), &tasks)
+            .is_none());
         // every slot taken (summary.max_concurrent = 1): not started, no copy
         let held = s.slots.clone().try_acquire_owned().unwrap();
-        assert!(s.start_with("s3", never, sessions.clone(), &tasks).is_none());
+        assert!(s
+            .start_with("s3", never, sessions.clone(), &tasks)
+            .is_none());
         assert!(!s.in_flight.lock().contains_key("s3"));
         drop(held);
         assert_eq!(s.slots.available_permits(), 1);
