@@ -255,3 +255,23 @@ async fn a_stream_reset_during_recall_rounds_ends_with_an_error_event() {
     assert_eq!(v.messages.last().unwrap()["content"], "Partial");
     assert_eq!(v.partial, [v.messages.len() as u32 - 1]);
 }
+
+/// A stream whose message grows past the assembler's bound, in ordinary-sized events: relayed whole, not
+/// assembled, not recorded.
+#[tokio::test]
+async fn a_huge_streamed_reply_is_relayed_whole_and_not_recorded() {
+    let mut h = Harness::start().await;
+    let piece = "w".repeat(1024 * 1024);
+    let mut chunks = vec![chunk(json!({"role":"assistant","content":""}), None)];
+    let n = ctxgate::sse::MAX_ASSEMBLED_BYTES / piece.len() + 2;
+    chunks.extend((0..n).map(|_| chunk(json!({"content": piece}), None)));
+    chunks.push(chunk(json!({}), Some("stop")));
+    h.mock.push(MockReply::sse_chunks(&chunks, Duration::ZERO));
+    let resp = within(30, h.post_chat(body(true))).await;
+    let id = session(&h, &resp).await;
+    let got = within(30, resp.bytes()).await.unwrap();
+    assert!(got.len() > n * piece.len() && got.ends_with(b"data: [DONE]\n\n"));
+    let turn = h.next_turn().await;
+    assert!(turn.outcome.reply.is_empty() && !turn.outcome.reply.complete);
+    assert_eq!(view(&h, &id).await.messages.len(), 1, "not recorded");
+}

@@ -3,7 +3,7 @@
 
 mod assemble;
 
-pub use assemble::{AssembledReply, MessageAssembler};
+pub use assemble::{AssembledReply, MessageAssembler, MAX_ASSEMBLED_BYTES};
 
 /// One dispatched SSE event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
