@@ -355,8 +355,8 @@ pub struct SummaryConfig {
     pub wait_ms: u64,
     /// File with the summary prompt; unset means the shipped `config/summary_prompt.txt`.
     pub prompt_file: Option<PathBuf>,
-    /// Most summary requests in flight at once across all sessions; further summaries wait for a free slot
-    /// (requests never wait for them: they are pruned meanwhile).
+    /// Most summary requests in flight at once across all sessions; while every slot is taken no further summary
+    /// starts (requests never wait for them: they are pruned meanwhile, and a later request starts the summary).
     pub max_concurrent: usize,
 }
 

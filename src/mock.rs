@@ -22,6 +22,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::Response;
 use axum::routing::{get, post};
 use bytes::Bytes;
+use futures_util::StreamExt;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
@@ -70,6 +71,13 @@ pub enum MockReply {
         chunks: Vec<(Duration, Bytes)>,
         /// After the last chunk, keep the connection open without sending anything.
         stall_after: bool,
+    },
+    /// A 200 whose body breaks: the chunks are sent, then the connection is reset (no end of body).
+    Broken {
+        /// The response's `content-type`.
+        content_type: String,
+        /// Raw chunks with the delay before each.
+        chunks: Vec<(Duration, Bytes)>,
     },
 }
 
@@ -131,13 +139,24 @@ impl MockReply {
     pub fn delayed(mut self, d: Duration) -> Self {
         match &mut self {
             MockReply::Json { delay, .. } => *delay = d,
-            MockReply::Sse { chunks, .. } => {
+            MockReply::Sse { chunks, .. } | MockReply::Broken { chunks, .. } => {
                 if let Some(first) = chunks.first_mut() {
                     first.0 = d;
                 }
             }
         }
         self
+    }
+
+    /// An SSE stream of chat.completion.chunk objects whose connection is reset after the last one.
+    pub fn sse_broken(chunks: &[Value]) -> Self {
+        MockReply::Broken {
+            content_type: "text/event-stream".into(),
+            chunks: chunks
+                .iter()
+                .map(|c| (Duration::ZERO, Bytes::from(format!("data: {c}\n\n"))))
+                .collect(),
+        }
     }
 
     /// A reply from its JSON spec, as `POST /_mock/script` takes it. One of:
@@ -221,6 +240,13 @@ impl MockReply {
                     .map(|(_, b)| String::from_utf8_lossy(b))
                     .collect();
                 json!({"status": 200, "sse": text})
+            }
+            MockReply::Broken { chunks, .. } => {
+                let text: String = chunks
+                    .iter()
+                    .map(|(_, b)| String::from_utf8_lossy(b))
+                    .collect();
+                json!({"status": 200, "broken_after": text})
             }
         }
     }
@@ -478,6 +504,30 @@ async fn render(reply: MockReply, state: Arc<MockState>) -> Response {
                 .header("content-type", "text/event-stream")
                 .header("cache-control", "no-cache")
                 .body(Body::from_stream(stream))
+                .unwrap_or_else(|_| Response::new(Body::empty()))
+        }
+        MockReply::Broken {
+            content_type,
+            chunks,
+        } => {
+            let sent = futures_util::stream::iter(chunks).then(|(d, b)| async move {
+                if !d.is_zero() {
+                    tokio::time::sleep(d).await;
+                }
+                Ok::<Bytes, std::io::Error>(b)
+            });
+            let reset = futures_util::stream::once(async {
+                // Let the chunks go out first: the error makes the server drop the connection at once.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionReset,
+                    "mock: connection reset",
+                ))
+            });
+            Response::builder()
+                .status(StatusCode::OK)
+                .header("content-type", content_type)
+                .body(Body::from_stream(sent.chain(reset)))
                 .unwrap_or_else(|_| Response::new(Body::empty()))
         }
     }

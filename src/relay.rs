@@ -4,7 +4,9 @@
 //! final `[DONE]` event (SSE) or the last body chunk (JSON) is released, so that a turn the client has received
 //! is recorded — or, when the client goes away, from the relay's `Drop` with the partial reply.
 
+use crate::error::GatewayError;
 use crate::sse::{AssembledReply, MessageAssembler, SseParser};
+use crate::upstream::map_reqwest_error;
 use bytes::{Bytes, BytesMut};
 use futures_util::future::BoxFuture;
 use futures_util::stream::{BoxStream, Stream, StreamExt};
@@ -29,8 +31,9 @@ pub struct RelayOutcome {
 /// Work to run once when the reply ends; its future is awaited before the last bytes are released.
 pub type Finisher = Box<dyn FnOnce(RelayOutcome) -> BoxFuture<'static, ()> + Send>;
 
-/// Largest non-streaming body the tap keeps for assembling (bigger bodies are relayed but not assembled).
-const MAX_TAPPED_JSON: usize = 64 * 1024 * 1024;
+/// Largest non-streaming body the tap keeps for assembling (16 MiB, far above any real completion; bigger bodies
+/// are relayed whole but neither assembled nor recorded).
+pub const MAX_TAPPED_JSON: usize = 16 * 1024 * 1024;
 
 enum Tap {
     Sse(Box<(SseParser, MessageAssembler)>),
@@ -54,7 +57,7 @@ impl Tap {
                 if !*overflow {
                     if buf.len() + chunk.len() > MAX_TAPPED_JSON {
                         *overflow = true;
-                        buf.clear();
+                        *buf = BytesMut::new();
                     } else {
                         buf.extend_from_slice(chunk);
                     }
@@ -71,11 +74,46 @@ impl Tap {
                 if let Some(ev) = parser.finish() {
                     assembler.on_event_data(&ev.data);
                 }
+                if parser.dropped() > 0 {
+                    tracing::warn!(
+                        dropped = parser.dropped(),
+                        "relay: SSE events over the line bound were relayed but not assembled"
+                    );
+                }
                 assembler.finish()
+            }
+            Tap::Json { overflow: true, .. } => {
+                tracing::warn!(
+                    limit = MAX_TAPPED_JSON,
+                    "relay: a reply body over the bound was relayed but not assembled"
+                );
+                AssembledReply::default()
             }
             Tap::Json { buf, .. } => MessageAssembler::from_completion_body(buf),
         }
     }
+
+    /// The stream stopped inside an SSE event.
+    fn mid_event(&self) -> bool {
+        match self {
+            Tap::Sse(sse) => sse.0.mid_event(),
+            Tap::Json { .. } => false,
+        }
+    }
+}
+
+/// The SSE event that ends a stream the upstream broke: `data: {"error":{…}}` in OpenAI's error shape, after a
+/// blank line closing the event the upstream left unfinished (when `mid_event`). No `[DONE]` follows: the reply
+/// is not complete.
+pub fn error_event(err: &GatewayError, mid_event: bool) -> Bytes {
+    let mut b = Vec::new();
+    if mid_event {
+        b.extend_from_slice(b"\n\n");
+    }
+    b.extend_from_slice(b"data: ");
+    b.extend(serde_json::to_vec(&err.body()).unwrap_or_default());
+    b.extend_from_slice(b"\n\n");
+    Bytes::from(b)
 }
 
 struct Relay {
@@ -143,20 +181,32 @@ impl Relay {
                     self.finish(None).await;
                 }
                 Ok(Some(Err(e))) => {
-                    self.ended = true;
-                    self.held = None;
-                    let msg = format!("upstream body failed: {e}");
-                    self.finish(Some(msg.clone())).await;
-                    return Some(Err(std::io::Error::other(msg)));
+                    let err = map_reqwest_error(&e, self.idle);
+                    return Some(self.fail(err).await);
                 }
                 Err(_) => {
-                    self.ended = true;
-                    self.held = None;
-                    let msg = format!("upstream body stalled for {} s", self.idle.as_secs());
-                    self.finish(Some(msg.clone())).await;
-                    return Some(Err(std::io::Error::new(std::io::ErrorKind::TimedOut, msg)));
+                    let err = GatewayError::UpstreamTimeout(self.idle.as_secs());
+                    return Some(self.fail(err).await);
                 }
             }
+        }
+    }
+
+    /// The upstream body broke or stalled: finish the turn with the partial reply, then end a stream with an error
+    /// event and a clean end (a JSON body cannot be mended: its connection is aborted).
+    async fn fail(&mut self, err: GatewayError) -> Result<Bytes, std::io::Error> {
+        self.ended = true;
+        self.held = None;
+        let mid_event = self.tap.mid_event();
+        let msg = format!("upstream body: {err}");
+        self.finish(Some(msg.clone())).await;
+        match self.tap {
+            Tap::Sse(_) => {
+                let event = error_event(&err, mid_event);
+                self.bytes += event.len() as u64;
+                Ok(event)
+            }
+            Tap::Json { .. } => Err(std::io::Error::other(msg)),
         }
     }
 }
@@ -228,4 +278,53 @@ pub fn passthrough(
             )),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_json_tap_is_bounded_and_an_over_limit_body_is_not_assembled() {
+        let mut tap = Tap::Json {
+            buf: BytesMut::new(),
+            overflow: false,
+        };
+        let mb = vec![b' '; 1024 * 1024];
+        for _ in 0..20 {
+            tap.feed(&mb);
+            let Tap::Json { buf, .. } = &tap else {
+                unreachable!()
+            };
+            assert!(buf.len() <= MAX_TAPPED_JSON);
+        }
+        let Tap::Json { buf, overflow } = &tap else {
+            unreachable!()
+        };
+        assert!(*overflow);
+        assert_eq!(buf.capacity(), 0, "the buffer is let go");
+        // even a valid completion ending the body is not assembled from a truncated buffer
+        tap.feed(br#"{"choices":[{"message":{"role":"assistant","content":"x"}}]}"#);
+        let reply = tap.reply();
+        assert!(reply.is_empty() && !reply.complete);
+    }
+
+    #[test]
+    fn the_error_event_is_openai_shaped_and_closes_an_open_event() {
+        let err = GatewayError::UpstreamTimeout(3);
+        for mid in [false, true] {
+            let b = error_event(&err, mid);
+            let before: &[u8] = if mid {
+                b"data: {\"cho"
+            } else {
+                b"data: {}\n\n"
+            };
+            let events = SseParser::new().feed(&[before, &b].concat());
+            let last: serde_json::Value =
+                serde_json::from_str(&events.last().unwrap().data).unwrap();
+            assert_eq!(last["error"]["code"], "upstream_timeout");
+            assert_eq!(last["error"]["type"], "upstream_error");
+            assert_eq!(events.len(), 2, "{events:?}");
+        }
+    }
 }

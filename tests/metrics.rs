@@ -454,7 +454,13 @@ async fn unreachable_stalled_and_unknown_models_are_counted() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    assert!(resp.bytes().await.is_err(), "the stream breaks off");
+    // the stream ends cleanly with an OpenAI-style error event (no `[DONE]`)
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.ends_with("\n\n") && text.contains(r#""code":"upstream_timeout""#),
+        "{text}"
+    );
+    assert!(!text.contains("[DONE]"));
     let (_, m) = settled(&h).await;
     assert_eq!(
         sum(

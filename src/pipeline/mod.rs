@@ -199,7 +199,14 @@ async fn handle(
                 .unwrap_or(false);
             Body::from_stream(rounds.stream(resp, usage))
         } else {
-            let (status, headers, bytes) = rounds.json(resp).await;
+            // Tracked like the streaming rounds: a client that goes away mid-round does not cut the rounds (and
+            // the turn's finisher) short.
+            let (status, headers, bytes) = match state.tasks.spawn(rounds.json(resp)).await {
+                Ok(answer) => answer,
+                Err(e) => {
+                    return GatewayError::Internal(format!("recall rounds: {e}")).into_response()
+                }
+            };
             builder = Response::builder().status(status);
             for (k, v) in crate::upstream::strip_hop_by_hop(&headers).iter() {
                 if k != http::header::CONTENT_LENGTH {
@@ -344,7 +351,8 @@ fn record_round(
     })
 }
 
-/// Stores the assistant's reply when the upstream gave one; a reply cut short is stored marked partial.
+/// Stores the assistant's reply when the upstream gave one; a reply cut short (or ended by an error event) is
+/// stored marked partial, and a reply that says nothing (e.g. a bare `[DONE]`) is not stored: the head stays.
 async fn record_reply(
     state: &AppState,
     mark: &RequestMark,
@@ -352,13 +360,7 @@ async fn record_reply(
     outcome: &RelayOutcome,
 ) {
     let reply = &outcome.reply;
-    if !status.is_success() || !reply.message.is_object() {
-        return;
-    }
-    let has_content = reply.message.get("content").is_some_and(|c| !c.is_null())
-        || reply.message.get("tool_calls").is_some()
-        || reply.message.get("refusal").is_some();
-    if !reply.complete && !has_content {
+    if !status.is_success() || reply.is_empty() {
         return;
     }
     if let Err(e) = state

@@ -140,16 +140,10 @@ pub async fn plan_request(
     if let (Some((s, m)), Some(upto)) = (summarizer, wanted_summary(&decision)) {
         // A summary is wanted: have it written in the background. A request that is being pruned for want of it
         // may wait `summary.wait_ms` for it.
-        let job = summary_job(
-            m,
-            messages,
-            upto,
-            &ready,
-            auth,
-            encoding,
-            matches!(decision, Plan::Forward { .. }),
-        );
-        let done = s.start(job, state.sessions.clone(), &state.tasks);
+        // The job copies the history: built only once the summarizer is sure to start it.
+        let precomputed = matches!(decision, Plan::Forward { .. });
+        let make = || summary_job(m, messages, upto, &ready, auth, encoding, precomputed);
+        let done = s.start_with(&m.entry.id, make, state.sessions.clone(), &state.tasks);
         let pruned_meanwhile =
             matches!(&decision, Plan::Rewrite(r) if !r.record.stages.contains(&"summarized"));
         if let (Some(mut done), true, true) = (done, pruned_meanwhile, cfg.summary.wait_ms > 0) {

@@ -38,7 +38,7 @@ impl ChatRequest {
             ));
         };
         match body.get("messages") {
-            Some(Value::Array(_)) => {}
+            Some(Value::Array(messages)) => check_messages(messages)?,
             Some(_) => {
                 return Err(GatewayError::BadRequest {
                     message: "`messages` must be an array of message objects".into(),
@@ -52,6 +52,7 @@ impl ChatRequest {
                 })
             }
         }
+        check_options(&body)?;
         let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
         let model = match body.get("model") {
             None => String::new(),
@@ -79,6 +80,50 @@ impl ChatRequest {
             .map(Vec::as_slice)
             .unwrap_or_default()
     }
+}
+
+/// Every message must be an object with a string `role` (what the session tree, the planner and the recall tools
+/// rely on); anything else about a message (content shapes, tool call ids) is the upstream's to judge.
+fn check_messages(messages: &[Value]) -> Result<(), GatewayError> {
+    for (i, m) in messages.iter().enumerate() {
+        let problem = match m {
+            Value::Object(o) => match o.get("role") {
+                Some(Value::String(_)) => continue,
+                Some(_) => "its `role` must be a string",
+                None => "it has no `role`",
+            },
+            _ => "it must be a message object",
+        };
+        return Err(GatewayError::BadRequest {
+            message: format!("invalid message at messages[{i}]: {problem}"),
+            param: Some("messages"),
+        });
+    }
+    Ok(())
+}
+
+/// `stream` must be a boolean and `n` a positive integer when given (`null` counts as absent): both decide how
+/// ctxgate reads the answer (stream or body, recall offered or not).
+fn check_options(body: &Map<String, Value>) -> Result<(), GatewayError> {
+    if body
+        .get("stream")
+        .is_some_and(|s| !s.is_boolean() && !s.is_null())
+    {
+        return Err(GatewayError::BadRequest {
+            message: "`stream` must be a boolean".into(),
+            param: Some("stream"),
+        });
+    }
+    if body
+        .get("n")
+        .is_some_and(|n| !n.is_null() && n.as_u64().is_none_or(|n| n < 1))
+    {
+        return Err(GatewayError::BadRequest {
+            message: "`n` must be a positive integer".into(),
+            param: Some("n"),
+        });
+    }
+    Ok(())
 }
 
 /// Reads a whole body, refusing more than `limit` bytes with 413 and a body not received within `timeout` with
@@ -143,5 +188,37 @@ mod tests {
         }
         let absent = ChatRequest::parse(Bytes::from_static(br#"{"messages":[]}"#)).unwrap();
         assert_eq!(absent.model, "");
+    }
+
+    #[test]
+    fn messages_must_be_objects_with_a_string_role() {
+        let bad: [(&[u8], &str); 7] = [
+            (br#"{"messages":["hi"]}"#, "messages"),
+            (
+                br#"{"messages":[{"role":"user","content":"a"},null]}"#,
+                "messages",
+            ),
+            (br#"{"messages":[[{"role":"user"}]]}"#, "messages"),
+            (br#"{"messages":[{"content":"no role"}]}"#, "messages"),
+            (br#"{"messages":[{"role":7,"content":"a"}]}"#, "messages"),
+            (br#"{"messages":[],"stream":"yes"}"#, "stream"),
+            (br#"{"messages":[],"n":0}"#, "n"),
+        ];
+        for (body, param) in bad {
+            let e = ChatRequest::parse(Bytes::copy_from_slice(body)).unwrap_err();
+            assert_eq!(e.status().as_u16(), 400);
+            assert_eq!(
+                e.body()["error"]["param"],
+                param,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        for good in [
+            &br#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}],"n":2,"stream":null}"#[..],
+            br#"{"messages":[{"role":"assistant","content":null,"tool_calls":[]}],"n":null,"stream":false}"#,
+        ] {
+            assert!(ChatRequest::parse(Bytes::copy_from_slice(good)).is_ok());
+        }
     }
 }

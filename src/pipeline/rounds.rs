@@ -12,6 +12,7 @@ use crate::recall::{
 };
 use crate::relay::{Finisher, RelayOutcome};
 use crate::sse::{AssembledReply, MessageAssembler, SseParser};
+use crate::upstream::map_reqwest_error;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, Method};
@@ -20,8 +21,8 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
 
-/// Largest upstream JSON body read for a recall round.
-const MAX_ROUND_BODY: usize = 64 * 1024 * 1024;
+/// Largest upstream JSON body read for a recall round: the relay's bound.
+const MAX_ROUND_BODY: usize = crate::relay::MAX_TAPPED_JSON;
 
 /// One request's recall rounds.
 pub struct Rounds {
@@ -233,11 +234,11 @@ impl Rounds {
                     Ok(Some(Ok(c))) => c,
                     Ok(None) => break,
                     Ok(Some(Err(e))) => {
-                        error = Some(format!("upstream body failed: {e}"));
+                        error = Some(map_reqwest_error(&e, idle));
                         break;
                     }
                     Err(_) => {
-                        error = Some(format!("upstream body stalled for {} s", idle.as_secs()));
+                        error = Some(GatewayError::UpstreamTimeout(idle.as_secs()));
                         break;
                     }
                 };
@@ -294,13 +295,14 @@ impl Rounds {
                     }
                 }
                 RoundEnd::Finish(tail) => {
-                    return self.end(tail, seen, tx, bytes, first_byte_at, error).await
+                    return self.end(tail, seen, tx, bytes, first_byte_at, error).await;
                 }
             }
         }
     }
 
-    /// Sends the last chunks, records the reply, then `[DONE]` (or the upstream's error).
+    /// Sends the last chunks, records the reply, then `[DONE]` (or, when the upstream broke the stream, an error
+    /// event: the client's stream is re-serialised by the splicer, so it always stops between events).
     async fn end(
         self,
         tail: Vec<Value>,
@@ -308,7 +310,7 @@ impl Rounds {
         tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
         mut bytes: u64,
         first_byte_at: Option<Instant>,
-        error: Option<String>,
+        error: Option<GatewayError>,
     ) {
         for c in &tail {
             seen.on_chunk(c);
@@ -320,12 +322,14 @@ impl Rounds {
         }
         let mut reply = seen.finish();
         reply.complete = error.is_none();
-        (self.finisher)(outcome(reply, false, error.clone(), bytes, first_byte_at)).await;
-        let last = match error {
-            None => Ok(Bytes::from_static(b"data: [DONE]\n\n")),
-            Some(e) => Err(std::io::Error::other(e)),
+        let last = match &error {
+            None => Bytes::from_static(b"data: [DONE]\n\n"),
+            Some(e) => crate::relay::error_event(e, false),
         };
-        let _ = tx.send(last).await;
+        let message = error.map(|e| format!("upstream body: {e}"));
+        bytes += last.len() as u64;
+        (self.finisher)(outcome(reply, false, message, bytes, first_byte_at)).await;
+        let _ = tx.send(Ok(last)).await;
     }
 
     async fn gone(self, seen: MessageAssembler, bytes: u64, first_byte_at: Option<Instant>) {

@@ -46,10 +46,15 @@ pub fn inject(
 }
 
 /// Whether the recall tools may be added to `body`: not when disabled, when the client forbids tools
-/// (`tool_choice: "none"`) or forces a function, or when a client tool already has one of their names.
+/// (`tool_choice: "none"`) or forces a function, when a client tool already has one of their names, or when the
+/// client asks for several choices (`n > 1`: only one choice's calls could be answered within the response).
 pub fn can_inject(body: &Map<String, Value>, cfg: &RecallConfig) -> Result<(), &'static str> {
     if !cfg.enabled {
         return Err("disabled");
+    }
+    // Several choices would each need their own recall rounds; the rewrite still applies, without the tools.
+    if body.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
+        return Err("n > 1");
     }
     match body.get("tool_choice") {
         Some(Value::String(s)) if s == "none" => return Err("tool_choice none"),

@@ -17,7 +17,8 @@ pub struct AssembledReply {
     pub model: Option<String>,
     /// An `error` object sent by the upstream (inside a 200 stream, or as an error body).
     pub error: Option<Value>,
-    /// The reply ended properly: `[DONE]` or a `finish_reason` was seen, or a whole JSON body was parsed.
+    /// The reply ended properly: `[DONE]` or a `finish_reason` was seen and no error event, or a whole JSON body
+    /// was parsed.
     pub complete: bool,
     /// Number of `data:` events that carried a chunk.
     pub chunks: usize,
@@ -27,6 +28,22 @@ impl AssembledReply {
     /// `usage.prompt_tokens`, when reported.
     pub fn prompt_tokens(&self) -> Option<u64> {
         self.usage.as_ref()?.get("prompt_tokens")?.as_u64()
+    }
+
+    /// The message says nothing: no text, no tool or function call, no refusal (e.g. a bare `[DONE]`).
+    pub fn is_empty(&self) -> bool {
+        let Some(m) = self.message.as_object() else {
+            return true;
+        };
+        let said = |k: &str| match m.get(k) {
+            None | Some(Value::Null) => false,
+            Some(Value::String(s)) => !s.is_empty(),
+            Some(Value::Array(a)) => !a.is_empty(),
+            Some(_) => true,
+        };
+        !["content", "tool_calls", "function_call", "refusal", "audio"]
+            .into_iter()
+            .any(said)
     }
 
     /// `usage.completion_tokens`, when reported.
@@ -59,7 +76,14 @@ pub struct MessageAssembler {
     error: Option<Value>,
     done: bool,
     chunks: usize,
+    /// Bytes of message text taken in so far (content, refusal, calls).
+    size: usize,
+    /// The message went over [`MAX_ASSEMBLED_BYTES`]: it is no longer assembled.
+    overflow: bool,
 }
+
+/// Largest message the assembler builds (16 MiB of text); a bigger reply is relayed but not assembled.
+pub const MAX_ASSEMBLED_BYTES: usize = 16 * 1024 * 1024;
 
 impl MessageAssembler {
     /// A fresh assembler.
@@ -116,6 +140,18 @@ impl MessageAssembler {
     }
 
     fn on_delta(&mut self, delta: &Value) {
+        if self.overflow {
+            return;
+        }
+        self.size += delta_size(delta);
+        if self.size > MAX_ASSEMBLED_BYTES {
+            self.overflow = true;
+            self.content = None;
+            self.refusal = None;
+            self.tool_calls = Vec::new();
+            self.function_call = None;
+            return;
+        }
         if let Some(r) = delta.get("role").and_then(Value::as_str) {
             self.role = Some(r.to_string());
         }
@@ -192,8 +228,21 @@ impl MessageAssembler {
         }
     }
 
-    /// The message assembled so far (also valid for a stream cut short).
+    /// The message assembled so far (also valid for a stream cut short). A message over
+    /// [`MAX_ASSEMBLED_BYTES`] comes back as `null` and not complete: nothing of it is recorded.
     pub fn finish(&self) -> AssembledReply {
+        if self.overflow {
+            return AssembledReply {
+                message: Value::Null,
+                finish_reason: self.finish_reason.clone(),
+                usage: self.usage.clone(),
+                id: self.id.clone(),
+                model: self.model.clone(),
+                error: self.error.clone(),
+                complete: false,
+                chunks: self.chunks,
+            };
+        }
         let mut m = Map::new();
         m.insert(
             "role".into(),
@@ -236,9 +285,20 @@ impl MessageAssembler {
             id: self.id.clone(),
             model: self.model.clone(),
             error: self.error.clone(),
-            complete: self.done || (self.finish_reason.is_some() && self.error.is_none()),
+            // An error event means the reply was cut short, even when `[DONE]` follows it.
+            complete: (self.done || self.finish_reason.is_some()) && self.error.is_none(),
             chunks: self.chunks,
         }
+    }
+}
+
+/// Bytes of text a delta adds (its strings, roughly).
+fn delta_size(delta: &Value) -> usize {
+    match delta {
+        Value::String(s) => s.len(),
+        Value::Array(a) => a.iter().map(delta_size).sum(),
+        Value::Object(o) => o.values().map(delta_size).sum(),
+        _ => 0,
     }
 }
 
@@ -345,6 +405,31 @@ mod tests {
         assert_eq!(partial.message["content"], "par");
         a.on_event_data(r#"{"error":{"message":"overloaded","type":"server_error"}}"#);
         assert_eq!(a.finish().error.unwrap()["message"], "overloaded");
+        a.on_event_data("[DONE]");
+        assert!(
+            !a.finish().complete,
+            "an error then [DONE] is still cut short"
+        );
+    }
+
+    #[test]
+    fn a_message_over_the_bound_is_not_assembled() {
+        let mut a = MessageAssembler::new();
+        let piece = "z".repeat(1024 * 1024);
+        a.on_chunk(&chunk(json!({"role":"assistant","content":"start"}), None));
+        for _ in 0..20 {
+            a.on_chunk(&chunk(json!({"content": piece}), None));
+            let held = a.content.as_ref().map_or(0, String::len);
+            assert!(held <= MAX_ASSEMBLED_BYTES, "{held}");
+        }
+        a.on_chunk(&chunk(
+            json!({"tool_calls":[{"index":0,"id":"c","function":{"arguments":piece}}]}),
+            None,
+        ));
+        assert!(a.tool_calls.is_empty());
+        a.on_event_data("[DONE]");
+        let r = a.finish();
+        assert!(r.message.is_null() && !r.complete && r.is_empty());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 mod assemble;
 
-pub use assemble::{AssembledReply, MessageAssembler};
+pub use assemble::{AssembledReply, MessageAssembler, MAX_ASSEMBLED_BYTES};
 
 /// One dispatched SSE event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -14,6 +14,10 @@ pub struct SseEvent {
     pub data: String,
 }
 
+/// Longest line, and largest event `data`, the parser keeps (16 MiB). A longer line is dropped with the event it
+/// belongs to (counted in [`SseParser::dropped`]), so an upstream that never sends a newline cannot grow memory.
+pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+
 /// An incremental SSE parser. Feed it chunks as they arrive, split anywhere (even inside a `\r\n`).
 #[derive(Debug, Default)]
 pub struct SseParser {
@@ -22,6 +26,11 @@ pub struct SseParser {
     pending_cr: bool,
     event: Option<String>,
     data: Option<String>,
+    /// The current line went over [`MAX_LINE_BYTES`]: its bytes are skipped up to its end.
+    skipping_line: bool,
+    /// The current event lost a line or went over the bound: it is not dispatched.
+    broken_event: bool,
+    dropped: u64,
 }
 
 impl SseParser {
@@ -41,9 +50,13 @@ impl SseParser {
             }
         }
         while let Some(pos) = rest.iter().position(|&b| b == b'\n' || b == b'\r') {
-            self.line.extend_from_slice(&rest[..pos]);
-            let line = std::mem::take(&mut self.line);
-            self.process_line(&line, &mut out);
+            self.push_line(&rest[..pos]);
+            if self.skipping_line {
+                self.skipping_line = false;
+            } else {
+                let line = std::mem::take(&mut self.line);
+                self.process_line(&line, &mut out);
+            }
             if rest[pos] == b'\r' {
                 match rest.get(pos + 1) {
                     Some(b'\n') => rest = &rest[pos + 2..],
@@ -57,13 +70,50 @@ impl SseParser {
                 rest = &rest[pos + 1..];
             }
         }
-        self.line.extend_from_slice(rest);
+        self.push_line(rest);
         out
+    }
+
+    /// Lines and events dropped for going over [`MAX_LINE_BYTES`].
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Bytes held for the line and the event in progress (never much more than twice [`MAX_LINE_BYTES`]).
+    pub fn buffered(&self) -> usize {
+        self.line.len() + self.data.as_ref().map_or(0, String::len)
+    }
+
+    /// The stream stopped inside an event: part of a line, or data lines without their closing blank line.
+    pub fn mid_event(&self) -> bool {
+        !self.line.is_empty() || self.skipping_line || self.data.is_some() || self.broken_event
+    }
+
+    fn push_line(&mut self, bytes: &[u8]) {
+        if self.skipping_line {
+            return;
+        }
+        if self.line.len() + bytes.len() > MAX_LINE_BYTES {
+            self.line = Vec::new();
+            self.skipping_line = true;
+            self.drop_event();
+        } else {
+            self.line.extend_from_slice(bytes);
+        }
+    }
+
+    fn drop_event(&mut self) {
+        if !self.broken_event {
+            self.dropped += 1;
+        }
+        self.broken_event = true;
+        self.data = None;
     }
 
     /// Ends the stream: dispatches an event left without its closing blank line.
     pub fn finish(&mut self) -> Option<SseEvent> {
         let mut out = Vec::new();
+        self.skipping_line = false;
         if !self.line.is_empty() {
             let line = std::mem::take(&mut self.line);
             self.process_line(&line, &mut out);
@@ -89,7 +139,9 @@ impl SseParser {
             None => (&text[..], ""),
         };
         match field {
+            "data" if self.broken_event => {}
             "data" => match &mut self.data {
+                Some(d) if d.len() + 1 + value.len() > MAX_LINE_BYTES => self.drop_event(),
                 Some(d) => {
                     d.push('\n');
                     d.push_str(value);
@@ -103,6 +155,10 @@ impl SseParser {
 
     fn dispatch(&mut self, out: &mut Vec<SseEvent>) {
         let event = self.event.take();
+        if std::mem::take(&mut self.broken_event) {
+            self.data = None;
+            return;
+        }
         if let Some(data) = self.data.take() {
             out.push(SseEvent { event, data });
         }
@@ -161,5 +217,46 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn a_line_without_end_is_bounded_and_dropped() {
+        let mut p = SseParser::new();
+        let mb = vec![b'x'; 1024 * 1024];
+        assert!(p.feed(b"data: {\"a\":1}\n\ndata: ").len() == 1);
+        for _ in 0..40 {
+            assert!(p.feed(&mb).is_empty());
+            assert!(p.buffered() <= MAX_LINE_BYTES, "{}", p.buffered());
+        }
+        assert_eq!(p.dropped(), 1);
+        assert!(p.mid_event());
+        // the overlong line ends; the event it belonged to is dropped, the next one is whole
+        let after = p.feed(b"tail\ndata: more of the dropped event\n\ndata: next\n\n");
+        assert_eq!(
+            after,
+            vec![SseEvent {
+                event: None,
+                data: "next".into()
+            }]
+        );
+        assert_eq!(p.buffered(), 0);
+        assert!(!p.mid_event());
+    }
+
+    #[test]
+    fn an_event_of_many_lines_is_bounded_too() {
+        let mut p = SseParser::new();
+        let line = format!("data: {}\n", "y".repeat(1024 * 1024));
+        for _ in 0..40 {
+            assert!(p.feed(line.as_bytes()).is_empty());
+            assert!(p.buffered() <= MAX_LINE_BYTES + line.len());
+        }
+        assert_eq!(p.dropped(), 1);
+        assert!(
+            p.feed(b"\n").is_empty(),
+            "the broken event is not dispatched"
+        );
+        assert_eq!(p.feed(b"data: ok\n\n")[0].data, "ok");
+        assert_eq!(p.dropped(), 1);
     }
 }

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 use tokio_util::task::TaskTracker;
 
 /// One summary to write: the first `upto` messages of `messages`, from the previous summary when given.
@@ -49,8 +49,52 @@ pub struct Summarizer {
     client_credentials: bool,
     upstream: Upstream,
     in_flight: Mutex<HashMap<String, watch::Receiver<bool>>>,
-    failures: Mutex<HashMap<String, (u32, Instant)>>,
+    failures: Mutex<Failures>,
+    /// One permit per summary request in flight (`summary.max_concurrent`).
+    slots: Arc<Semaphore>,
     metrics: Arc<Metrics>,
+}
+
+/// Sessions backing off after failed summaries: (failures in a row, no new job before). Entries expire
+/// `MAX_BACKOFF` after their wait ended (the count is forgotten then), and at most `MAX_FAILURE_ENTRIES` are kept.
+#[derive(Default)]
+struct Failures(HashMap<String, (u32, Instant)>);
+
+/// Most sessions remembered as backing off; past it the entries nearest their end are forgotten first.
+const MAX_FAILURE_ENTRIES: usize = 4096;
+
+impl Failures {
+    fn backing_off(&self, id: &str, now: Instant) -> bool {
+        self.0.get(id).is_some_and(|(_, until)| now < *until)
+    }
+
+    /// Notes a failure of `id` at `now`; returns how long it backs off.
+    fn failed(&mut self, id: &str, now: Instant) -> Duration {
+        self.0
+            .retain(|_, (_, until)| now < until.checked_add(MAX_BACKOFF).unwrap_or(*until));
+        let n = self.0.get(id).map_or(0, |(n, _)| *n).saturating_add(1);
+        let wait = FIRST_BACKOFF
+            .saturating_mul(1 << (n - 1).min(5))
+            .min(MAX_BACKOFF);
+        self.0.insert(id.to_string(), (n, now + wait));
+        if self.0.len() > MAX_FAILURE_ENTRIES {
+            let mut ends: Vec<(Instant, String)> = self
+                .0
+                .iter()
+                .map(|(k, (_, until))| (*until, k.clone()))
+                .collect();
+            ends.sort_unstable();
+            let excess = self.0.len() - MAX_FAILURE_ENTRIES;
+            for (_, k) in ends.into_iter().take(excess) {
+                self.0.remove(&k);
+            }
+        }
+        wait
+    }
+
+    fn succeeded(&mut self, id: &str) {
+        self.0.remove(id);
+    }
 }
 
 /// Why a summary could not be used.
@@ -105,7 +149,8 @@ impl Summarizer {
             client_credentials: s.api_key.is_none(),
             upstream,
             in_flight: Mutex::new(HashMap::new()),
-            failures: Mutex::new(HashMap::new()),
+            failures: Mutex::new(Failures::default()),
+            slots: Arc::new(Semaphore::new(s.max_concurrent.max(1))),
             metrics,
         }))
     }
@@ -120,8 +165,7 @@ impl Summarizer {
         self.client_credentials
     }
 
-    /// Starts `job` in the background unless this session already has one running (then waits on that one) or is
-    /// backing off after a failure. The receiver turns `true` when the job has finished (stored or failed).
+    /// Starts `job` in the background; see [`Summarizer::start_with`].
     pub fn start(
         self: &Arc<Self>,
         job: Job,
@@ -129,45 +173,58 @@ impl Summarizer {
         tasks: &TaskTracker,
     ) -> Option<watch::Receiver<bool>> {
         let id = job.entry.id.clone();
-        if self
-            .failures
-            .lock()
-            .get(&id)
-            .is_some_and(|(_, until)| Instant::now() < *until)
-        {
+        self.start_with(&id, move || job, sessions, tasks)
+    }
+
+    /// Starts the job `make` builds, in the background, unless session `id` already has one running (then waits on
+    /// that one), is backing off after a failure, or every `summary.max_concurrent` slot is taken (then nothing
+    /// starts: the request is pruned meanwhile and a later one starts the summary). `make` (which copies the
+    /// history) runs only once the job is sure to start. The receiver turns `true` when the job has finished
+    /// (stored or failed).
+    pub fn start_with(
+        self: &Arc<Self>,
+        id: &str,
+        make: impl FnOnce() -> Job,
+        sessions: Arc<Sessions>,
+        tasks: &TaskTracker,
+    ) -> Option<watch::Receiver<bool>> {
+        if self.failures.lock().backing_off(id, Instant::now()) {
             return None;
         }
-        let rx = {
+        let (tx, rx, permit) = {
             let mut in_flight = self.in_flight.lock();
-            if let Some(rx) = in_flight.get(&id) {
+            if let Some(rx) = in_flight.get(id) {
                 return Some(rx.clone());
             }
+            let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+                tracing::debug!(session = %id, "summary: every slot is taken (summary.max_concurrent); not started");
+                return None;
+            };
             let (tx, rx) = watch::channel(false);
-            in_flight.insert(id.clone(), rx.clone());
-            (tx, rx)
+            in_flight.insert(id.to_string(), rx.clone());
+            (tx, rx, permit)
         };
-        let (tx, rx) = rx;
+        let job = make();
+        let id = id.to_string();
         let me = self.clone();
         if job.precomputed {
             self.metrics.precompaction_started();
         }
         tasks.spawn(async move {
             let result = me.run(&job).await;
+            drop(permit);
             if job.precomputed {
                 me.metrics.precompaction_finished();
             }
             match result {
                 Ok(record) => {
-                    me.failures.lock().remove(&id);
+                    me.failures.lock().succeeded(&id);
                     if let Err(e) = sessions.record_entry(&job.entry, RecordKind::Compression, record).await {
                         tracing::warn!(error = %e, session = %id, "summary: could not store the summary");
                     }
                 }
                 Err(e) => {
-                    let mut f = me.failures.lock();
-                    let n = f.get(&id).map_or(0, |(n, _)| *n) + 1;
-                    let wait = FIRST_BACKOFF.saturating_mul(1 << (n - 1).min(5)).min(MAX_BACKOFF);
-                    f.insert(id.clone(), (n, Instant::now() + wait));
+                    let wait = me.failures.lock().failed(&id, Instant::now());
                     tracing::warn!(error = %e, session = %id, retry_in_s = wait.as_secs(), "summary: failed; pruning instead");
                 }
             }
@@ -331,6 +388,65 @@ pub fn ready(compressions: &[Value], path: &[String]) -> Vec<(usize, Value, Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failure_entries_expire_and_are_bounded() {
+        let t0 = Instant::now();
+        let mut f = Failures::default();
+        assert_eq!(f.failed("a", t0), FIRST_BACKOFF);
+        assert_eq!(f.failed("a", t0), FIRST_BACKOFF * 2, "backoff doubles");
+        assert!(f.backing_off("a", t0) && !f.backing_off("a", t0 + FIRST_BACKOFF * 2));
+        // long after a's wait ended, the next failure of anyone forgets it
+        let later = t0 + FIRST_BACKOFF * 2 + MAX_BACKOFF + Duration::from_secs(1);
+        f.failed("b", later);
+        assert_eq!(f.0.len(), 1);
+        assert_eq!(f.failed("a", later), FIRST_BACKOFF, "a starts over");
+        // many sessions failing at once: the map never holds more than the bound
+        for i in 0..MAX_FAILURE_ENTRIES + 100 {
+            f.failed(&format!("s{i}"), later + Duration::from_millis(i as u64));
+            assert!(f.0.len() <= MAX_FAILURE_ENTRIES);
+        }
+        let newest = format!("s{}", MAX_FAILURE_ENTRIES + 99);
+        assert!(f.0.contains_key(&newest) && !f.0.contains_key("s0"));
+    }
+
+    fn summarizer(max_concurrent: usize) -> Arc<Summarizer> {
+        let mut cfg = Config::default();
+        cfg.summary.model = Some("summary-model".into());
+        cfg.summary.max_concurrent = max_concurrent;
+        let metrics = Arc::new(Metrics::new(Box::new(|_: &str| None)).unwrap());
+        Arc::new(Summarizer::from_config(&cfg, metrics).unwrap().unwrap())
+    }
+
+    #[tokio::test]
+    async fn no_history_is_copied_unless_the_job_starts() {
+        let s = summarizer(1);
+        let sessions = Arc::new(Sessions::new(
+            Arc::new(crate::store::MemoryStore::new()),
+            1 << 20,
+        ));
+        let tasks = TaskTracker::new();
+        let never = || -> Job { panic!("the history was copied for a job that does not start") };
+        // another job of this session is running: its receiver, no copy
+        let (_tx, running) = watch::channel(false);
+        s.in_flight.lock().insert("s1".into(), running);
+        assert!(s
+            .start_with("s1", never, sessions.clone(), &tasks)
+            .is_some());
+        // backing off
+        s.failures.lock().failed("s2", Instant::now());
+        assert!(s
+            .start_with("s2", never, sessions.clone(), &tasks)
+            .is_none());
+        // every slot taken (summary.max_concurrent = 1): not started, no copy
+        let held = s.slots.clone().try_acquire_owned().unwrap();
+        assert!(s
+            .start_with("s3", never, sessions.clone(), &tasks)
+            .is_none());
+        assert!(!s.in_flight.lock().contains_key("s3"));
+        drop(held);
+        assert_eq!(s.slots.available_permits(), 1);
+    }
 
     #[test]
     fn ready_summaries_are_matched_by_node_id() {
