@@ -4,6 +4,8 @@
 //! What every backend guarantees (the session manager relies on it):
 //! - `write` never blocks: it queues (or applies) the batch and returns a receiver at once. A full queue refuses
 //!   the batch at once with [`StoreError::QueueFull`] (the receiver is already resolved).
+//! - A session's batches are applied in the order they were queued (a retried batch holds back the later batches
+//!   of its sessions).
 //! - A batch commits or fails on its own: a failing batch never fails another caller's batch committed with it.
 //! - A transient failure (database busy, locked or read-only for a moment, I/O) does not drop a batch: the backend
 //!   keeps it and retries, and its receiver resolves once it is committed. Only a batch that can never apply
