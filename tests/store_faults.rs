@@ -9,9 +9,7 @@ use ctxgate::app::AppState;
 use ctxgate::config::{Config, StoreBackend};
 use ctxgate::metrics::StoreMetrics;
 use ctxgate::mock::{MockReply, MockUpstream};
-use ctxgate::store::{
-    SessionMeta, SqliteStore, Store, StoreError, StoredSession, WriteOp,
-};
+use ctxgate::store::{SessionMeta, SqliteStore, Store, StoreError, StoredSession, WriteOp};
 use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -94,7 +92,12 @@ fn config(mock: &MockUpstream) -> Config {
 }
 
 /// One chat turn; returns the status, the session id and the body (JSON or the SSE text).
-async fn chat(addr: SocketAddr, sid: &str, messages: &[Value], stream: bool) -> (u16, String, String) {
+async fn chat(
+    addr: SocketAddr,
+    sid: &str,
+    messages: &[Value],
+    stream: bool,
+) -> (u16, String, String) {
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let send = async {
         let resp = client
@@ -160,7 +163,10 @@ async fn a_store_that_never_answers_loads_does_not_stall_chat() {
     assert!(body.contains("streamed ") && body.contains("[DONE]"));
     let m = metrics_text(addr).await;
     assert!(
-        counter(&m, "ctxgate_store_errors_total{backend=\"memory\",operation=\"load\"}") >= 2,
+        counter(
+            &m,
+            "ctxgate_store_errors_total{backend=\"memory\",operation=\"load\"}"
+        ) >= 2,
         "each load given up on is counted"
     );
 }
@@ -185,7 +191,10 @@ async fn a_store_that_never_commits_does_not_stall_chat() {
     assert!(body.contains("streamed") && body.contains("[DONE]"));
     let m = metrics_text(addr).await;
     assert!(
-        counter(&m, "ctxgate_store_errors_total{backend=\"memory\",operation=\"write\"}") >= 3,
+        counter(
+            &m,
+            "ctxgate_store_errors_total{backend=\"memory\",operation=\"write\"}"
+        ) >= 3,
         "each turn's commit given up on is counted"
     );
 }
@@ -231,7 +240,13 @@ async fn a_store_turned_read_only_mid_run_keeps_chat_answering_and_loses_nothing
 
     // Restart over the same file: the whole conversation is there.
     let restarted = AppState::new(cfg).unwrap();
-    let loaded = restarted.sessions.store().load(&sid).await.unwrap().unwrap();
+    let loaded = restarted
+        .sessions
+        .store()
+        .load(&sid)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(loaded.nodes.len(), history.len());
     assert_eq!(loaded.meta.message_count, history.len() as u64);
     let view = restarted.sessions.view(&sid).await.unwrap().unwrap();
@@ -264,7 +279,11 @@ async fn new_sessions_the_upstream_refuses_store_nothing() {
     }
     let (_, total) = state.sessions.list(100, 0).await.unwrap();
     assert_eq!(total, 0, "nothing stored for refused first requests");
-    assert_eq!(state.sessions.cache_stats_now().await.0, 0, "nothing cached");
+    assert_eq!(
+        state.sessions.cache_stats_now().await.0,
+        0,
+        "nothing cached"
+    );
     for id in &ids {
         assert!(state.sessions.store().load(id).await.unwrap().is_none());
     }
@@ -313,7 +332,9 @@ async fn parallel_turns_leave_the_stored_row_matching_the_history() {
         let mut m = base.clone();
         m.push(json!({"role": "assistant", "content": "ok"}));
         m.push(user(100 + i));
-        tasks.push(tokio::spawn(async move { chat(addr, "par", &m, i % 2 == 0).await }));
+        tasks.push(tokio::spawn(async move {
+            chat(addr, "par", &m, i % 2 == 0).await
+        }));
     }
     for t in tasks {
         assert_eq!(t.await.unwrap().0, 200);
@@ -323,9 +344,24 @@ async fn parallel_turns_leave_the_stored_row_matching_the_history() {
     let (len, head) = entry.with_tree(|t| (t.len(), t.head().map(|h| h.to_string())));
 
     let restarted = AppState::new(cfg).unwrap();
-    let loaded = restarted.sessions.store().load(&sid).await.unwrap().unwrap();
+    let loaded = restarted
+        .sessions
+        .store()
+        .load(&sid)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(loaded.nodes.len(), len);
-    assert_eq!(loaded.meta.message_count, len as u64, "the row counts every stored node");
-    assert_eq!(loaded.meta.head, head, "the row's head is the newest turn's");
-    assert!(loaded.nodes.iter().any(|n| Some(n.id.to_string()) == loaded.meta.head));
+    assert_eq!(
+        loaded.meta.message_count, len as u64,
+        "the row counts every stored node"
+    );
+    assert_eq!(
+        loaded.meta.head, head,
+        "the row's head is the newest turn's"
+    );
+    assert!(loaded
+        .nodes
+        .iter()
+        .any(|n| Some(n.id.to_string()) == loaded.meta.head));
 }

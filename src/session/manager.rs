@@ -465,8 +465,11 @@ impl Sessions {
                 match bounded(timeout, &metrics, StoreOp::Load, store.load(&key)).await? {
                     Some(s) => {
                         let head = s.meta.head.clone().map(NodeId::from);
-                        let mut st =
-                            EntryState::new(Tree::from_nodes(s.nodes, head), s.meta.last_active, true);
+                        let mut st = EntryState::new(
+                            Tree::from_nodes(s.nodes, head),
+                            s.meta.last_active,
+                            true,
+                        );
                         st.version = s.meta.version;
                         for c in s.compressions {
                             st.push_record(RecordKind::Compression, c);
@@ -501,7 +504,8 @@ impl Sessions {
 
     /// A new session: shared with any other first request racing for it, kept out of the cache until admitted.
     async fn fresh_entry(&self, ident: &SessionIdentity, now: i64) -> Arc<SessionEntry> {
-        let live = |p: &HashMap<String, Weak<SessionEntry>>| p.get(&ident.id).and_then(Weak::upgrade);
+        let live =
+            |p: &HashMap<String, Weak<SessionEntry>>| p.get(&ident.id).and_then(Weak::upgrade);
         if let Some(e) = live(&self.pending.lock()) {
             return e;
         }
@@ -788,9 +792,7 @@ impl Sessions {
         for e in cached.iter().chain(pending.iter()) {
             e.state.lock().deleted = true;
         }
-        let stored = self
-            .bounded(StoreOp::Delete, self.store.delete(id))
-            .await?;
+        let stored = self.bounded(StoreOp::Delete, self.store.delete(id)).await?;
         Ok(cached.is_some() || stored)
     }
 
@@ -915,7 +917,10 @@ mod tests {
                 .await
                 .unwrap();
             let reply = json!({"role":"assistant","content":format!("a{i}")});
-            sessions.record_reply(&mark, reply.clone(), false).await.unwrap();
+            sessions
+                .record_reply(&mark, reply.clone(), false)
+                .await
+                .unwrap();
             history.push(reply);
         }
         sessions.flush().await.unwrap();
@@ -931,7 +936,10 @@ mod tests {
     async fn the_cache_weighs_records_and_the_prefix_index() {
         let sessions = Sessions::new(Arc::new(MemoryStore::new()), 1 << 30);
         let m = vec![json!({"role":"user","content":"q"})];
-        let mark = sessions.record_request(&ident("w"), &m, &raw(&m)).await.unwrap();
+        let mark = sessions
+            .record_request(&ident("w"), &m, &raw(&m))
+            .await
+            .unwrap();
         sessions.admit(&mark).await;
         let entry = mark.entry.clone();
         let (_, cached) = sessions.cache_stats_now().await;
@@ -939,7 +947,10 @@ mod tests {
         assert_eq!(cached, u64::from(start));
 
         // The same message serialised differently: no node, but the prefix index grows.
-        sessions.record_request(&ident("w"), &m, &[42]).await.unwrap();
+        sessions
+            .record_request(&ident("w"), &m, &[42])
+            .await
+            .unwrap();
         let after_index = entry.weight();
         assert!(after_index > start, "the prefix index is weighed");
 
@@ -951,7 +962,11 @@ mod tests {
         let after_record = entry.weight();
         assert!(after_record >= after_index + 20_000, "records are weighed");
         let (_, cached) = sessions.cache_stats_now().await;
-        assert_eq!(cached, u64::from(after_record), "the cache sees the new weight");
+        assert_eq!(
+            cached,
+            u64::from(after_record),
+            "the cache sees the new weight"
+        );
     }
 
     #[tokio::test]
@@ -975,7 +990,10 @@ mod tests {
                 }
                 self.inner.write(ops)
             }
-            fn load(&self, id: &str) -> BoxFuture<'static, Result<Option<StoredSession>, StoreError>> {
+            fn load(
+                &self,
+                id: &str,
+            ) -> BoxFuture<'static, Result<Option<StoredSession>, StoreError>> {
                 self.inner.load(id)
             }
             fn list(
@@ -998,7 +1016,10 @@ mod tests {
         });
         let sessions = Sessions::new(store.clone(), 1 << 20);
         let m = vec![json!({"role":"user","content":"q"})];
-        let mark = sessions.record_request(&ident("r"), &m, &raw(&m)).await.unwrap();
+        let mark = sessions
+            .record_request(&ident("r"), &m, &raw(&m))
+            .await
+            .unwrap();
         sessions
             .record(&mark, RecordKind::Compression, json!({"cuts": [1]}))
             .await
@@ -1021,7 +1042,10 @@ mod tests {
         let store = Arc::new(MemoryStore::new());
         let sessions = Sessions::new(store.clone(), 1 << 20);
         let m = vec![json!({"role":"user","content":"q"})];
-        let mark = sessions.record_request(&ident("d"), &m, &raw(&m)).await.unwrap();
+        let mark = sessions
+            .record_request(&ident("d"), &m, &raw(&m))
+            .await
+            .unwrap();
         sessions
             .record_reply(&mark, json!({"role":"assistant","content":"a"}), false)
             .await
@@ -1029,7 +1053,10 @@ mod tests {
         let mut next = m.clone();
         next.push(json!({"role":"assistant","content":"a"}));
         next.push(json!({"role":"user","content":"q2"}));
-        let mark = sessions.record_request(&ident("d"), &next, &raw(&next)).await.unwrap();
+        let mark = sessions
+            .record_request(&ident("d"), &next, &raw(&next))
+            .await
+            .unwrap();
         assert!(sessions.delete("d").await.unwrap());
         sessions
             .record_reply(&mark, json!({"role":"assistant","content":"a2"}), false)

@@ -185,11 +185,7 @@ pub fn open_with_metrics(
 fn open_instrumented(cfg: &StoreConfig, m: StoreMetrics) -> Result<Arc<dyn Store>, StoreError> {
     Ok(match cfg.backend {
         StoreBackend::Memory => Arc::new(MemoryStore::with_metrics(m)),
-        StoreBackend::Sqlite => Arc::new(SqliteStore::open_with(
-            &cfg.path,
-            cfg.queue_capacity,
-            m,
-        )?),
+        StoreBackend::Sqlite => Arc::new(SqliteStore::open_with(&cfg.path, cfg.queue_capacity, m)?),
     })
 }
 

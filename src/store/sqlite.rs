@@ -521,9 +521,7 @@ fn run_other(conn: &mut Connection, cmd: Cmd, metrics: &StoreMetrics) {
     match cmd {
         Cmd::Write(..) => {}
         Cmd::QueryOnly(on, r) => {
-            let res = conn
-                .pragma_update(None, "query_only", on)
-                .map_err(err);
+            let res = conn.pragma_update(None, "query_only", on).map_err(err);
             let _ = r.send(res);
         }
         Cmd::Load(id, r) => {
@@ -780,9 +778,24 @@ mod tests {
         assert!(matches!(rx_a.try_recv(), Ok(Ok(()))));
         assert!(matches!(rx_b.try_recv(), Ok(Ok(()))));
         assert!(matches!(rx_c.try_recv(), Ok(Ok(()))));
-        assert_eq!(count(&w.conn, "SELECT COUNT(*) FROM nodes WHERE session_id = 'live'"), 2);
-        assert_eq!(count(&w.conn, "SELECT COUNT(*) FROM sessions WHERE id = 'gone'"), 0);
-        assert_eq!(count(&w.conn, "SELECT COUNT(*) FROM nodes WHERE session_id = 'gone'"), 0);
+        assert_eq!(
+            count(
+                &w.conn,
+                "SELECT COUNT(*) FROM nodes WHERE session_id = 'live'"
+            ),
+            2
+        );
+        assert_eq!(
+            count(&w.conn, "SELECT COUNT(*) FROM sessions WHERE id = 'gone'"),
+            0
+        );
+        assert_eq!(
+            count(
+                &w.conn,
+                "SELECT COUNT(*) FROM nodes WHERE session_id = 'gone'"
+            ),
+            0
+        );
         assert_eq!(count(&w.conn, "SELECT COUNT(*) FROM records"), 0);
     }
 
@@ -805,11 +818,20 @@ mod tests {
                 reply: tx_b,
             },
         ]);
-        assert!(matches!(rx_a.try_recv(), Ok(Err(StoreError::Backend { .. }))));
+        assert!(matches!(
+            rx_a.try_recv(),
+            Ok(Err(StoreError::Backend { .. }))
+        ));
         assert!(matches!(rx_b.try_recv(), Ok(Ok(()))));
         // The failed batch left nothing behind, not even its row.
-        assert_eq!(count(&w.conn, "SELECT COUNT(*) FROM sessions WHERE id = 's'"), 0);
-        assert_eq!(count(&w.conn, "SELECT COUNT(*) FROM nodes WHERE session_id = 't'"), 1);
+        assert_eq!(
+            count(&w.conn, "SELECT COUNT(*) FROM sessions WHERE id = 's'"),
+            0
+        );
+        assert_eq!(
+            count(&w.conn, "SELECT COUNT(*) FROM nodes WHERE session_id = 't'"),
+            1
+        );
     }
 
     #[test]
@@ -855,7 +877,10 @@ mod tests {
         let flushed = s.write(Vec::new());
         // Loads run after the writes queued before them: the write was tried, failed, and is kept.
         assert_eq!(s.load("s").await.unwrap().unwrap().nodes.len(), 1);
-        assert!(rx.try_recv().is_err(), "not answered while it cannot commit");
+        assert!(
+            rx.try_recv().is_err(),
+            "not answered while it cannot commit"
+        );
         s.set_query_only(false).await.unwrap();
         committed(rx).await.unwrap();
         committed(flushed).await.unwrap();
@@ -867,7 +892,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ctx.db");
         let s = SqliteStore::open_with(&path, 1, StoreMetrics::default()).unwrap();
-        committed(s.write(vec![create(meta("s", 1))])).await.unwrap();
+        committed(s.write(vec![create(meta("s", 1))]))
+            .await
+            .unwrap();
         // Another connection holds the write lock: the worker waits on the first write it takes.
         let other = Connection::open(&path).unwrap();
         other.execute_batch("BEGIN IMMEDIATE").unwrap();
@@ -882,7 +909,10 @@ mod tests {
                 _ => accepted.push(rx),
             }
         }
-        assert!(refused >= 3, "at most one queued and one taken: {refused} refused");
+        assert!(
+            refused >= 3,
+            "at most one queued and one taken: {refused} refused"
+        );
         other.execute_batch("COMMIT").unwrap();
         for rx in accepted {
             committed(rx).await.unwrap();
