@@ -315,7 +315,7 @@ async fn new_sessions_the_upstream_refuses_store_nothing() {
     assert_eq!(stored.nodes.len(), 4);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn parallel_turns_leave_the_stored_row_matching_the_history() {
     let dir = tempfile::tempdir().unwrap();
     let mock = MockUpstream::start().await.unwrap();
