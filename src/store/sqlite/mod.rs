@@ -1,0 +1,326 @@
+//! The embedded SQLite backend: one worker thread owns the connection (WAL mode) and applies queued commands in
+//! order, committing writes in small groups so that many sessions never queue on SQLite's lock. Each caller's
+//! batch runs in its own savepoint inside the group's transaction, so one failing batch fails only its caller;
+//! batches that failed for a transient reason (busy, locked, read-only, I/O) are kept and retried with backoff.
+
+mod worker;
+
+use super::{RecordKind, SessionMeta, Store, StoreError, StoredSession, WriteOp};
+use crate::metrics::{StoreMetrics, StoreOp};
+use crate::session::tree::{Node, NodeId, NodeKind};
+use futures_util::future::BoxFuture;
+use rusqlite::{params, Connection, OptionalExtension};
+use std::path::Path;
+use std::sync::mpsc::{self, TrySendError};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::oneshot;
+use worker::Worker;
+
+/// Commands queued for the worker when no capacity is configured.
+const DEFAULT_QUEUE: usize = 10_000;
+
+type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+
+enum Cmd {
+    Write(Vec<WriteOp>, Reply<()>),
+    Load(String, Reply<Option<StoredSession>>),
+    List(u32, u64, Reply<(Vec<SessionMeta>, u64)>),
+    Delete(String, Reply<bool>),
+    Purge(i64, Reply<u64>),
+    QueryOnly(bool, Reply<()>),
+}
+
+/// SQLite behind a worker thread.
+pub struct SqliteStore {
+    tx: mpsc::SyncSender<Cmd>,
+    metrics: StoreMetrics,
+}
+
+fn err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend {
+        backend: "sqlite",
+        message: e.to_string(),
+    }
+}
+
+const SCHEMA: &str = "
+PRAGMA journal_mode = WAL;
+PRAGMA synchronous = NORMAL;
+PRAGMA foreign_keys = ON;
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    last_active INTEGER NOT NULL,
+    message_count INTEGER NOT NULL,
+    token_estimate INTEGER NOT NULL,
+    head TEXT,
+    version INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS sessions_by_activity ON sessions(last_active DESC);
+CREATE TABLE IF NOT EXISTS nodes (
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    node_id TEXT NOT NULL,
+    parent_id TEXT,
+    position INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    partial INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    message TEXT NOT NULL,
+    PRIMARY KEY (session_id, node_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS records (
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    record TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+";
+
+/// Databases created before sessions had a version get the column (0: any newer write replaces the row).
+fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
+    let has_version: i64 = conn.query_row(
+        "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = 'version'",
+        [],
+        |r| r.get(0),
+    )?;
+    if has_version == 0 {
+        conn.execute_batch("ALTER TABLE sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0")?;
+    }
+    Ok(())
+}
+
+impl SqliteStore {
+    /// Opens (creating when missing) the database at `path` and starts its worker.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::open_with(path, DEFAULT_QUEUE, StoreMetrics::default())
+    }
+
+    /// Like [`SqliteStore::open`]; the worker records each operation's latency and errors in `metrics`.
+    pub fn open_with_metrics(path: &Path, metrics: StoreMetrics) -> Result<Self, StoreError> {
+        Self::open_with(path, DEFAULT_QUEUE, metrics)
+    }
+
+    /// Like [`SqliteStore::open_with_metrics`], queueing at most `queue_capacity` commands for the worker; beyond
+    /// that, new commands are refused at once with [`StoreError::QueueFull`].
+    pub fn open_with(
+        path: &Path,
+        queue_capacity: usize,
+        metrics: StoreMetrics,
+    ) -> Result<Self, StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        let conn = Connection::open(path)
+            .map_err(|e| err(format!("cannot open {}: {e}", path.display())))?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(err)?;
+        conn.execute_batch(SCHEMA).map_err(err)?;
+        migrate(&conn).map_err(err)?;
+        let (tx, rx) = mpsc::sync_channel::<Cmd>(queue_capacity.max(1));
+        let worker_metrics = metrics.clone();
+        std::thread::Builder::new()
+            .name("ctxgate-sqlite".into())
+            .spawn(move || Worker::new(conn, worker_metrics).run(rx))
+            .map_err(err)?;
+        Ok(Self { tx, metrics })
+    }
+
+    /// Fault injection for tests: with `on`, the connection refuses every write (`PRAGMA query_only`), the way a
+    /// database that became read-only fails; queued writes are kept and retried until it is turned off.
+    #[doc(hidden)]
+    pub fn set_query_only(&self, on: bool) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.send(StoreOp::Write, move |r| Cmd::QueryOnly(on, r))
+    }
+
+    fn send<T: Send + 'static>(
+        &self,
+        op: StoreOp,
+        make: impl FnOnce(Reply<T>) -> Cmd,
+    ) -> BoxFuture<'static, Result<T, StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        let sent = match self.tx.try_send(make(tx)) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => {
+                self.metrics.error(op);
+                Err(StoreError::QueueFull)
+            }
+            Err(TrySendError::Disconnected(_)) => Err(StoreError::Closed),
+        };
+        Box::pin(async move {
+            sent?;
+            rx.await.unwrap_or(Err(StoreError::Closed))
+        })
+    }
+}
+
+impl Store for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn write(&self, ops: Vec<WriteOp>) -> oneshot::Receiver<Result<(), StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        match self.tx.try_send(Cmd::Write(ops, tx)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(Cmd::Write(_, tx))) => {
+                self.metrics.error(StoreOp::Write);
+                let _ = tx.send(Err(StoreError::QueueFull));
+            }
+            Err(TrySendError::Disconnected(Cmd::Write(_, tx))) => {
+                let _ = tx.send(Err(StoreError::Closed));
+            }
+            Err(_) => {}
+        }
+        rx
+    }
+
+    fn load(&self, id: &str) -> BoxFuture<'static, Result<Option<StoredSession>, StoreError>> {
+        let id = id.to_string();
+        self.send(StoreOp::Load, move |r| Cmd::Load(id, r))
+    }
+
+    fn list(
+        &self,
+        limit: u32,
+        offset: u64,
+    ) -> BoxFuture<'static, Result<(Vec<SessionMeta>, u64), StoreError>> {
+        self.send(StoreOp::List, move |r| Cmd::List(limit, offset, r))
+    }
+
+    fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        let id = id.to_string();
+        self.send(StoreOp::Delete, move |r| Cmd::Delete(id, r))
+    }
+
+    fn purge_idle(&self, before: i64) -> BoxFuture<'static, Result<u64, StoreError>> {
+        self.send(StoreOp::Purge, move |r| Cmd::Purge(before, r))
+    }
+}
+
+fn run_other(conn: &mut Connection, cmd: Cmd, metrics: &StoreMetrics) {
+    let started = Instant::now();
+    match cmd {
+        Cmd::Write(..) => {}
+        Cmd::QueryOnly(on, r) => {
+            let res = conn.pragma_update(None, "query_only", on).map_err(err);
+            let _ = r.send(res);
+        }
+        Cmd::Load(id, r) => {
+            let res = load(conn, &id).map_err(err);
+            metrics.observe(StoreOp::Load, started, res.is_ok());
+            let _ = r.send(res);
+        }
+        Cmd::List(limit, offset, r) => {
+            let res = list(conn, limit, offset).map_err(err);
+            metrics.observe(StoreOp::List, started, res.is_ok());
+            let _ = r.send(res);
+        }
+        Cmd::Delete(id, r) => {
+            let res = conn
+                .execute("DELETE FROM sessions WHERE id = ?1", params![id])
+                .map(|n| n > 0)
+                .map_err(err);
+            metrics.observe(StoreOp::Delete, started, res.is_ok());
+            let _ = r.send(res);
+        }
+        Cmd::Purge(before, r) => {
+            let res = conn
+                .execute(
+                    "DELETE FROM sessions WHERE last_active < ?1",
+                    params![before],
+                )
+                .map(|n| n as u64)
+                .map_err(err);
+            metrics.observe(StoreOp::Purge, started, res.is_ok());
+            let _ = r.send(res);
+        }
+    }
+}
+
+fn meta_from_row(row: &rusqlite::Row<'_>) -> Result<SessionMeta, rusqlite::Error> {
+    Ok(SessionMeta {
+        id: row.get(0)?,
+        tenant: row.get(1)?,
+        created_at: row.get(2)?,
+        last_active: row.get(3)?,
+        message_count: row.get::<_, i64>(4)? as u64,
+        token_estimate: row.get::<_, i64>(5)? as u64,
+        head: row.get(6)?,
+        version: row.get::<_, i64>(7)? as u64,
+    })
+}
+
+const META_COLS: &str =
+    "id, tenant, created_at, last_active, message_count, token_estimate, head, version";
+
+fn load(conn: &Connection, id: &str) -> Result<Option<StoredSession>, rusqlite::Error> {
+    let meta = conn
+        .prepare_cached(&format!("SELECT {META_COLS} FROM sessions WHERE id = ?1"))?
+        .query_row(params![id], meta_from_row)
+        .optional()?;
+    let Some(meta) = meta else { return Ok(None) };
+    let mut stmt = conn.prepare_cached(
+        "SELECT node_id, parent_id, position, kind, partial, created_at, message FROM nodes
+         WHERE session_id = ?1 ORDER BY position, created_at",
+    )?;
+    let nodes = stmt
+        .query_map(params![id], |row| {
+            let text: String = row.get(6)?;
+            let kind: String = row.get(3)?;
+            Ok(Node {
+                id: NodeId::from(row.get::<_, String>(0)?),
+                parent: row.get::<_, Option<String>>(1)?.map(NodeId::from),
+                position: row.get(2)?,
+                kind: NodeKind::parse(&kind),
+                partial: row.get(4)?,
+                created_at: row.get(5)?,
+                message: Arc::new(serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)),
+            })
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut stmt =
+        conn.prepare_cached("SELECT kind, record FROM records WHERE session_id = ?1 ORDER BY seq")?;
+    let (mut compressions, mut internal) = (Vec::new(), Vec::new());
+    let rows = stmt.query_map(params![id], |row| {
+        Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+    })?;
+    for (kind, text) in rows.filter_map(Result::ok) {
+        let Ok(v) = serde_json::from_str(&text) else {
+            continue;
+        };
+        if kind == RecordKind::Internal.as_str() {
+            internal.push(v);
+        } else {
+            compressions.push(v);
+        }
+    }
+    Ok(Some(StoredSession {
+        meta,
+        nodes,
+        compressions,
+        internal,
+    }))
+}
+
+fn list(
+    conn: &Connection,
+    limit: u32,
+    offset: u64,
+) -> Result<(Vec<SessionMeta>, u64), rusqlite::Error> {
+    let total: i64 = conn.query_row("SELECT COUNT(*) FROM sessions", [], |r| r.get(0))?;
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {META_COLS} FROM sessions ORDER BY last_active DESC, id LIMIT ?1 OFFSET ?2"
+    ))?;
+    let rows = stmt
+        .query_map(params![limit, offset as i64], meta_from_row)?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((rows, total as u64))
+}
+
+#[cfg(test)]
+mod tests;
