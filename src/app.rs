@@ -1,12 +1,13 @@
 //! The shared state of a running gateway: config, the upstream client, and the channels other parts listen on.
 
-use crate::config::Config;
+use crate::config::{Config, StoreBackend};
 use crate::context::models::ModelTable;
 use crate::context::tokens::TokenCounter;
 use crate::error::GatewayError;
-use crate::metrics::Metrics;
+use crate::metrics::{self, Metrics};
 use crate::relay::RelayOutcome;
 use crate::session::{Sessions, TenantKey};
+use crate::store::Store;
 use crate::summary::Summarizer;
 use crate::upstream::Upstream;
 use std::sync::Arc;
@@ -52,19 +53,39 @@ pub struct AppState {
 impl AppState {
     /// Builds the state from a validated config.
     pub fn new(config: Config) -> Result<Arc<Self>, GatewayError> {
+        let metrics = Arc::new(new_metrics(&config)?);
+        let store = crate::store::open_with_metrics(&config.store, &metrics)
+            .map_err(|e| GatewayError::Internal(format!("cannot open the store: {e}")))?;
+        Self::build(config, store, metrics)
+    }
+
+    /// Builds the state over a store opened by the caller (tests inject slow or failing stores this way).
+    pub fn with_store(config: Config, store: Arc<dyn Store>) -> Result<Arc<Self>, GatewayError> {
+        let metrics = Arc::new(new_metrics(&config)?);
+        Self::build(config, store, metrics)
+    }
+
+    fn build(
+        config: Config,
+        store: Arc<dyn Store>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Self>, GatewayError> {
         let upstream = Upstream::new(&config.upstream)?;
         let models = ModelTable::new(&config.models, config.context.default_context_window)
             .map_err(|e| {
                 GatewayError::Internal(format!("the shipped model table is broken: {e}"))
             })?;
-        let metrics = Arc::new(new_metrics(&config)?);
-        let store = crate::store::open_with_metrics(&config.store, &metrics)
-            .map_err(|e| GatewayError::Internal(format!("cannot open the store: {e}")))?;
         let tenant_key = TenantKey::for_store(&config.store)
             .map_err(|e| GatewayError::Internal(format!("cannot load the tenant secret: {e}")))?;
+        let backend = match config.store.backend {
+            StoreBackend::Memory => metrics::StoreBackend::Memory,
+            StoreBackend::Sqlite => metrics::StoreBackend::Sqlite,
+        };
         let sessions = Arc::new(
             Sessions::new(store, config.store.cache_max_bytes)
-                .with_metrics(metrics.session_metrics()),
+                .with_metrics(metrics.session_metrics())
+                .with_store_metrics(metrics.store_metrics(backend))
+                .with_timeout(Duration::from_millis(config.store.timeout_ms)),
         );
         let summarizer = Summarizer::from_config(&config, metrics.clone())?.map(Arc::new);
         match &summarizer {

@@ -337,7 +337,8 @@ async fn scripted_traffic_moves_every_family() {
             &[("result", "miss")]
         ) >= 4.0
     );
-    assert!(sum(&m, names::SESSIONS_CACHED, &[]) >= 4.0);
+    // "huge" (refused by ctxgate) and "failing" (the upstream's 500) were new sessions nobody accepted: not cached
+    assert!(sum(&m, names::SESSIONS_CACHED, &[]) >= 3.0);
     assert!(sum(&m, names::SESSION_CACHE_BYTES, &[]) > 0.0);
     let store = |op| {
         sum(
@@ -346,7 +347,8 @@ async fn scripted_traffic_moves_every_family() {
             &[("backend", "memory"), ("operation", op)],
         )
     };
-    assert!(store("write") >= 10.0, "writes {}", store("write"));
+    // two per stored turn at least (the refused "huge" and the failed "failing" first turns write nothing)
+    assert!(store("write") >= 8.0, "writes {}", store("write"));
     assert!(store("load") >= 1.0);
     assert!(store("list") >= 1.0, "the admin listing");
     assert_eq!(sum(&m, names::STORE_ERRORS_TOTAL, &[]), 0.0);

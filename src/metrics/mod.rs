@@ -580,6 +580,13 @@ impl StoreMetrics {
             }
         }
     }
+
+    /// Counts one failed operation without a latency (refused at once, or given up on after the timeout).
+    pub fn error(&self, op: StoreOp) {
+        if let Some(s) = &self.0 {
+            s.1[op.idx()].inc();
+        }
+    }
 }
 
 #[cfg(test)]

@@ -133,8 +133,12 @@ async fn handle(
     };
     let upstream_wait = upstream_started.elapsed();
 
-    // 6. Relay the answer as it arrives; the tap assembles the reply and finishes the turn.
+    // 6. Relay the answer as it arrives; the tap assembles the reply and finishes the turn. A new session is
+    //    only stored (and cached) once the upstream accepted its first request.
     let status = resp.status();
+    if let (Some(m), true) = (&mark, status.is_success()) {
+        state.sessions.admit(m).await;
+    }
     let is_sse = resp
         .headers()
         .get(http::header::CONTENT_TYPE)

@@ -1,18 +1,30 @@
 //! The session manager: a byte-bounded moka cache of message trees over the durable store. Reconciles each
 //! request with the stored tree, queues new nodes for writing without waiting, and commits the reply before the
 //! turn is released to the client.
+//!
+//! A new session lives outside the cache and the store until the upstream accepts its first request
+//! ([`Sessions::admit`]); waiting on the store (cold loads, a turn's commit) is bounded by `store.timeout_ms`;
+//! writes are queued under the session's lock, so a session's rows are queued in the order they were built, and
+//! a write the store refused (full queue) marks the session for a whole rewrite on its next write or flush.
 
+use super::entry::EntryState;
+pub use super::entry::SessionEntry;
 use super::identity::SessionIdentity;
 use super::runloop::{message_text, run_loops};
 use super::tree::{NodeId, Tree};
-use crate::metrics::{CacheResult, SessionMetrics};
+use crate::metrics::{CacheResult, SessionMetrics, StoreMetrics, StoreOp};
 use crate::store::{committed, RecordKind, SessionMeta, Store, StoreError, WriteOp};
 use moka::future::Cache;
+use moka::ops::compute::Op;
 use parking_lot::Mutex;
 use serde::Serialize;
 use serde_json::Value;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tokio::sync::oneshot;
 
 /// Unix seconds now.
 pub fn now_secs() -> i64 {
@@ -20,59 +32,6 @@ pub fn now_secs() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0)
-}
-
-/// One cached session.
-pub struct SessionEntry {
-    /// Public id.
-    pub id: String,
-    /// Owner's credential hash.
-    pub tenant: String,
-    /// Unix seconds of the first request.
-    pub created_at: i64,
-    state: Mutex<EntryState>,
-    weight: AtomicU32,
-}
-
-struct EntryState {
-    tree: Tree,
-    last_active: i64,
-    compressions: Vec<Value>,
-    internal: Vec<Value>,
-}
-
-impl SessionEntry {
-    fn meta(&self, st: &EntryState) -> SessionMeta {
-        SessionMeta {
-            id: self.id.clone(),
-            tenant: self.tenant.clone(),
-            created_at: self.created_at,
-            last_active: st.last_active,
-            message_count: st.tree.len() as u64,
-            token_estimate: (st.tree.history_bytes() / 4) as u64,
-            head: st.tree.head().map(|h| h.to_string()),
-        }
-    }
-
-    fn reweigh(&self, st: &EntryState) {
-        let w = u32::try_from(st.tree.weight() + 512).unwrap_or(u32::MAX);
-        self.weight.store(w, Ordering::Relaxed);
-    }
-
-    /// The newest compression record, if any.
-    pub fn last_compression(&self) -> Option<Value> {
-        self.state.lock().compressions.last().cloned()
-    }
-
-    /// Every compression record (rewrites and summaries), oldest first.
-    pub fn compressions(&self) -> Vec<Value> {
-        self.state.lock().compressions.clone()
-    }
-
-    /// Runs `f` on the session's tree.
-    pub fn with_tree<T>(&self, f: impl FnOnce(&Tree) -> T) -> T {
-        f(&self.state.lock().tree)
-    }
 }
 
 /// Where a request's messages landed in its session, for recording the reply.
@@ -177,12 +136,45 @@ pub struct BranchView {
     pub messages: Vec<Value>,
 }
 
+/// Waits for `fut` at most `timeout`; past it, counts `op` as a failed store operation.
+async fn bounded<T>(
+    timeout: Duration,
+    metrics: &StoreMetrics,
+    op: StoreOp,
+    fut: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(r) => r,
+        Err(_) => {
+            metrics.error(op);
+            let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+            tracing::warn!(
+                operation = op.as_str(),
+                timeout_ms = ms,
+                "store: no answer within the timeout; going on without it"
+            );
+            Err(StoreError::Timeout(ms))
+        }
+    }
+}
+
 /// Sessions: cache over store.
 pub struct Sessions {
     store: Arc<dyn Store>,
     cache: Cache<String, Arc<SessionEntry>>,
     metrics: SessionMetrics,
+    store_metrics: StoreMetrics,
+    /// How long a request waits for the store.
+    timeout: Duration,
+    /// New sessions the upstream has not accepted yet (shared by racing first requests); never in the cache.
+    pending: Mutex<HashMap<String, Weak<SessionEntry>>>,
 }
+
+/// How long a request waits for the store unless configured (`store.timeout_ms`).
+const DEFAULT_TIMEOUT: Duration = Duration::from_millis(2000);
+
+/// Pause between attempts to queue a flush while the store's queue is full.
+const FLUSH_RETRY: Duration = Duration::from_millis(20);
 
 impl Sessions {
     /// A manager over `store` caching at most `cache_max_bytes` of history.
@@ -195,12 +187,28 @@ impl Sessions {
             store,
             cache,
             metrics: SessionMetrics::default(),
+            store_metrics: StoreMetrics::default(),
+            timeout: DEFAULT_TIMEOUT,
+            pending: Mutex::new(HashMap::new()),
         }
     }
 
     /// Counts cache hits and misses in `metrics`.
     pub fn with_metrics(mut self, metrics: SessionMetrics) -> Self {
         self.metrics = metrics;
+        self
+    }
+
+    /// Counts store operations given up on after the timeout in `metrics` (`ctxgate_store_errors_total`).
+    pub fn with_store_metrics(mut self, metrics: StoreMetrics) -> Self {
+        self.store_metrics = metrics;
+        self
+    }
+
+    /// Waits at most `timeout` for the store (cold loads, a turn's commit, records); past it the caller goes on
+    /// without history and the write, still queued, completes when the store recovers.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
         self
     }
 
@@ -220,6 +228,72 @@ impl Sessions {
         self.cache_stats()
     }
 
+    /// Waits for the store at most the configured timeout; past it, counts the operation as failed.
+    async fn bounded<T>(
+        &self,
+        op: StoreOp,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        bounded(self.timeout, &self.store_metrics, op, fut).await
+    }
+
+    /// Queues `ops` (under the session's lock, so a session's writes are queued in the order they were built).
+    /// A dirty session is rewritten whole first; a refused write marks it dirty and keeps its records.
+    fn queue(
+        &self,
+        entry: &SessionEntry,
+        st: &mut EntryState,
+        mut ops: Vec<WriteOp>,
+        now: i64,
+    ) -> oneshot::Receiver<Result<(), StoreError>> {
+        if st.dirty {
+            let mut whole = entry.whole(st, false, now);
+            whole.append(&mut ops);
+            ops = whole;
+        }
+        let records: Vec<WriteOp> = ops
+            .iter()
+            .filter(|op| matches!(op, WriteOp::Record { .. }))
+            .cloned()
+            .collect();
+        let mut rx = self.store.write(ops);
+        match rx.try_recv() {
+            Ok(Err(StoreError::QueueFull)) => {
+                st.dirty = true;
+                st.unsaved.extend(records);
+                tracing::warn!(
+                    session = %entry.id,
+                    "store: write queue full; the session is rewritten on its next write"
+                );
+                let (tx, rx) = oneshot::channel();
+                let _ = tx.send(Err(StoreError::QueueFull));
+                rx
+            }
+            Ok(other) => {
+                let (tx, rx) = oneshot::channel();
+                let _ = tx.send(other);
+                rx
+            }
+            Err(_) => rx,
+        }
+    }
+
+    /// Re-inserts a cached entry so that the cache weighs it again; never re-adds one removed meanwhile.
+    async fn reweigh_cached(&self, entry: &Arc<SessionEntry>) {
+        let e = entry.clone();
+        self.cache
+            .entry_by_ref(&entry.id)
+            .and_compute_with(|cur| async move {
+                let same = cur.is_some_and(|c| Arc::ptr_eq(c.value(), &e));
+                if same && !e.state.lock().deleted {
+                    Op::Put(e)
+                } else {
+                    Op::Nop
+                }
+            })
+            .await;
+    }
+
     async fn load_entry(&self, id: &str) -> Result<Option<Arc<SessionEntry>>, StoreError> {
         if let Some(e) = self.cache.get(id).await {
             self.metrics.lookup(CacheResult::Hit);
@@ -227,28 +301,32 @@ impl Sessions {
         }
         self.metrics.lookup(CacheResult::Miss);
         let store = self.store.clone();
+        let (timeout, metrics) = (self.timeout, self.store_metrics.clone());
         let key = id.to_string();
         let loaded = self
             .cache
             .try_get_with(key.clone(), async move {
-                match store.load(&key).await? {
+                match bounded(timeout, &metrics, StoreOp::Load, store.load(&key)).await? {
                     Some(s) => {
                         let head = s.meta.head.clone().map(NodeId::from);
-                        let st = EntryState {
-                            tree: Tree::from_nodes(s.nodes, head),
-                            last_active: s.meta.last_active,
-                            compressions: s.compressions,
-                            internal: s.internal,
-                        };
-                        let e = SessionEntry {
-                            id: s.meta.id,
-                            tenant: s.meta.tenant,
-                            created_at: s.meta.created_at,
-                            state: Mutex::new(st),
-                            weight: AtomicU32::new(0),
-                        };
-                        e.reweigh(&e.state.lock());
-                        Ok(Arc::new(e))
+                        let mut st = EntryState::new(
+                            Tree::from_nodes(s.nodes, head),
+                            s.meta.last_active,
+                            true,
+                        );
+                        st.version = s.meta.version;
+                        for c in s.compressions {
+                            st.push_record(RecordKind::Compression, c);
+                        }
+                        for i in s.internal {
+                            st.push_record(RecordKind::Internal, i);
+                        }
+                        Ok(Arc::new(SessionEntry::new(
+                            s.meta.id,
+                            s.meta.tenant,
+                            s.meta.created_at,
+                            st,
+                        )))
                     }
                     None => Err(StoreError::Backend {
                         backend: "cache",
@@ -268,6 +346,32 @@ impl Sessions {
         }
     }
 
+    /// A new session: shared with any other first request racing for it, kept out of the cache until admitted.
+    async fn fresh_entry(&self, ident: &SessionIdentity, now: i64) -> Arc<SessionEntry> {
+        let live =
+            |p: &HashMap<String, Weak<SessionEntry>>| p.get(&ident.id).and_then(Weak::upgrade);
+        if let Some(e) = live(&self.pending.lock()) {
+            return e;
+        }
+        // Admitted since the lookup missed.
+        if let Some(e) = self.cache.get(&ident.id).await {
+            return e;
+        }
+        let mut pending = self.pending.lock();
+        if let Some(e) = live(&pending) {
+            return e;
+        }
+        pending.retain(|_, w| w.strong_count() > 0);
+        let fresh = Arc::new(SessionEntry::new(
+            ident.id.clone(),
+            ident.tenant.clone(),
+            now,
+            EntryState::new(Tree::new(), now, false),
+        ));
+        pending.insert(ident.id.clone(), Arc::downgrade(&fresh));
+        fresh
+    }
+
     async fn entry_for(
         &self,
         ident: &SessionIdentity,
@@ -275,24 +379,7 @@ impl Sessions {
     ) -> Result<Arc<SessionEntry>, StoreError> {
         let entry = match self.load_entry(&ident.id).await? {
             Some(e) => e,
-            None => {
-                let fresh = Arc::new(SessionEntry {
-                    id: ident.id.clone(),
-                    tenant: ident.tenant.clone(),
-                    created_at: now,
-                    state: Mutex::new(EntryState {
-                        tree: Tree::new(),
-                        last_active: now,
-                        compressions: Vec::new(),
-                        internal: Vec::new(),
-                    }),
-                    weight: AtomicU32::new(512),
-                });
-                // Two first requests racing: both get the one that won.
-                self.cache
-                    .get_with(ident.id.clone(), async move { fresh })
-                    .await
-            }
+            None => self.fresh_entry(ident, now).await,
         };
         if entry.tenant != ident.tenant {
             return Err(StoreError::TenantMismatch);
@@ -300,7 +387,8 @@ impl Sessions {
         Ok(entry)
     }
 
-    /// Reconciles a request's messages with the session and queues the new ones for writing (not awaited).
+    /// Reconciles a request's messages with the session and queues the new ones for writing (not awaited). A new
+    /// session's messages are only written once [`Sessions::admit`] is called.
     pub async fn record_request(
         &self,
         ident: &SessionIdentity,
@@ -309,23 +397,32 @@ impl Sessions {
     ) -> Result<RequestMark, StoreError> {
         let now = now_secs();
         let entry = self.entry_for(ident, now).await?;
-        let (mark, ops) = {
+        let (mark, grew) = {
             let mut st = entry.state.lock();
+            let before = st.tree.weight();
             let appended = st.tree.append_request(messages, raw_hashes, now);
             st.last_active = now;
             let nodes = st.tree.path_to(appended.leaf.as_ref());
             let first_seen: Vec<i64> = nodes.iter().map(|n| n.created_at).collect();
             let path: Vec<String> = nodes.iter().map(|n| n.id.to_string()).collect();
-            let mut ops = vec![WriteOp::Session(entry.meta(&st))];
-            for id in &appended.created {
-                if let Some(n) = st.tree.get(id) {
-                    ops.push(WriteOp::Node {
-                        session: entry.id.clone(),
-                        node: n.clone(),
-                    });
+            if st.writable() {
+                let mut ops = vec![WriteOp::Session {
+                    meta: entry.next_meta(&mut st),
+                    create: false,
+                }];
+                for id in &appended.created {
+                    if let Some(n) = st.tree.get(id) {
+                        ops.push(WriteOp::Node {
+                            session: entry.id.clone(),
+                            node: n.clone(),
+                        });
+                    }
                 }
+                // Queued, not awaited: durability of the turn is awaited with the reply.
+                drop(self.queue(&entry, &mut st, ops, now));
             }
             entry.reweigh(&st);
+            let grew = st.admitted && st.tree.weight() != before;
             let mark = RequestMark {
                 entry: entry.clone(),
                 leaf: appended.leaf,
@@ -334,32 +431,60 @@ impl Sessions {
                 first_seen,
                 path,
             };
-            (mark, ops)
+            (mark, grew)
         };
-        // Queued, not awaited: durability of the turn is awaited with the reply.
-        drop(self.store.write(ops));
-        if mark.created > 0 {
-            self.cache.insert(entry.id.clone(), entry).await; // re-weigh
+        if grew {
+            self.reweigh_cached(&entry).await;
         }
         Ok(mark)
     }
 
-    /// Appends the upstream's reply after the request's last message and waits until the whole turn is durable.
+    /// The upstream accepted the request (2xx): a new session's first turn goes to the store and the cache.
+    /// Nothing happens for a session already admitted (or deleted). Not awaited: the reply's commit is.
+    pub async fn admit(&self, mark: &RequestMark) {
+        let entry = &mark.entry;
+        {
+            let mut st = entry.state.lock();
+            if st.admitted || st.deleted {
+                return;
+            }
+            st.admitted = true;
+            let now = now_secs();
+            let ops = entry.whole(&mut st, true, now);
+            drop(self.queue(entry, &mut st, ops, now));
+            entry.reweigh(&st);
+        }
+        self.cache.insert(entry.id.clone(), entry.clone()).await;
+        let mut pending = self.pending.lock();
+        if pending
+            .get(&entry.id)
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(entry)))
+        {
+            pending.remove(&entry.id);
+        }
+    }
+
+    /// Appends the upstream's reply after the request's last message and waits (at most the store timeout) until
+    /// the whole turn is durable. A reply admits a new session (the upstream accepted it).
     pub async fn record_reply(
         &self,
         mark: &RequestMark,
         message: Value,
         partial: bool,
     ) -> Result<(), StoreError> {
+        self.admit(mark).await;
         let now = now_secs();
         let entry = &mark.entry;
-        let ops = {
+        let (rx, new) = {
             let mut st = entry.state.lock();
             let (id, new) = st
                 .tree
                 .append_reply(mark.leaf.clone(), message, partial, now);
             st.last_active = now;
             entry.reweigh(&st);
+            if !st.writable() {
+                return Ok(());
+            }
             let mut ops = Vec::with_capacity(2);
             if new {
                 if let Some(n) = st.tree.get(&id) {
@@ -369,18 +494,39 @@ impl Sessions {
                     });
                 }
             }
-            ops.push(WriteOp::Session(entry.meta(&st)));
-            ops
+            ops.push(WriteOp::Session {
+                meta: entry.next_meta(&mut st),
+                create: false,
+            });
+            (self.queue(entry, &mut st, ops, now), new)
         };
-        committed(self.store.write(ops)).await
+        if new {
+            self.reweigh_cached(entry).await;
+        }
+        self.bounded(StoreOp::Write, committed(rx)).await
     }
 
-    /// Waits until every write queued so far is committed.
+    /// Waits until every write queued so far is committed; sessions whose writes were refused are rewritten first.
+    /// Not bounded by the store timeout: callers (shutdown) bound it themselves.
     pub async fn flush(&self) -> Result<(), StoreError> {
-        committed(self.store.write(Vec::new())).await
+        let now = now_secs();
+        for (_, entry) in self.cache.iter() {
+            let mut st = entry.state.lock();
+            if st.dirty && st.writable() {
+                let ops = entry.whole(&mut st, false, now);
+                drop(self.queue(&entry, &mut st, ops, now));
+            }
+        }
+        loop {
+            match committed(self.store.write(Vec::new())).await {
+                Err(StoreError::QueueFull) => tokio::time::sleep(FLUSH_RETRY).await,
+                other => return other,
+            }
+        }
     }
 
-    /// Appends a record (compression or internal exchange) to a session and waits until it is durable.
+    /// Appends a record (compression or internal exchange) to a session and waits (at most the store timeout)
+    /// until it is durable.
     pub async fn record(
         &self,
         mark: &RequestMark,
@@ -390,28 +536,32 @@ impl Sessions {
         self.record_entry(&mark.entry, kind, record).await
     }
 
-    /// Like [`Sessions::record`], for a session entry.
+    /// Like [`Sessions::record`], for a session entry. A session not admitted yet keeps the record in memory; it
+    /// is written with the session on admission (or never, when the upstream refuses it).
     pub async fn record_entry(
         &self,
-        entry: &SessionEntry,
+        entry: &Arc<SessionEntry>,
         kind: RecordKind,
         record: Value,
     ) -> Result<(), StoreError> {
         let now = now_secs();
-        {
+        let rx = {
             let mut st = entry.state.lock();
-            match kind {
-                RecordKind::Compression => st.compressions.push(record.clone()),
-                RecordKind::Internal => st.internal.push(record.clone()),
+            st.push_record(kind, record.clone());
+            entry.reweigh(&st);
+            if !st.writable() {
+                return Ok(());
             }
-        }
-        committed(self.store.write(vec![WriteOp::Record {
-            kind,
-            session: entry.id.clone(),
-            created_at: now,
-            record,
-        }]))
-        .await
+            let op = WriteOp::Record {
+                kind,
+                session: entry.id.clone(),
+                created_at: now,
+                record,
+            };
+            self.queue(entry, &mut st, vec![op], now)
+        };
+        self.reweigh_cached(entry).await;
+        self.bounded(StoreOp::Write, committed(rx)).await
     }
 
     /// A cached or stored session entry, for background work and the admin API.
@@ -474,29 +624,45 @@ impl Sessions {
         limit: u32,
         offset: u64,
     ) -> Result<(Vec<SessionMeta>, u64), StoreError> {
-        self.store.list(limit, offset).await
+        self.bounded(StoreOp::List, self.store.list(limit, offset))
+            .await
     }
 
-    /// Removes a session from cache and store; true when it existed.
+    /// Removes a session from cache and store; true when it existed. Turns still running on it write nothing
+    /// more (their entry is marked deleted before the store's delete is queued).
     pub async fn delete(&self, id: &str) -> Result<bool, StoreError> {
-        let cached = self.cache.remove(id).await.is_some();
-        let stored = self.store.delete(id).await?;
-        Ok(cached || stored)
+        let cached = self.cache.remove(id).await;
+        let pending = self.pending.lock().remove(id).and_then(|w| w.upgrade());
+        for e in cached.iter().chain(pending.iter()) {
+            e.state.lock().deleted = true;
+        }
+        let stored = self.bounded(StoreOp::Delete, self.store.delete(id)).await?;
+        Ok(cached.is_some() || stored)
     }
 
     /// Purges sessions idle for more than `days` days from store and cache; returns how many were purged.
     pub async fn purge_idle(&self, days: u64) -> Result<u64, StoreError> {
         let before = now_secs() - i64::try_from(days.saturating_mul(86_400)).unwrap_or(i64::MAX);
-        let n = self.store.purge_idle(before).await?;
+        // Marked deleted first, so that nothing queued after the purge writes them back.
         let stale: Vec<Arc<String>> = self
             .cache
             .iter()
-            .filter(|(_, e)| e.state.lock().last_active < before)
+            .filter(|(_, e)| {
+                let mut st = e.state.lock();
+                let idle = st.last_active < before;
+                st.deleted |= idle;
+                idle
+            })
             .map(|(k, _)| k)
             .collect();
+        let n = self.store.purge_idle(before).await;
         for k in stale {
             self.cache.invalidate(k.as_str()).await;
         }
-        Ok(n)
+        n
     }
 }
+
+#[cfg(test)]
+#[path = "manager_tests.rs"]
+mod tests;

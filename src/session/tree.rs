@@ -68,6 +68,9 @@ impl Node {
     }
 }
 
+/// Bytes one prefix-index entry holds: its key, the shared node id pointer and the hash table's overhead.
+pub const PREFIX_ENTRY_BYTES: usize = 48;
+
 /// The id a message gets under `parent`.
 pub fn node_id(parent: Option<&str>, message: &Value) -> NodeId {
     let mut h = Sha256::new();
@@ -201,7 +204,8 @@ impl Tree {
         self.nodes.is_empty()
     }
 
-    /// Approximate bytes held.
+    /// Approximate bytes held: the nodes and the prefix index (which also grows with resends that create no
+    /// node, e.g. the same messages serialised differently).
     pub fn weight(&self) -> usize {
         self.weight
     }
@@ -257,8 +261,8 @@ impl Tree {
                 });
                 created.push(id.clone());
             }
-            if usable {
-                self.prefix.insert(chain[i], id.clone());
+            if usable && self.prefix.insert(chain[i], id.clone()).is_none() {
+                self.weight += PREFIX_ENTRY_BYTES;
             }
             parent = Some(id);
         }
@@ -507,6 +511,22 @@ mod tests {
         // mismatched hash count: still correct
         let b = t.append_request(&reordered, &[], 0);
         assert!(b.created.is_empty());
+    }
+
+    #[test]
+    fn weight_counts_the_prefix_index() {
+        let mut t = Tree::new();
+        let m = msgs(json!([{"role":"user","content":"q"},{"role":"assistant","content":"a"}]));
+        append(&mut t, &m);
+        let before = t.weight();
+        // The same messages with other raw bytes: no node is created, but the prefix index grows.
+        let created = t.append_request(&m, &[7, 8], 0).created;
+        assert!(created.is_empty());
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.weight(), before + 2 * PREFIX_ENTRY_BYTES);
+        // Seen again: nothing more.
+        t.append_request(&m, &[7, 8], 0);
+        assert_eq!(t.weight(), before + 2 * PREFIX_ENTRY_BYTES);
     }
 
     #[test]

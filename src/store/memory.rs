@@ -42,23 +42,30 @@ impl Store for MemoryStore {
         let mut map = self.sessions.lock();
         for op in ops {
             match op {
-                WriteOp::Session(meta) => {
-                    let id = meta.id.clone();
-                    match map.get_mut(&id) {
-                        Some(s) => s.meta = meta,
-                        None => {
-                            map.insert(
-                                id,
-                                StoredSession {
-                                    meta,
-                                    nodes: Vec::new(),
-                                    compressions: Vec::new(),
-                                    internal: Vec::new(),
-                                },
-                            );
+                WriteOp::Session { meta, create } => match map.get_mut(&meta.id) {
+                    // Rows never go backwards: only a newer version replaces one.
+                    Some(s) if s.meta.version < meta.version => {
+                        s.meta = SessionMeta {
+                            tenant: s.meta.tenant.clone(),
+                            created_at: s.meta.created_at,
+                            ..meta
                         }
                     }
-                }
+                    Some(_) => {}
+                    // A missing row is only created by a write that may create it (else: deleted mid-turn).
+                    None if create => {
+                        map.insert(
+                            meta.id.clone(),
+                            StoredSession {
+                                meta,
+                                nodes: Vec::new(),
+                                compressions: Vec::new(),
+                                internal: Vec::new(),
+                            },
+                        );
+                    }
+                    None => {}
+                },
                 WriteOp::Node { session, node } => {
                     if let Some(s) = map.get_mut(&session) {
                         if !s.nodes.iter().any(|n| n.id == node.id) {

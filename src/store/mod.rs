@@ -1,5 +1,20 @@
 //! Durable history: the `Store` trait and its backends (embedded SQLite, memory). The moka cache in front of it
 //! lives in `session::manager`.
+//!
+//! What every backend guarantees (the session manager relies on it):
+//! - `write` never blocks: it queues (or applies) the batch and returns a receiver at once. A full queue refuses
+//!   the batch at once with [`StoreError::QueueFull`] (the receiver is already resolved).
+//! - A session's batches are applied in the order they were queued (a retried batch holds back the later batches
+//!   of its sessions).
+//! - A batch commits or fails on its own: a failing batch never fails another caller's batch committed with it.
+//! - A transient failure (database busy, locked or read-only for a moment, I/O) does not drop a batch: the backend
+//!   keeps it and retries, and its receiver resolves once it is committed. Only a batch that can never apply
+//!   (or is still failing when the store shuts down) resolves with an error.
+//! - A write for a session that does not exist (deleted by the admin API or the retention purge mid-turn) is a
+//!   no-op: nodes and records are dropped, and a session row is only created by a write with `create: true`.
+//! - Session rows never go backwards: a row is replaced only by one with a higher `version`, whatever order the
+//!   batches arrive in.
+//! - A barrier (an empty batch) resolves once every batch queued before it is committed.
 
 mod memory;
 mod sqlite;
@@ -32,6 +47,12 @@ pub enum StoreError {
     /// A session id belongs to another tenant.
     #[error("session belongs to another tenant")]
     TenantMismatch,
+    /// The store did not answer within `store.timeout_ms` (the operation may still complete later).
+    #[error("store did not answer within {0} ms")]
+    Timeout(u64),
+    /// The write queue holds `store.queue_capacity` batches: the batch was refused at once.
+    #[error("store write queue is full")]
+    QueueFull,
 }
 
 /// A session's row: everything but its messages.
@@ -53,6 +74,10 @@ pub struct SessionMeta {
     /// The current leaf.
     #[serde(skip)]
     pub head: Option<String>,
+    /// Bumped each time the row is rebuilt; a stored row is only replaced by one with a higher version, so
+    /// writes applied out of order never move the metadata backwards.
+    #[serde(skip)]
+    pub version: u64,
 }
 
 /// A session as loaded from the store.
@@ -87,11 +112,17 @@ impl RecordKind {
     }
 }
 
-/// One write. Writes are applied in the order they were queued.
+/// One write. The ops of a batch are applied in order, all or nothing.
 #[derive(Debug, Clone)]
 pub enum WriteOp {
-    /// Create or update a session's row.
-    Session(SessionMeta),
+    /// Update a session's row when `meta.version` is newer than the stored one. Without `create`, a missing row
+    /// stays missing (the session was deleted); with it, a missing row is created.
+    Session {
+        /// The row.
+        meta: SessionMeta,
+        /// Create the row when it does not exist (a new session's first write, or a rewrite after a lost write).
+        create: bool,
+    },
     /// Append a node (ignored when it exists: nodes are immutable).
     Node {
         /// Session id.
@@ -112,12 +143,13 @@ pub enum WriteOp {
     },
 }
 
-/// A durable store of session histories. Writes are queued and committed in order; the returned receiver
-/// resolves once they are durable.
+/// A durable store of session histories. Writes are queued and committed per batch; the returned receiver
+/// resolves once the batch is durable (see the module docs for the guarantees).
 pub trait Store: Send + Sync + 'static {
     /// The backend's name for logs and metrics.
     fn backend(&self) -> &'static str;
-    /// Queues writes; resolves when they (and everything queued before) are committed.
+    /// Queues a batch without blocking; resolves when it is committed (an empty batch: when everything queued
+    /// before it is committed), or at once with [`StoreError::QueueFull`].
     fn write(&self, ops: Vec<WriteOp>) -> oneshot::Receiver<Result<(), StoreError>>;
     /// Loads a session.
     fn load(&self, id: &str) -> BoxFuture<'static, Result<Option<StoredSession>, StoreError>>;
@@ -153,7 +185,7 @@ pub fn open_with_metrics(
 fn open_instrumented(cfg: &StoreConfig, m: StoreMetrics) -> Result<Arc<dyn Store>, StoreError> {
     Ok(match cfg.backend {
         StoreBackend::Memory => Arc::new(MemoryStore::with_metrics(m)),
-        StoreBackend::Sqlite => Arc::new(SqliteStore::open_with_metrics(&cfg.path, m)?),
+        StoreBackend::Sqlite => Arc::new(SqliteStore::open_with(&cfg.path, cfg.queue_capacity, m)?),
     })
 }
 

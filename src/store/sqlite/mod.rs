@@ -1,5 +1,9 @@
 //! The embedded SQLite backend: one worker thread owns the connection (WAL mode) and applies queued commands in
-//! order, committing writes in small groups so that many sessions never queue on SQLite's lock.
+//! order, committing writes in small groups so that many sessions never queue on SQLite's lock. Each caller's
+//! batch runs in its own savepoint inside the group's transaction, so one failing batch fails only its caller;
+//! batches that failed for a transient reason (busy, locked, read-only, I/O) are kept and retried with backoff.
+
+mod worker;
 
 use super::{RecordKind, SessionMeta, Store, StoreError, StoredSession, WriteOp};
 use crate::metrics::{StoreMetrics, StoreOp};
@@ -7,13 +11,14 @@ use crate::session::tree::{Node, NodeId, NodeKind};
 use futures_util::future::BoxFuture;
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::mpsc::{self, TrySendError};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::oneshot;
+use worker::Worker;
 
-/// Most commands applied in one transaction.
-const GROUP: usize = 256;
+/// Commands queued for the worker when no capacity is configured.
+const DEFAULT_QUEUE: usize = 10_000;
 
 type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
@@ -23,11 +28,13 @@ enum Cmd {
     List(u32, u64, Reply<(Vec<SessionMeta>, u64)>),
     Delete(String, Reply<bool>),
     Purge(i64, Reply<u64>),
+    QueryOnly(bool, Reply<()>),
 }
 
 /// SQLite behind a worker thread.
 pub struct SqliteStore {
-    tx: mpsc::Sender<Cmd>,
+    tx: mpsc::SyncSender<Cmd>,
+    metrics: StoreMetrics,
 }
 
 fn err(e: impl std::fmt::Display) -> StoreError {
@@ -48,7 +55,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     last_active INTEGER NOT NULL,
     message_count INTEGER NOT NULL,
     token_estimate INTEGER NOT NULL,
-    head TEXT
+    head TEXT,
+    version INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS sessions_by_activity ON sessions(last_active DESC);
 CREATE TABLE IF NOT EXISTS nodes (
@@ -72,14 +80,37 @@ CREATE TABLE IF NOT EXISTS records (
 ) WITHOUT ROWID;
 ";
 
+/// Databases created before sessions had a version get the column (0: any newer write replaces the row).
+fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
+    let has_version: i64 = conn.query_row(
+        "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = 'version'",
+        [],
+        |r| r.get(0),
+    )?;
+    if has_version == 0 {
+        conn.execute_batch("ALTER TABLE sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0")?;
+    }
+    Ok(())
+}
+
 impl SqliteStore {
     /// Opens (creating when missing) the database at `path` and starts its worker.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        Self::open_with_metrics(path, StoreMetrics::default())
+        Self::open_with(path, DEFAULT_QUEUE, StoreMetrics::default())
     }
 
     /// Like [`SqliteStore::open`]; the worker records each operation's latency and errors in `metrics`.
     pub fn open_with_metrics(path: &Path, metrics: StoreMetrics) -> Result<Self, StoreError> {
+        Self::open_with(path, DEFAULT_QUEUE, metrics)
+    }
+
+    /// Like [`SqliteStore::open_with_metrics`], queueing at most `queue_capacity` commands for the worker; beyond
+    /// that, new commands are refused at once with [`StoreError::QueueFull`].
+    pub fn open_with(
+        path: &Path,
+        queue_capacity: usize,
+        metrics: StoreMetrics,
+    ) -> Result<Self, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
                 .map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
@@ -90,24 +121,39 @@ impl SqliteStore {
             .map_err(err)?;
         check_integrity(&conn, path)?;
         conn.execute_batch(SCHEMA).map_err(err)?;
-        let (tx, rx) = mpsc::channel::<Cmd>();
+        migrate(&conn).map_err(err)?;
+        let (tx, rx) = mpsc::sync_channel::<Cmd>(queue_capacity.max(1));
+        let worker_metrics = metrics.clone();
         std::thread::Builder::new()
             .name("ctxgate-sqlite".into())
-            .spawn(move || worker(conn, rx, metrics))
+            .spawn(move || Worker::new(conn, worker_metrics).run(rx))
             .map_err(err)?;
-        Ok(Self { tx })
+        Ok(Self { tx, metrics })
+    }
+
+    /// Fault injection for tests: with `on`, the connection refuses every write (`PRAGMA query_only`), the way a
+    /// database that became read-only fails; queued writes are kept and retried until it is turned off.
+    #[doc(hidden)]
+    pub fn set_query_only(&self, on: bool) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.send(StoreOp::Write, move |r| Cmd::QueryOnly(on, r))
     }
 
     fn send<T: Send + 'static>(
         &self,
+        op: StoreOp,
         make: impl FnOnce(Reply<T>) -> Cmd,
     ) -> BoxFuture<'static, Result<T, StoreError>> {
         let (tx, rx) = oneshot::channel();
-        let sent = self.tx.send(make(tx)).is_ok();
-        Box::pin(async move {
-            if !sent {
-                return Err(StoreError::Closed);
+        let sent = match self.tx.try_send(make(tx)) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => {
+                self.metrics.error(op);
+                Err(StoreError::QueueFull)
             }
+            Err(TrySendError::Disconnected(_)) => Err(StoreError::Closed),
+        };
+        Box::pin(async move {
+            sent?;
             rx.await.unwrap_or(Err(StoreError::Closed))
         })
     }
@@ -153,15 +199,23 @@ impl Store for SqliteStore {
 
     fn write(&self, ops: Vec<WriteOp>) -> oneshot::Receiver<Result<(), StoreError>> {
         let (tx, rx) = oneshot::channel();
-        if let Err(mpsc::SendError(Cmd::Write(_, tx))) = self.tx.send(Cmd::Write(ops, tx)) {
-            let _ = tx.send(Err(StoreError::Closed));
+        match self.tx.try_send(Cmd::Write(ops, tx)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(Cmd::Write(_, tx))) => {
+                self.metrics.error(StoreOp::Write);
+                let _ = tx.send(Err(StoreError::QueueFull));
+            }
+            Err(TrySendError::Disconnected(Cmd::Write(_, tx))) => {
+                let _ = tx.send(Err(StoreError::Closed));
+            }
+            Err(_) => {}
         }
         rx
     }
 
     fn load(&self, id: &str) -> BoxFuture<'static, Result<Option<StoredSession>, StoreError>> {
         let id = id.to_string();
-        self.send(move |r| Cmd::Load(id, r))
+        self.send(StoreOp::Load, move |r| Cmd::Load(id, r))
     }
 
     fn list(
@@ -169,129 +223,27 @@ impl Store for SqliteStore {
         limit: u32,
         offset: u64,
     ) -> BoxFuture<'static, Result<(Vec<SessionMeta>, u64), StoreError>> {
-        self.send(move |r| Cmd::List(limit, offset, r))
+        self.send(StoreOp::List, move |r| Cmd::List(limit, offset, r))
     }
 
     fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
         let id = id.to_string();
-        self.send(move |r| Cmd::Delete(id, r))
+        self.send(StoreOp::Delete, move |r| Cmd::Delete(id, r))
     }
 
     fn purge_idle(&self, before: i64) -> BoxFuture<'static, Result<u64, StoreError>> {
-        self.send(move |r| Cmd::Purge(before, r))
+        self.send(StoreOp::Purge, move |r| Cmd::Purge(before, r))
     }
-}
-
-/// Runs until every sender is gone; whatever was queued is applied first, so nothing queued is lost.
-fn worker(mut conn: Connection, rx: mpsc::Receiver<Cmd>, metrics: StoreMetrics) {
-    while let Ok(first) = rx.recv() {
-        let mut writes: Vec<(Vec<WriteOp>, Reply<()>)> = Vec::new();
-        let mut next = Some(first);
-        // Group commit: take every write already queued (up to GROUP) into one transaction.
-        while let Some(cmd) = next.take() {
-            match cmd {
-                Cmd::Write(ops, reply) => {
-                    writes.push((ops, reply));
-                    if writes.len() < GROUP {
-                        next = rx.try_recv().ok();
-                    }
-                }
-                other => {
-                    // Reads and deletes see every write queued before them.
-                    commit_group(&mut conn, std::mem::take(&mut writes), &metrics);
-                    run_other(&mut conn, other, &metrics);
-                    next = rx.try_recv().ok();
-                }
-            }
-        }
-        commit_group(&mut conn, writes, &metrics);
-    }
-}
-
-fn commit_group(
-    conn: &mut Connection,
-    writes: Vec<(Vec<WriteOp>, Reply<()>)>,
-    metrics: &StoreMetrics,
-) {
-    if writes.is_empty() {
-        return;
-    }
-    let started = Instant::now();
-    let result = (|| -> Result<(), rusqlite::Error> {
-        let tx = conn.transaction()?;
-        for (ops, _) in &writes {
-            for op in ops {
-                apply(&tx, op)?;
-            }
-        }
-        tx.commit()
-    })();
-    let result = result.map_err(err);
-    metrics.observe(StoreOp::Write, started, result.is_ok());
-    if let Err(e) = &result {
-        tracing::error!(error = %e, writes = writes.len(), "sqlite: group commit failed");
-    }
-    for (_, reply) in writes {
-        let _ = reply.send(result.clone());
-    }
-}
-
-fn apply(tx: &rusqlite::Transaction<'_>, op: &WriteOp) -> Result<(), rusqlite::Error> {
-    match op {
-        WriteOp::Session(m) => {
-            tx.prepare_cached(
-                "INSERT INTO sessions (id, tenant, created_at, last_active, message_count, token_estimate, head)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-                 ON CONFLICT(id) DO UPDATE SET last_active = excluded.last_active,
-                   message_count = excluded.message_count, token_estimate = excluded.token_estimate,
-                   head = excluded.head",
-            )?
-            .execute(params![
-                m.id,
-                m.tenant,
-                m.created_at,
-                m.last_active,
-                m.message_count as i64,
-                m.token_estimate as i64,
-                m.head
-            ])?;
-        }
-        WriteOp::Node { session, node } => {
-            tx.prepare_cached(
-                "INSERT OR IGNORE INTO nodes (session_id, node_id, parent_id, position, kind, partial, created_at, message)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            )?
-            .execute(params![
-                session,
-                &*node.id,
-                node.parent.as_deref(),
-                node.position,
-                node.kind.as_str(),
-                node.partial,
-                node.created_at,
-                node.message.to_string()
-            ])?;
-        }
-        WriteOp::Record {
-            kind,
-            session,
-            created_at,
-            record,
-        } => {
-            tx.prepare_cached(
-                "INSERT INTO records (session_id, seq, kind, created_at, record)
-                 VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM records WHERE session_id = ?1), ?2, ?3, ?4)",
-            )?
-            .execute(params![session, kind.as_str(), created_at, record.to_string()])?;
-        }
-    }
-    Ok(())
 }
 
 fn run_other(conn: &mut Connection, cmd: Cmd, metrics: &StoreMetrics) {
     let started = Instant::now();
     match cmd {
         Cmd::Write(..) => {}
+        Cmd::QueryOnly(on, r) => {
+            let res = conn.pragma_update(None, "query_only", on).map_err(err);
+            let _ = r.send(res);
+        }
         Cmd::Load(id, r) => {
             let res = load(conn, &id).map_err(err);
             metrics.observe(StoreOp::Load, started, res.is_ok());
@@ -333,10 +285,12 @@ fn meta_from_row(row: &rusqlite::Row<'_>) -> Result<SessionMeta, rusqlite::Error
         message_count: row.get::<_, i64>(4)? as u64,
         token_estimate: row.get::<_, i64>(5)? as u64,
         head: row.get(6)?,
+        version: row.get::<_, i64>(7)? as u64,
     })
 }
 
-const META_COLS: &str = "id, tenant, created_at, last_active, message_count, token_estimate, head";
+const META_COLS: &str =
+    "id, tenant, created_at, last_active, message_count, token_estimate, head, version";
 
 fn load(conn: &Connection, id: &str) -> Result<Option<StoredSession>, rusqlite::Error> {
     let meta = conn
@@ -403,83 +357,4 @@ fn list(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::committed;
-    use serde_json::json;
-
-    fn node(id: &str, parent: Option<&str>, pos: u32) -> Node {
-        Node {
-            id: NodeId::from(id),
-            parent: parent.map(NodeId::from),
-            position: pos,
-            message: Arc::new(json!({"role":"user","content":id})),
-            kind: NodeKind::Client,
-            partial: false,
-            created_at: 1,
-        }
-    }
-
-    fn meta(id: &str, last: i64) -> SessionMeta {
-        SessionMeta {
-            id: id.into(),
-            tenant: "t".into(),
-            created_at: 1,
-            last_active: last,
-            message_count: 2,
-            token_estimate: 3,
-            head: Some("b".into()),
-        }
-    }
-
-    #[tokio::test]
-    async fn write_reopen_list_delete_purge() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sub/ctx.db");
-        {
-            let s = SqliteStore::open(&path).unwrap();
-            let ops = vec![
-                WriteOp::Session(meta("s1", 10)),
-                WriteOp::Node {
-                    session: "s1".into(),
-                    node: node("a", None, 0),
-                },
-                WriteOp::Node {
-                    session: "s1".into(),
-                    node: node("b", Some("a"), 1),
-                },
-                WriteOp::Node {
-                    session: "s1".into(),
-                    node: node("b", Some("a"), 1),
-                },
-                WriteOp::Record {
-                    kind: RecordKind::Compression,
-                    session: "s1".into(),
-                    created_at: 5,
-                    record: json!({"x":1}),
-                },
-                WriteOp::Record {
-                    kind: RecordKind::Internal,
-                    session: "s1".into(),
-                    created_at: 6,
-                    record: json!({"y":2}),
-                },
-                WriteOp::Session(meta("s2", 20)),
-            ];
-            committed(s.write(ops)).await.unwrap();
-        }
-        let s = SqliteStore::open(&path).unwrap();
-        let loaded = s.load("s1").await.unwrap().unwrap();
-        assert_eq!(loaded.nodes.len(), 2);
-        assert_eq!(loaded.meta.head.as_deref(), Some("b"));
-        assert_eq!(loaded.compressions, vec![json!({"x":1})]);
-        assert_eq!(loaded.internal, vec![json!({"y":2})]);
-        let (page, total) = s.list(10, 0).await.unwrap();
-        assert_eq!(total, 2);
-        assert_eq!(page[0].id, "s2");
-        assert!(s.delete("s2").await.unwrap());
-        assert!(!s.delete("s2").await.unwrap());
-        assert_eq!(s.purge_idle(11).await.unwrap(), 1);
-        assert!(s.load("s1").await.unwrap().is_none());
-    }
-}
+mod tests;

@@ -1,0 +1,165 @@
+//! One cached session: its tree, records and write state (admitted, deleted, dirty), and what the cache weighs.
+
+use super::tree::{approx_size, Tree};
+use crate::store::{RecordKind, SessionMeta, WriteOp};
+use parking_lot::Mutex;
+use serde_json::Value;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// One cached session.
+pub struct SessionEntry {
+    /// Public id.
+    pub id: String,
+    /// Owner's credential hash.
+    pub tenant: String,
+    /// Unix seconds of the first request.
+    pub created_at: i64,
+    pub(super) state: Mutex<EntryState>,
+    pub(super) weight: AtomicU32,
+}
+
+pub(super) struct EntryState {
+    pub(super) tree: Tree,
+    pub(super) last_active: i64,
+    pub(super) compressions: Vec<Value>,
+    pub(super) internal: Vec<Value>,
+    /// Approximate bytes of `compressions` and `internal`.
+    pub(super) records_weight: usize,
+    /// Version of the newest row built (see [`SessionMeta::version`]).
+    pub(super) version: u64,
+    /// The session may be written: it was loaded from the store, or the upstream accepted its first request.
+    pub(super) admitted: bool,
+    /// Deleted (admin API or retention purge): nothing more is written for it.
+    pub(super) deleted: bool,
+    /// A write was refused: the next write rewrites the whole session (row, every node, `unsaved`).
+    pub(super) dirty: bool,
+    /// Records whose write was refused.
+    pub(super) unsaved: Vec<WriteOp>,
+}
+
+impl EntryState {
+    pub(super) fn new(tree: Tree, last_active: i64, admitted: bool) -> Self {
+        Self {
+            tree,
+            last_active,
+            compressions: Vec::new(),
+            internal: Vec::new(),
+            records_weight: 0,
+            version: 0,
+            admitted,
+            deleted: false,
+            dirty: false,
+            unsaved: Vec::new(),
+        }
+    }
+
+    /// Writes may be queued for the session.
+    pub(super) fn writable(&self) -> bool {
+        self.admitted && !self.deleted
+    }
+
+    pub(super) fn push_record(&mut self, kind: RecordKind, record: Value) {
+        self.records_weight += record_weight(&record);
+        match kind {
+            RecordKind::Compression => self.compressions.push(record),
+            RecordKind::Internal => self.internal.push(record),
+        }
+    }
+}
+
+/// Approximate bytes a record holds in memory (a parsed value takes about twice its text).
+fn record_weight(record: &Value) -> usize {
+    approx_size(record) * 2 + 64
+}
+
+/// Bytes of an entry beyond its tree and records.
+const ENTRY_OVERHEAD: usize = 512;
+
+impl SessionEntry {
+    pub(super) fn new(id: String, tenant: String, created_at: i64, st: EntryState) -> Self {
+        let e = Self {
+            id,
+            tenant,
+            created_at,
+            state: Mutex::new(st),
+            weight: AtomicU32::new(0),
+        };
+        e.reweigh(&e.state.lock());
+        e
+    }
+
+    pub(super) fn meta(&self, st: &EntryState) -> SessionMeta {
+        SessionMeta {
+            id: self.id.clone(),
+            tenant: self.tenant.clone(),
+            created_at: self.created_at,
+            last_active: st.last_active,
+            message_count: st.tree.len() as u64,
+            token_estimate: (st.tree.history_bytes() / 4) as u64,
+            head: st.tree.head().map(|h| h.to_string()),
+            version: st.version,
+        }
+    }
+
+    /// The row to write now: a new version, so it replaces every row built before it.
+    pub(super) fn next_meta(&self, st: &mut EntryState) -> SessionMeta {
+        st.version += 1;
+        self.meta(st)
+    }
+
+    /// Every write that puts the session in the store whole: the row (created when missing), every node, and
+    /// the records — all of them on admission, else those whose write was refused.
+    pub(super) fn whole(&self, st: &mut EntryState, all_records: bool, now: i64) -> Vec<WriteOp> {
+        let mut ops = vec![WriteOp::Session {
+            meta: self.next_meta(st),
+            create: true,
+        }];
+        ops.extend(st.tree.nodes().map(|n| WriteOp::Node {
+            session: self.id.clone(),
+            node: n.clone(),
+        }));
+        let unsaved = std::mem::take(&mut st.unsaved);
+        if all_records {
+            let record = |kind: RecordKind| {
+                move |r: &Value| WriteOp::Record {
+                    kind,
+                    session: self.id.clone(),
+                    created_at: now,
+                    record: r.clone(),
+                }
+            };
+            ops.extend(st.compressions.iter().map(record(RecordKind::Compression)));
+            ops.extend(st.internal.iter().map(record(RecordKind::Internal)));
+        } else {
+            ops.extend(unsaved);
+        }
+        st.dirty = false;
+        ops
+    }
+
+    pub(super) fn reweigh(&self, st: &EntryState) {
+        let w = st.tree.weight() + st.records_weight + ENTRY_OVERHEAD;
+        self.weight
+            .store(u32::try_from(w).unwrap_or(u32::MAX), Ordering::Relaxed);
+    }
+
+    /// Bytes the cache counts for this session: its tree (nodes and prefix index), its records, and overhead.
+    pub fn weight(&self) -> u32 {
+        self.weight.load(Ordering::Relaxed)
+    }
+
+    /// The newest compression record, if any.
+    pub fn last_compression(&self) -> Option<Value> {
+        self.state.lock().compressions.last().cloned()
+    }
+
+    /// Every compression record (rewrites and summaries), oldest first.
+    pub fn compressions(&self) -> Vec<Value> {
+        self.state.lock().compressions.clone()
+    }
+
+    /// Runs `f` on the session's tree.
+    pub fn with_tree<T>(&self, f: impl FnOnce(&Tree) -> T) -> T {
+        f(&self.state.lock().tree)
+    }
+}

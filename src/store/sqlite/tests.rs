@@ -1,0 +1,300 @@
+//! SQLite backend tests: reopen, group commits with failing and vanished-session batches, monotonic rows,
+//! retries, the queue bound and the schema migration.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use super::worker::{Batch, Worker};
+use super::*;
+use crate::store::committed;
+use serde_json::json;
+
+fn node(id: &str, parent: Option<&str>, pos: u32) -> Node {
+    Node {
+        id: NodeId::from(id),
+        parent: parent.map(NodeId::from),
+        position: pos,
+        message: Arc::new(json!({"role":"user","content":id})),
+        kind: NodeKind::Client,
+        partial: false,
+        created_at: 1,
+    }
+}
+
+fn meta(id: &str, last: i64) -> SessionMeta {
+    SessionMeta {
+        id: id.into(),
+        tenant: "t".into(),
+        created_at: 1,
+        last_active: last,
+        message_count: 2,
+        token_estimate: 3,
+        head: Some("b".into()),
+        version: 1,
+    }
+}
+
+fn create(m: SessionMeta) -> WriteOp {
+    WriteOp::Session {
+        meta: m,
+        create: true,
+    }
+}
+
+fn add(session: &str, n: Node) -> WriteOp {
+    WriteOp::Node {
+        session: session.into(),
+        node: n,
+    }
+}
+
+#[tokio::test]
+async fn write_reopen_list_delete_purge() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sub/ctx.db");
+    {
+        let s = SqliteStore::open(&path).unwrap();
+        let ops = vec![
+            create(meta("s1", 10)),
+            WriteOp::Node {
+                session: "s1".into(),
+                node: node("a", None, 0),
+            },
+            WriteOp::Node {
+                session: "s1".into(),
+                node: node("b", Some("a"), 1),
+            },
+            WriteOp::Node {
+                session: "s1".into(),
+                node: node("b", Some("a"), 1),
+            },
+            WriteOp::Record {
+                kind: RecordKind::Compression,
+                session: "s1".into(),
+                created_at: 5,
+                record: json!({"x":1}),
+            },
+            WriteOp::Record {
+                kind: RecordKind::Internal,
+                session: "s1".into(),
+                created_at: 6,
+                record: json!({"y":2}),
+            },
+            create(meta("s2", 20)),
+        ];
+        committed(s.write(ops)).await.unwrap();
+    }
+    let s = SqliteStore::open(&path).unwrap();
+    let loaded = s.load("s1").await.unwrap().unwrap();
+    assert_eq!(loaded.nodes.len(), 2);
+    assert_eq!(loaded.meta.head.as_deref(), Some("b"));
+    assert_eq!(loaded.compressions, vec![json!({"x":1})]);
+    assert_eq!(loaded.internal, vec![json!({"y":2})]);
+    let (page, total) = s.list(10, 0).await.unwrap();
+    assert_eq!(total, 2);
+    assert_eq!(page[0].id, "s2");
+    assert!(s.delete("s2").await.unwrap());
+    assert!(!s.delete("s2").await.unwrap());
+    assert_eq!(s.purge_idle(11).await.unwrap(), 1);
+    assert!(s.load("s1").await.unwrap().is_none());
+}
+
+fn conn() -> Connection {
+    let c = Connection::open_in_memory().unwrap();
+    c.execute_batch(SCHEMA).unwrap();
+    c
+}
+
+fn count(c: &Connection, sql: &str) -> i64 {
+    c.query_row(sql, [], |r| r.get(0)).unwrap()
+}
+
+#[test]
+fn a_write_for_a_vanished_session_does_not_fail_the_group() {
+    let (tx_a, mut rx_a) = oneshot::channel();
+    let (tx_b, mut rx_b) = oneshot::channel();
+    let (tx_c, mut rx_c) = oneshot::channel();
+    let mut w = Worker::new(conn(), StoreMetrics::default());
+    w.commit_group(vec![
+        Batch {
+            ops: vec![create(meta("live", 1)), add("live", node("a", None, 0))],
+            reply: tx_a,
+        },
+        // Deleted mid-turn: its reply and row update must be no-ops, not a failed group.
+        Batch {
+            ops: vec![
+                add("gone", node("r", None, 0)),
+                WriteOp::Record {
+                    kind: RecordKind::Internal,
+                    session: "gone".into(),
+                    created_at: 1,
+                    record: json!({}),
+                },
+                WriteOp::Session {
+                    meta: meta("gone", 2),
+                    create: false,
+                },
+            ],
+            reply: tx_b,
+        },
+        Batch {
+            ops: vec![add("live", node("b", Some("a"), 1))],
+            reply: tx_c,
+        },
+    ]);
+    assert!(matches!(rx_a.try_recv(), Ok(Ok(()))));
+    assert!(matches!(rx_b.try_recv(), Ok(Ok(()))));
+    assert!(matches!(rx_c.try_recv(), Ok(Ok(()))));
+    assert_eq!(
+        count(
+            &w.conn,
+            "SELECT COUNT(*) FROM nodes WHERE session_id = 'live'"
+        ),
+        2
+    );
+    assert_eq!(
+        count(&w.conn, "SELECT COUNT(*) FROM sessions WHERE id = 'gone'"),
+        0
+    );
+    assert_eq!(
+        count(
+            &w.conn,
+            "SELECT COUNT(*) FROM nodes WHERE session_id = 'gone'"
+        ),
+        0
+    );
+    assert_eq!(count(&w.conn, "SELECT COUNT(*) FROM records"), 0);
+}
+
+#[test]
+fn a_failing_batch_fails_only_its_caller() {
+    let mut w = Worker::new(conn(), StoreMetrics::default());
+    // A batch that can never apply: a trigger refuses its node.
+    w.conn
+        .execute_batch("CREATE TRIGGER refuse BEFORE INSERT ON nodes WHEN NEW.node_id = 'bad' BEGIN SELECT RAISE(ABORT, 'refused'); END;")
+        .unwrap();
+    let (tx_a, mut rx_a) = oneshot::channel();
+    let (tx_b, mut rx_b) = oneshot::channel();
+    w.commit_group(vec![
+        Batch {
+            ops: vec![create(meta("s", 1)), add("s", node("bad", None, 0))],
+            reply: tx_a,
+        },
+        Batch {
+            ops: vec![create(meta("t", 1)), add("t", node("ok", None, 0))],
+            reply: tx_b,
+        },
+    ]);
+    assert!(matches!(
+        rx_a.try_recv(),
+        Ok(Err(StoreError::Backend { .. }))
+    ));
+    assert!(matches!(rx_b.try_recv(), Ok(Ok(()))));
+    // The failed batch left nothing behind, not even its row.
+    assert_eq!(
+        count(&w.conn, "SELECT COUNT(*) FROM sessions WHERE id = 's'"),
+        0
+    );
+    assert_eq!(
+        count(&w.conn, "SELECT COUNT(*) FROM nodes WHERE session_id = 't'"),
+        1
+    );
+}
+
+#[test]
+fn session_rows_never_go_backwards() {
+    let mut w = Worker::new(conn(), StoreMetrics::default());
+    let row = |v: u64, count: u64, head: &str| SessionMeta {
+        version: v,
+        message_count: count,
+        head: Some(head.into()),
+        ..meta("s", 1)
+    };
+    let (tx, _rx) = oneshot::channel();
+    w.commit_group(vec![Batch {
+        ops: vec![
+            create(row(1, 1, "a")),
+            WriteOp::Session {
+                meta: row(3, 3, "c"),
+                create: false,
+            },
+            // Built before the one above, applied after it: ignored.
+            WriteOp::Session {
+                meta: row(2, 2, "b"),
+                create: false,
+            },
+            create(row(2, 2, "b")),
+        ],
+        reply: tx,
+    }]);
+    let stored = load(&w.conn, "s").unwrap().unwrap().meta;
+    assert_eq!((stored.version, stored.message_count), (3, 3));
+    assert_eq!(stored.head.as_deref(), Some("c"));
+}
+
+#[tokio::test]
+async fn a_transient_failure_is_retried_and_nothing_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(&dir.path().join("ctx.db")).unwrap();
+    committed(s.write(vec![create(meta("s", 1)), add("s", node("a", None, 0))]))
+        .await
+        .unwrap();
+    s.set_query_only(true).await.unwrap();
+    let mut rx = s.write(vec![add("s", node("b", Some("a"), 1))]);
+    let flushed = s.write(Vec::new());
+    // Loads run after the writes queued before them: the write was tried, failed, and is kept.
+    assert_eq!(s.load("s").await.unwrap().unwrap().nodes.len(), 1);
+    assert!(
+        rx.try_recv().is_err(),
+        "not answered while it cannot commit"
+    );
+    s.set_query_only(false).await.unwrap();
+    committed(rx).await.unwrap();
+    committed(flushed).await.unwrap();
+    assert_eq!(s.load("s").await.unwrap().unwrap().nodes.len(), 2);
+}
+
+#[tokio::test]
+async fn a_full_queue_refuses_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ctx.db");
+    let s = SqliteStore::open_with(&path, 1, StoreMetrics::default()).unwrap();
+    committed(s.write(vec![create(meta("s", 1))]))
+        .await
+        .unwrap();
+    // Another connection holds the write lock: the worker waits on the first write it takes.
+    let other = Connection::open(&path).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let rxs: Vec<_> = (0..5)
+        .map(|i| s.write(vec![add("s", node(&format!("n{i}"), None, 0))]))
+        .collect();
+    let mut refused = 0;
+    let mut accepted = Vec::new();
+    for mut rx in rxs {
+        match rx.try_recv() {
+            Ok(Err(StoreError::QueueFull)) => refused += 1,
+            _ => accepted.push(rx),
+        }
+    }
+    assert!(
+        refused >= 3,
+        "at most one queued and one taken: {refused} refused"
+    );
+    other.execute_batch("COMMIT").unwrap();
+    for rx in accepted {
+        committed(rx).await.unwrap();
+    }
+}
+
+#[test]
+fn old_databases_get_the_version_column() {
+    let c = Connection::open_in_memory().unwrap();
+    c.execute_batch(
+        "CREATE TABLE sessions (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, created_at INTEGER NOT NULL,
+         last_active INTEGER NOT NULL, message_count INTEGER NOT NULL, token_estimate INTEGER NOT NULL, head TEXT);
+         INSERT INTO sessions VALUES ('s', 't', 1, 1, 2, 3, 'b');",
+    )
+    .unwrap();
+    c.execute_batch(SCHEMA).unwrap();
+    migrate(&c).unwrap();
+    migrate(&c).unwrap();
+    assert_eq!(load(&c, "s").unwrap().unwrap().meta.version, 0);
+}

@@ -1,0 +1,327 @@
+//! The SQLite worker thread: group commits with a savepoint per caller's batch, retries of batches that failed
+//! for a transient reason (in each session's order), barriers that wait for them.
+
+use super::{err, run_other, Cmd, Reply};
+use crate::metrics::{StoreMetrics, StoreOp};
+use crate::store::{StoreError, WriteOp};
+use rusqlite::{params, Connection, DropBehavior, ErrorCode};
+use std::collections::HashSet;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+/// Most commands applied in one transaction.
+const GROUP: usize = 256;
+/// First wait before retrying batches that failed for a transient reason; doubled up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+/// Longest wait between retries.
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// One caller's batch.
+pub(super) struct Batch {
+    pub(super) ops: Vec<WriteOp>,
+    pub(super) reply: Reply<()>,
+}
+
+/// The worker thread's state: the connection, batches waiting for a retry, and barriers waiting for them.
+pub(super) struct Worker {
+    pub(super) conn: Connection,
+    metrics: StoreMetrics,
+    /// Batches that failed for a transient reason, oldest first.
+    retry: Vec<Batch>,
+    /// Empty batches (flushes) queued while retries were pending: answered once none is.
+    barriers: Vec<Reply<()>>,
+    retry_at: Option<Instant>,
+    backoff: Duration,
+}
+
+impl Worker {
+    pub(super) fn new(conn: Connection, metrics: StoreMetrics) -> Self {
+        Self {
+            conn,
+            metrics,
+            retry: Vec::new(),
+            barriers: Vec::new(),
+            retry_at: None,
+            backoff: RETRY_FIRST,
+        }
+    }
+
+    /// Runs until every sender is gone; whatever was queued is applied first, so nothing queued is lost.
+    pub(super) fn run(mut self, rx: mpsc::Receiver<Cmd>) {
+        loop {
+            let first = match self.retry_at {
+                None => match rx.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => break,
+                },
+                Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
+                    Ok(c) => Some(c),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                },
+            };
+            let mut writes: Vec<Batch> = Vec::new();
+            if self.retry_at.is_some_and(|at| at <= Instant::now()) {
+                self.retry_at = None;
+                writes.append(&mut self.retry);
+            }
+            let mut next = first;
+            // Group commit: take every write already queued (up to GROUP) into one transaction.
+            while let Some(cmd) = next.take() {
+                match cmd {
+                    Cmd::Write(ops, reply) => {
+                        writes.push(Batch { ops, reply });
+                        if writes.len() < GROUP {
+                            next = rx.try_recv().ok();
+                        }
+                    }
+                    other => {
+                        // Reads and deletes see every write queued before them.
+                        self.commit_group(std::mem::take(&mut writes));
+                        self.run_other(other);
+                        next = rx.try_recv().ok();
+                    }
+                }
+            }
+            self.commit_group(writes);
+        }
+        self.shut_down();
+    }
+
+    /// The queue is closed: one last attempt at the batches still failing, then they are given up (logged).
+    fn shut_down(mut self) {
+        if !self.retry.is_empty() {
+            let pending = std::mem::take(&mut self.retry);
+            self.commit_group(pending);
+        }
+        if !self.retry.is_empty() {
+            tracing::error!(
+                batches = self.retry.len(),
+                "sqlite: writes still failing at shutdown were lost"
+            );
+        }
+        for b in self.retry.drain(..) {
+            let _ = b.reply.send(Err(StoreError::Closed));
+        }
+        for r in self.barriers.drain(..) {
+            let _ = r.send(Err(StoreError::Closed));
+        }
+    }
+
+    pub(super) fn commit_group(&mut self, writes: Vec<Batch>) {
+        let (writes, barriers): (Vec<Batch>, Vec<Batch>) =
+            writes.into_iter().partition(|b| !b.ops.is_empty());
+        self.barriers.extend(barriers.into_iter().map(|b| b.reply));
+        if !writes.is_empty() {
+            // A session with a batch waiting for a retry keeps its order: its later batches wait behind it.
+            let mut blocked: HashSet<String> = self
+                .retry
+                .iter()
+                .flat_map(|b| b.ops.iter().map(|op| op_session(op).to_string()))
+                .collect();
+            let started = Instant::now();
+            let results = commit_batches(&mut self.conn, &writes, &mut blocked);
+            let mut failed = false;
+            for (batch, result) in writes.into_iter().zip(results) {
+                match result {
+                    Outcome::Committed => {
+                        let _ = batch.reply.send(Ok(()));
+                    }
+                    Outcome::Deferred => self.retry.push(batch),
+                    Outcome::Failed(e) if transient(&e) => {
+                        failed = true;
+                        tracing::warn!(error = %e, "sqlite: write failed, kept for a retry");
+                        self.retry.push(batch);
+                    }
+                    Outcome::Failed(e) => {
+                        failed = true;
+                        tracing::error!(error = %e, "sqlite: write cannot be applied; dropped");
+                        let _ = batch.reply.send(Err(err(e)));
+                    }
+                }
+            }
+            self.metrics.observe(StoreOp::Write, started, !failed);
+            if self.retry.is_empty() {
+                self.backoff = RETRY_FIRST;
+            } else if self.retry_at.is_none() {
+                self.retry_at = Some(Instant::now() + self.backoff);
+                self.backoff = (self.backoff * 2).min(RETRY_MAX);
+            }
+        }
+        if self.retry.is_empty() {
+            for r in self.barriers.drain(..) {
+                let _ = r.send(Ok(()));
+            }
+        }
+    }
+
+    fn run_other(&mut self, cmd: Cmd) {
+        if let Cmd::Delete(id, _) = &cmd {
+            self.forget_retries(id);
+        }
+        run_other(&mut self.conn, cmd, &self.metrics);
+    }
+
+    /// A deleted session's writes waiting for a retry would only be dropped: answer them now.
+    fn forget_retries(&mut self, id: &str) {
+        let mut kept = Vec::with_capacity(self.retry.len());
+        for mut b in self.retry.drain(..) {
+            b.ops.retain(|op| op_session(op) != id);
+            if b.ops.is_empty() {
+                let _ = b.reply.send(Ok(()));
+            } else {
+                kept.push(b);
+            }
+        }
+        self.retry = kept;
+    }
+}
+
+fn op_session(op: &WriteOp) -> &str {
+    match op {
+        WriteOp::Session { meta, .. } => &meta.id,
+        WriteOp::Node { session, .. } | WriteOp::Record { session, .. } => session,
+    }
+}
+
+/// Failures that may go away by themselves: the batch is worth retrying.
+fn transient(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(
+            ErrorCode::DatabaseBusy
+                | ErrorCode::DatabaseLocked
+                | ErrorCode::ReadOnly
+                | ErrorCode::SystemIoFailure
+                | ErrorCode::DiskFull
+                | ErrorCode::CannotOpen
+                | ErrorCode::OutOfMemory
+                | ErrorCode::FileLockingProtocolFailed
+        )
+    )
+}
+
+/// What became of one batch of a group.
+enum Outcome {
+    Committed,
+    /// Not tried: an earlier batch of the same session is waiting for a retry.
+    Deferred,
+    Failed(rusqlite::Error),
+}
+
+/// Applies each batch in its own savepoint of one transaction; returns each batch's outcome. A batch touching a
+/// session in `blocked` is deferred; a batch failing for a transient reason blocks its sessions. When the
+/// transaction itself fails (begin or commit), every batch gets that error.
+fn commit_batches(
+    conn: &mut Connection,
+    writes: &[Batch],
+    blocked: &mut HashSet<String>,
+) -> Vec<Outcome> {
+    let before = blocked.clone();
+    let mut run = |conn: &mut Connection| -> Result<Vec<Outcome>, rusqlite::Error> {
+        let mut tx = conn.transaction()?;
+        let mut results = Vec::with_capacity(writes.len());
+        for batch in writes {
+            if batch.ops.iter().any(|op| blocked.contains(op_session(op))) {
+                results.push(Outcome::Deferred);
+                continue;
+            }
+            let mut sp = tx.savepoint()?;
+            match batch.ops.iter().try_for_each(|op| apply(&sp, op)) {
+                Ok(()) => {
+                    sp.commit()?;
+                    results.push(Outcome::Committed);
+                }
+                Err(e) => {
+                    sp.set_drop_behavior(DropBehavior::Rollback);
+                    sp.finish()?;
+                    if transient(&e) {
+                        blocked.extend(batch.ops.iter().map(|op| op_session(op).to_string()));
+                    }
+                    results.push(Outcome::Failed(e));
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(results)
+    };
+    match run(conn) {
+        Ok(results) => results,
+        Err(e) => {
+            *blocked = before;
+            let code = e.sqlite_error_code().unwrap_or(ErrorCode::Unknown);
+            let message = e.to_string();
+            writes
+                .iter()
+                .map(|_| {
+                    Outcome::Failed(rusqlite::Error::SqliteFailure(
+                        rusqlite::ffi::Error {
+                            code,
+                            extended_code: 0,
+                        },
+                        Some(message.clone()),
+                    ))
+                })
+                .collect()
+        }
+    }
+}
+
+fn apply(conn: &Connection, op: &WriteOp) -> Result<(), rusqlite::Error> {
+    match op {
+        WriteOp::Session { meta: m, create } => {
+            let sql = if *create {
+                "INSERT INTO sessions (id, tenant, created_at, last_active, message_count, token_estimate, head, version)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                 ON CONFLICT(id) DO UPDATE SET last_active = excluded.last_active,
+                   message_count = excluded.message_count, token_estimate = excluded.token_estimate,
+                   head = excluded.head, version = excluded.version
+                 WHERE excluded.version > sessions.version"
+            } else {
+                "UPDATE sessions SET last_active = ?4, message_count = ?5, token_estimate = ?6, head = ?7,
+                   version = ?8
+                 WHERE id = ?1 AND tenant = ?2 AND created_at = ?3 AND version < ?8"
+            };
+            conn.prepare_cached(sql)?.execute(params![
+                m.id,
+                m.tenant,
+                m.created_at,
+                m.last_active,
+                m.message_count as i64,
+                m.token_estimate as i64,
+                m.head,
+                m.version as i64
+            ])?;
+        }
+        WriteOp::Node { session, node } => {
+            conn.prepare_cached(
+                "INSERT OR IGNORE INTO nodes (session_id, node_id, parent_id, position, kind, partial, created_at, message)
+                 SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?1)",
+            )?
+            .execute(params![
+                session,
+                &*node.id,
+                node.parent.as_deref(),
+                node.position,
+                node.kind.as_str(),
+                node.partial,
+                node.created_at,
+                node.message.to_string()
+            ])?;
+        }
+        WriteOp::Record {
+            kind,
+            session,
+            created_at,
+            record,
+        } => {
+            conn.prepare_cached(
+                "INSERT INTO records (session_id, seq, kind, created_at, record)
+                 SELECT ?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM records WHERE session_id = ?1), ?2, ?3, ?4
+                 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?1)",
+            )?
+            .execute(params![session, kind.as_str(), created_at, record.to_string()])?;
+        }
+    }
+    Ok(())
+}

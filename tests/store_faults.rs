@@ -1,0 +1,367 @@
+//! Store faults and the session manager's writes: a store that never answers or turns read-only mid-run never
+//! stalls chat; requests the upstream refuses store nothing; concurrent turns never move a session's row backwards.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::test_config;
+use ctxgate::app::AppState;
+use ctxgate::config::{Config, StoreBackend};
+use ctxgate::metrics::StoreMetrics;
+use ctxgate::mock::{MockReply, MockUpstream};
+use ctxgate::store::{SessionMeta, SqliteStore, Store, StoreError, StoredSession, WriteOp};
+use futures_util::future::BoxFuture;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// The store bound used by these tests.
+const BOUND_MS: u64 = 200;
+/// A chat must have answered well within this (the bound plus the mock's answer), else the store stalled it.
+const ANSWERED_WITHIN: Duration = Duration::from_secs(5);
+
+/// A store that never answers: loads (optionally) and writes never resolve.
+struct Stuck {
+    hang_loads: bool,
+    held: Mutex<Vec<oneshot::Sender<Result<(), StoreError>>>>,
+}
+
+impl Stuck {
+    fn new(hang_loads: bool) -> Arc<Self> {
+        Arc::new(Self {
+            hang_loads,
+            held: Mutex::new(Vec::new()),
+        })
+    }
+}
+
+impl Store for Stuck {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
+    fn write(&self, _ops: Vec<WriteOp>) -> oneshot::Receiver<Result<(), StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        self.held.lock().push(tx);
+        rx
+    }
+
+    fn load(&self, _id: &str) -> BoxFuture<'static, Result<Option<StoredSession>, StoreError>> {
+        if self.hang_loads {
+            Box::pin(futures_util::future::pending())
+        } else {
+            Box::pin(async { Ok(None) })
+        }
+    }
+
+    fn list(
+        &self,
+        _limit: u32,
+        _offset: u64,
+    ) -> BoxFuture<'static, Result<(Vec<SessionMeta>, u64), StoreError>> {
+        Box::pin(futures_util::future::pending())
+    }
+
+    fn delete(&self, _id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        Box::pin(futures_util::future::pending())
+    }
+
+    fn purge_idle(&self, _before: i64) -> BoxFuture<'static, Result<u64, StoreError>> {
+        Box::pin(futures_util::future::pending())
+    }
+}
+
+/// The gateway over `state` on port 0; the server runs until the test ends.
+async fn serve(state: Arc<AppState>) -> SocketAddr {
+    let server = ctxgate::server::Server::bind(state, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let addr = server.local_addr().unwrap();
+    tokio::spawn(server.run(futures_util::future::pending::<()>()));
+    addr
+}
+
+fn config(mock: &MockUpstream) -> Config {
+    let mut cfg = test_config(&mock.base_url());
+    cfg.store.timeout_ms = BOUND_MS;
+    cfg.store.retention_days = 0;
+    cfg
+}
+
+/// One chat turn; returns the status, the session id and the body (JSON or the SSE text).
+async fn chat(
+    addr: SocketAddr,
+    sid: &str,
+    messages: &[Value],
+    stream: bool,
+) -> (u16, String, String) {
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let send = async {
+        let resp = client
+            .post(format!("http://{addr}/v1/chat/completions"))
+            .header("authorization", "Bearer sk-test-a")
+            .header("x-session-id", sid)
+            .json(&json!({"model": "gpt-4o", "messages": messages, "stream": stream}))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let id = resp
+            .headers()
+            .get("x-ctxgate-session")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        (status, id, resp.text().await.unwrap())
+    };
+    tokio::time::timeout(ANSWERED_WITHIN, send)
+        .await
+        .expect("the chat did not answer: the store stalled it")
+}
+
+fn user(i: usize) -> Value {
+    json!({"role": "user", "content": format!("question {i}")})
+}
+
+async fn metrics_text(addr: SocketAddr) -> String {
+    reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+fn counter(metrics: &str, series: &str) -> u64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_store_that_never_answers_loads_does_not_stall_chat() {
+    let mock = MockUpstream::start().await.unwrap();
+    let state = AppState::with_store(config(&mock), Stuck::new(true)).unwrap();
+    let addr = serve(state).await;
+    mock.push(MockReply::completion("json answer"));
+    let (status, _, body) = chat(addr, "cold-1", &[user(1)], false).await;
+    assert_eq!(status, 200);
+    assert!(body.contains("json answer"));
+    mock.push(MockReply::sse_text(&["streamed ", "answer"], false));
+    let (status, _, body) = chat(addr, "cold-2", &[user(1)], true).await;
+    assert_eq!(status, 200);
+    assert!(body.contains("streamed ") && body.contains("[DONE]"));
+    let m = metrics_text(addr).await;
+    assert!(
+        counter(
+            &m,
+            "ctxgate_store_errors_total{backend=\"memory\",operation=\"load\"}"
+        ) >= 2,
+        "each load given up on is counted"
+    );
+}
+
+#[tokio::test]
+async fn a_store_that_never_commits_does_not_stall_chat() {
+    let mock = MockUpstream::start().await.unwrap();
+    let state = AppState::with_store(config(&mock), Stuck::new(false)).unwrap();
+    let addr = serve(state).await;
+    let mut history = vec![user(1)];
+    for turn in 0..2 {
+        mock.push(MockReply::completion(&format!("answer {turn}")));
+        let (status, _, body) = chat(addr, "stuck", &history, false).await;
+        assert_eq!(status, 200);
+        assert!(body.contains(&format!("answer {turn}")));
+        history.push(json!({"role": "assistant", "content": format!("answer {turn}")}));
+        history.push(user(turn + 2));
+    }
+    mock.push(MockReply::sse_text(&["streamed"], false));
+    let (status, _, body) = chat(addr, "stuck", &history, true).await;
+    assert_eq!(status, 200);
+    assert!(body.contains("streamed") && body.contains("[DONE]"));
+    let m = metrics_text(addr).await;
+    assert!(
+        counter(
+            &m,
+            "ctxgate_store_errors_total{backend=\"memory\",operation=\"write\"}"
+        ) >= 3,
+        "each turn's commit given up on is counted"
+    );
+}
+
+#[tokio::test]
+async fn a_store_turned_read_only_mid_run_keeps_chat_answering_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ctx.db");
+    let mock = MockUpstream::start().await.unwrap();
+    let mut cfg = config(&mock);
+    cfg.store.backend = StoreBackend::Sqlite;
+    cfg.store.path = path.clone();
+    let store = Arc::new(SqliteStore::open_with(&path, 1000, StoreMetrics::default()).unwrap());
+    let state = AppState::with_store(cfg.clone(), store.clone()).unwrap();
+    let addr = serve(state.clone()).await;
+
+    let mut history = vec![json!({"role": "system", "content": "be brief"})];
+    let mut sid = String::new();
+    for turn in 1..=4 {
+        if turn == 2 {
+            // Every write fails from here on (SQLITE_READONLY), as with a disk remounted read-only.
+            store.set_query_only(true).await.unwrap();
+        }
+        history.push(user(turn));
+        let stream = turn % 2 == 0;
+        if stream {
+            mock.push(MockReply::sse_text(&[&format!("answer {turn}")], false));
+        } else {
+            mock.push(MockReply::completion(&format!("answer {turn}")));
+        }
+        let (status, id, body) = chat(addr, "ro", &history, stream).await;
+        assert_eq!(status, 200);
+        assert!(body.contains(&format!("answer {turn}")));
+        history.push(json!({"role": "assistant", "content": format!("answer {turn}")}));
+        sid = id;
+    }
+    // The store recovers: the writes it refused were kept and are committed now.
+    store.set_query_only(false).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), state.sessions.flush())
+        .await
+        .expect("flush did not finish")
+        .unwrap();
+
+    // Restart over the same file: the whole conversation is there.
+    let restarted = AppState::new(cfg).unwrap();
+    let loaded = restarted
+        .sessions
+        .store()
+        .load(&sid)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(loaded.nodes.len(), history.len());
+    assert_eq!(loaded.meta.message_count, history.len() as u64);
+    let view = restarted.sessions.view(&sid).await.unwrap().unwrap();
+    let contents: Vec<&str> = view
+        .messages
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    let expected: Vec<&str> = history
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(contents, expected);
+}
+
+#[tokio::test]
+async fn new_sessions_the_upstream_refuses_store_nothing() {
+    let mock = MockUpstream::start().await.unwrap();
+    let state = AppState::new(config(&mock)).unwrap();
+    let addr = serve(state.clone()).await;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        mock.push(MockReply::json(
+            401,
+            json!({"error": {"message": "bad key", "type": "invalid_request_error", "code": "invalid_api_key"}}),
+        ));
+        let (status, id, _) = chat(addr, &format!("rotating-{i}"), &[user(i)], i % 2 == 0).await;
+        assert_eq!(status, 401);
+        ids.push(id);
+    }
+    let (_, total) = state.sessions.list(100, 0).await.unwrap();
+    assert_eq!(total, 0, "nothing stored for refused first requests");
+    assert_eq!(
+        state.sessions.cache_stats_now().await.0,
+        0,
+        "nothing cached"
+    );
+    for id in &ids {
+        assert!(state.sessions.store().load(id).await.unwrap().is_none());
+    }
+
+    // A first turn the upstream accepts is stored whole.
+    mock.push(MockReply::completion("welcome"));
+    let first = [json!({"role": "system", "content": "s"}), user(1)];
+    let (status, id, _) = chat(addr, "accepted", &first, false).await;
+    assert_eq!(status, 200);
+    state.sessions.flush().await.unwrap();
+    let stored = state.sessions.store().load(&id).await.unwrap().unwrap();
+    assert_eq!(stored.nodes.len(), 3);
+    assert_eq!(stored.meta.message_count, 3);
+    let (_, total) = state.sessions.list(100, 0).await.unwrap();
+    assert_eq!(total, 1);
+
+    // An existing session keeps recording its requests whatever the upstream answers.
+    mock.push(MockReply::json(500, json!({"error": {"message": "down"}})));
+    let second = [
+        first[0].clone(),
+        first[1].clone(),
+        json!({"role": "assistant", "content": "welcome"}),
+        user(2),
+    ];
+    let (status, _, _) = chat(addr, "accepted", &second, false).await;
+    assert_eq!(status, 500);
+    state.sessions.flush().await.unwrap();
+    let stored = state.sessions.store().load(&id).await.unwrap().unwrap();
+    assert_eq!(stored.nodes.len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parallel_turns_leave_the_stored_row_matching_the_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockUpstream::start().await.unwrap();
+    let mut cfg = config(&mock);
+    cfg.store.backend = StoreBackend::Sqlite;
+    cfg.store.path = dir.path().join("ctx.db");
+    cfg.store.timeout_ms = 10_000;
+    let state = AppState::new(cfg.clone()).unwrap();
+    let addr = serve(state.clone()).await;
+    let base = vec![json!({"role": "system", "content": "s"}), user(0)];
+    let (_, sid, _) = chat(addr, "par", &base, false).await;
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let mut m = base.clone();
+        m.push(json!({"role": "assistant", "content": "ok"}));
+        m.push(user(100 + i));
+        tasks.push(tokio::spawn(async move {
+            chat(addr, "par", &m, i % 2 == 0).await
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().0, 200);
+    }
+    state.sessions.flush().await.unwrap();
+    let entry = state.sessions.entry(&sid).await.unwrap().unwrap();
+    let (len, head) = entry.with_tree(|t| (t.len(), t.head().map(|h| h.to_string())));
+
+    let restarted = AppState::new(cfg).unwrap();
+    let loaded = restarted
+        .sessions
+        .store()
+        .load(&sid)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(loaded.nodes.len(), len);
+    assert_eq!(
+        loaded.meta.message_count, len as u64,
+        "the row counts every stored node"
+    );
+    assert_eq!(
+        loaded.meta.head, head,
+        "the row's head is the newest turn's"
+    );
+    assert!(loaded
+        .nodes
+        .iter()
+        .any(|n| Some(n.id.to_string()) == loaded.meta.head));
+}
