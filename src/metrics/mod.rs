@@ -9,8 +9,8 @@ mod models;
 pub mod names;
 
 pub use labels::{
-    CacheResult, RecallOutcome, RecallTool, RejectReason, RewriteOutcome, RewriteStrategy, Route, StatusClass,
-    StoreBackend, StoreOp, SummaryOutcome, UpstreamErrorClass,
+    CacheResult, RecallOutcome, RecallTool, RejectReason, RewriteOutcome, RewriteStrategy, Route,
+    StatusClass, StoreBackend, StoreOp, SummaryOutcome, UpstreamErrorClass,
 };
 pub use models::{ModelResolver, OTHER};
 

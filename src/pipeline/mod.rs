@@ -58,7 +58,9 @@ async fn handle(
         Ok(b) => b,
         Err(e) => {
             if matches!(e, GatewayError::RequestTimeout { .. }) {
-                state.metrics.rejected(Route::Chat, RejectReason::BodyTimeout);
+                state
+                    .metrics
+                    .rejected(Route::Chat, RejectReason::BodyTimeout);
             }
             return own_error(e, None, started, false, "");
         }
