@@ -43,6 +43,7 @@ VOLUME ["/var/lib/ctxgate"]
 EXPOSE 8787
 HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
     CMD ["curl", "--fail", "--silent", "--show-error", "--max-time", "2", "http://127.0.0.1:8787/healthz"]
-# SIGTERM (docker stop) drains in-flight streams for server.shutdown_grace_secs (30 s): give it
-# `docker stop --time 35` / compose `stop_grace_period: 35s`.
+# SIGTERM (docker stop; the default stop signal) gives in-flight streams server.shutdown_grace_secs (30 s), then
+# drains background work and store writes within server.drain_secs (10 s): give it `docker stop --time 45` /
+# compose `stop_grace_period: 45s`.
 ENTRYPOINT ["ctxgate", "serve", "--config", "/etc/ctxgate/ctxgate.toml"]

@@ -19,6 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 const MODEL: &str = "gpt-4o-mini";
 /// The model-table entry `MODEL` is labelled with (configured below with a small window).
@@ -567,6 +569,133 @@ async fn a_separate_metrics_listener_serves_only_metrics() {
     assert_eq!(r.status(), 200);
     let _ = tx.send(());
     task.await.unwrap().unwrap();
+}
+
+/// Reads until the peer closes or `within` passes; returns what was read and whether the peer closed.
+async fn read_until_closed(tcp: &mut TcpStream, within: Duration) -> (String, bool) {
+    let mut out = Vec::new();
+    let closed = tokio::time::timeout(within, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .is_ok();
+    (String::from_utf8_lossy(&out).into_owned(), closed)
+}
+
+#[tokio::test]
+async fn overload_and_slow_bodies_are_counted_as_rejections() {
+    let h = Harness::start_with(|c| {
+        c.server.max_in_flight = 1;
+        c.server.body_read_timeout_secs = 1;
+    })
+    .await;
+    // Every series exists from the start, at zero.
+    let m = parse(&scrape(&h).await);
+    for route in ["chat", "passthrough", "admin"] {
+        for reason in ["overloaded", "body_timeout"] {
+            let l = [("route", route), ("reason", reason)];
+            assert!(has(&m, names::REQUESTS_REJECTED_TOTAL, &l), "{l:?}");
+        }
+    }
+    assert_eq!(sum(&m, names::REQUESTS_REJECTED_TOTAL, &[]), 0.0);
+
+    // A chat request whose body never arrives holds the only in-flight slot until it is refused with 408.
+    let mut slow = TcpStream::connect(h.addr).await.unwrap();
+    slow.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"model\":\"m\",",
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sum(
+        &parse(&scrape(&h).await),
+        names::REQUESTS_IN_FLIGHT,
+        &[("route", "chat")],
+    ) < 1.0
+    {
+        assert!(Instant::now() < deadline, "the slow request never got in");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Meanwhile: a chat request, a passthrough request and a GET on the chat path (a passthrough) are refused.
+    let (s, _) = chat(&h, "busy", r#"{"model":"m","messages":[]}"#).await;
+    assert_eq!(s, 503);
+    assert_eq!(get(&h, "/v1/models").await, 503);
+    assert_eq!(get(&h, "/v1/chat/completions").await, 503);
+    let (text, closed) = read_until_closed(&mut slow, Duration::from_secs(8)).await;
+    assert!(closed && text.starts_with("HTTP/1.1 408"), "{text}");
+
+    let (text, m) = settled(&h).await;
+    let rejected = |route, reason| {
+        sum(
+            &m,
+            names::REQUESTS_REJECTED_TOTAL,
+            &[("route", route), ("reason", reason)],
+        )
+    };
+    assert_eq!(rejected("chat", "overloaded"), 1.0, "{text}");
+    assert_eq!(rejected("passthrough", "overloaded"), 2.0, "{text}");
+    assert_eq!(rejected("chat", "body_timeout"), 1.0, "{text}");
+    assert_eq!(sum(&m, names::REQUESTS_REJECTED_TOTAL, &[]), 4.0, "{text}");
+    // and still counted among the answered requests, by status class
+    let req = |route, status| {
+        sum(
+            &m,
+            names::REQUESTS_TOTAL,
+            &[("route", route), ("status", status)],
+        )
+    };
+    assert_eq!(req("chat", "5xx"), 1.0);
+    assert_eq!(req("chat", "4xx"), 1.0);
+    assert_eq!(req("passthrough", "5xx"), 2.0);
+    assert!(h.mock.requests().is_empty(), "nothing went upstream");
+}
+
+#[tokio::test]
+async fn the_metrics_listener_cuts_off_slow_and_silent_clients() {
+    let mock = MockUpstream::start().await.unwrap();
+    let mut cfg = config(&mock);
+    cfg.metrics.listen = Some("127.0.0.1:0".into());
+    cfg.server.header_read_timeout_secs = 1;
+    let state = ctxgate::app::AppState::new(cfg).unwrap();
+    let server = ctxgate::server::Server::bind(state, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let addr = server.metrics_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(server.run(async move {
+        let _ = rx.await;
+    }));
+    // headers started, never finished
+    let mut partial = TcpStream::connect(addr).await.unwrap();
+    partial
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    // a connection that never sends a byte
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    let (_, closed) = read_until_closed(&mut partial, Duration::from_secs(8)).await;
+    assert!(closed, "a scraper stuck in its headers is disconnected");
+    let (_, closed) = read_until_closed(&mut silent, Duration::from_secs(8)).await;
+    assert!(closed, "a silent connection is disconnected");
+    // scrapes still work
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let r = client
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains(names::BUILD_INFO));
+    let _ = tx.send(());
+    task.await.unwrap().unwrap();
+    // and the listener is closed once `run` has returned
+    assert!(TcpStream::connect(addr).await.is_err());
 }
 
 // --- dashboards and alert rules -----------------------------------------------------------------------------

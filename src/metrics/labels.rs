@@ -42,6 +42,16 @@ label_enum! {
 }
 
 label_enum! {
+    /// Why ctxgate refused a request before handling it (`reason`).
+    pub enum RejectReason {
+        /// Beyond `server.max_in_flight`: 503 with `retry-after`.
+        Overloaded => "overloaded",
+        /// The body did not arrive within `server.body_read_timeout_secs`: 408.
+        BodyTimeout => "body_timeout",
+    }
+}
+
+label_enum! {
     /// An HTTP status class (`status`).
     pub enum StatusClass {
         /// 1xx.

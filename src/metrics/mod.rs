@@ -9,8 +9,8 @@ mod models;
 pub mod names;
 
 pub use labels::{
-    CacheResult, RecallOutcome, RecallTool, RewriteOutcome, RewriteStrategy, Route, StatusClass,
-    StoreBackend, StoreOp, SummaryOutcome, UpstreamErrorClass,
+    CacheResult, RecallOutcome, RecallTool, RejectReason, RewriteOutcome, RewriteStrategy, Route,
+    StatusClass, StoreBackend, StoreOp, SummaryOutcome, UpstreamErrorClass,
 };
 pub use models::{ModelResolver, OTHER};
 
@@ -44,6 +44,8 @@ pub struct Metrics {
     requests: Vec<IntCounter>,
     in_flight: Vec<IntGauge>,
     active_streams: IntGauge,
+    /// route × reason.
+    rejected: Vec<IntCounter>,
     duration: Vec<Histogram>,
     upstream: Vec<Histogram>,
     overhead: Vec<Histogram>,
@@ -138,6 +140,7 @@ impl Metrics {
         let strategies = values(RewriteStrategy::ALL, RewriteStrategy::as_str);
         let outcomes = values(RewriteOutcome::ALL, RewriteOutcome::as_str);
         let up_classes = values(UpstreamErrorClass::ALL, UpstreamErrorClass::as_str);
+        let reasons = values(RejectReason::ALL, RejectReason::as_str);
 
         let requests = counters(
             &r,
@@ -222,6 +225,12 @@ impl Metrics {
             "Upstream failures by route and class (4xx, 5xx, unreachable, timeout, interrupted).",
             &["route", "class"],
         )?;
+        let rejected = counters(
+            &r,
+            REQUESTS_REJECTED_TOTAL,
+            "Requests refused before being handled, by route and reason (overloaded: beyond server.max_in_flight, 503; body_timeout: body not received within server.body_read_timeout_secs, 408).",
+            &["route", "reason"],
+        )?;
         let build = register(
             &r,
             IntGaugeVec::new(
@@ -241,6 +250,7 @@ impl Metrics {
             }),
             in_flight: resolve(&[&routes], |l| in_flight.with_label_values(l)),
             active_streams: gauge(&r, ACTIVE_STREAMS, "Chat responses being streamed (SSE) to clients.")?,
+            rejected: resolve(&[&routes, &reasons], |l| rejected.with_label_values(l)),
             duration: resolve(&[&routes], |l| duration.with_label_values(l)),
             upstream: resolve(&[&routes], |l| upstream.with_label_values(l)),
             overhead: resolve(&[&routes], |l| overhead.with_label_values(l)),
@@ -348,6 +358,11 @@ impl Metrics {
             upstream_time: None,
             first_byte: None,
         }
+    }
+
+    /// Counts a request refused before it was handled (it is still recorded by its timer, with its status).
+    pub fn rejected(&self, route: Route, reason: RejectReason) {
+        self.rejected[route.idx() * RejectReason::ALL.len() + reason.idx()].inc();
     }
 
     /// Counts an upstream failure.

@@ -7,6 +7,10 @@ pub const REQUESTS_TOTAL: &str = "ctxgate_requests_total";
 pub const REQUESTS_IN_FLIGHT: &str = "ctxgate_requests_in_flight";
 /// Gauge: responses being streamed (SSE) to clients right now.
 pub const ACTIVE_STREAMS: &str = "ctxgate_active_streams";
+/// Counter: requests ctxgate refused before handling them, by `route` and `reason` (overloaded: beyond
+/// `server.max_in_flight`, answered 503; body_timeout: body not received within `server.body_read_timeout_secs`,
+/// answered 408). They are counted in `ctxgate_requests_total` too.
+pub const REQUESTS_REJECTED_TOTAL: &str = "ctxgate_requests_rejected_total";
 /// Histogram: request arrival to the end of the response, by `route`.
 pub const REQUEST_DURATION_SECONDS: &str = "ctxgate_request_duration_seconds";
 /// Histogram: time spent waiting on the upstream (sending to its last byte), by `route`.
@@ -59,6 +63,7 @@ pub const ALL: &[&str] = &[
     REQUESTS_TOTAL,
     REQUESTS_IN_FLIGHT,
     ACTIVE_STREAMS,
+    REQUESTS_REJECTED_TOTAL,
     REQUEST_DURATION_SECONDS,
     UPSTREAM_DURATION_SECONDS,
     OVERHEAD_SECONDS,

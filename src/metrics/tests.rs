@@ -253,3 +253,28 @@ fn latency_buckets_cover_overhead_and_long_calls() {
     const { assert!(LATENCY_BUCKETS[0] <= 0.0001) };
     const { assert!(LATENCY_BUCKETS[LATENCY_BUCKETS.len() - 1] >= 600.0) };
 }
+
+#[test]
+fn rejections_are_counted_by_route_and_reason() {
+    let m = metrics();
+    // A different count for every series, so that a mixed-up index shows.
+    for (i, route) in Route::ALL.iter().enumerate() {
+        for (j, reason) in RejectReason::ALL.iter().enumerate() {
+            for _ in 0..(i * RejectReason::ALL.len() + j + 1) {
+                m.rejected(*route, *reason);
+            }
+        }
+    }
+    let text = m.render();
+    for (i, route) in Route::ALL.iter().enumerate() {
+        for (j, reason) in RejectReason::ALL.iter().enumerate() {
+            let series = format!(
+                "ctxgate_requests_rejected_total{{reason=\"{}\",route=\"{}\"}}",
+                reason.as_str(),
+                route.as_str()
+            );
+            let want = (i * RejectReason::ALL.len() + j + 1) as f64;
+            assert_eq!(value(&text, &series), Some(want), "{series}:\n{text}");
+        }
+    }
+}

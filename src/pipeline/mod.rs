@@ -11,7 +11,7 @@ pub use request::{read_body, ChatRequest};
 
 use crate::app::{AppState, TurnEvent};
 use crate::error::GatewayError;
-use crate::metrics::{RequestTimer, Route};
+use crate::metrics::{RejectReason, RequestTimer, Route};
 use crate::recall::HistorySource;
 use crate::relay::{self, RelayOutcome};
 use crate::session::manager::now_secs;
@@ -56,7 +56,14 @@ async fn handle(
     let body_timeout = std::time::Duration::from_secs(cfg.server.body_read_timeout_secs);
     let raw = match read_body(body, cfg.server.max_body_bytes, body_timeout).await {
         Ok(b) => b,
-        Err(e) => return own_error(e, None, started, false, ""),
+        Err(e) => {
+            if matches!(e, GatewayError::RequestTimeout { .. }) {
+                state
+                    .metrics
+                    .rejected(Route::Chat, RejectReason::BodyTimeout);
+            }
+            return own_error(e, None, started, false, "");
+        }
     };
     // 2. Parse, keeping every field and its order; refuse what is not a chat request (or names no strategy).
     let chat = match ChatRequest::parse(raw) {

@@ -3,12 +3,13 @@
 
 use crate::app::AppState;
 use crate::error::GatewayError;
-use crate::metrics::Route;
+use crate::metrics::{RejectReason, Route};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use http::Method;
 use http_body::{Frame, SizeHint};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -46,12 +47,14 @@ pub async fn limit(
         return next.run(req).await;
     };
     let Ok(permit) = slots.clone().try_acquire_owned() else {
-        // Counted like any answered request (route and status class), so that dashboards see the refusals.
-        let route = if req.uri().path() == "/v1/chat/completions" {
+        // Counted like any answered request (route and status class), and as a rejection (the overload panel
+        // and alert).
+        let route = if req.uri().path() == "/v1/chat/completions" && req.method() == Method::POST {
             Route::Chat
         } else {
             Route::Passthrough
         };
+        state.metrics.rejected(route, RejectReason::Overloaded);
         let mut timer = state.metrics.start(route, Instant::now());
         timer.set_status(503);
         tracing::warn!(

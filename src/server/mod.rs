@@ -12,10 +12,14 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::Router;
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// How long scrapes in progress on the separate metrics listener get once `run` is over.
+const METRICS_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// The gateway's routes.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -116,13 +120,21 @@ impl Server {
             max_connections: server.max_connections,
             header_read_timeout: Duration::from_secs(server.header_read_timeout_secs),
         };
-        // The metrics listener needs no graceful shutdown: it ends with `run`.
-        let _metrics = self.metrics_listener.map(|l| {
+        // The metrics listener (the same connection limits and header deadline, its own connection pool) serves
+        // until the drain is over, so that the shutdown can be watched; it ends with `run` (aborted if `run` is
+        // dropped).
+        let metrics_stop = CancellationToken::new();
+        let metrics_task = self.metrics_listener.map(|l| {
             if let Ok(a) = l.local_addr() {
                 tracing::info!(listen = %a, "metrics listening (GET /metrics)");
             }
             let app = metrics::router(self.state.clone());
-            AbortOnDrop(tokio::spawn(axum::serve(l, app).into_future()).abort_handle())
+            let stop = metrics_stop.clone().cancelled_owned();
+            let task = tokio::spawn(async move {
+                let conns = conn::Connections::accept_until(l, app, limits, stop).await;
+                conns.finish_within(METRICS_CLOSE_GRACE).await;
+            });
+            (AbortOnDrop(task.abort_handle()), task)
         });
         let app = router(self.state.clone());
         let conns = conn::Connections::accept_until(self.listener, app, limits, shutdown).await;
@@ -140,6 +152,10 @@ impl Server {
             );
         }
         self.state.drain_within(drain).await;
+        metrics_stop.cancel();
+        if let Some((_abort, task)) = metrics_task {
+            let _ = task.await;
+        }
         Ok(())
     }
 }
