@@ -321,7 +321,7 @@ fn record_compression(state: &Arc<AppState>, mark: &RequestMark, rw: &Rewritten,
     );
     let (state, mark) = (state.clone(), mark.clone());
     state.tasks.clone().spawn(async move {
-        let record = Record::Compression(Compression::Rewrite(record));
+        let record = Record::from(Compression::Rewrite(record));
         if let Err(e) = state.sessions.record(&mark, record).await {
             tracing::warn!(error = %e, session = %mark.entry.id, "session: could not store a compression record");
         }

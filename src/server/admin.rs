@@ -171,7 +171,7 @@ async fn compress(
     let record = crate::store::Compression::Summary(record);
     state
         .sessions
-        .record_entry(&entry, crate::store::Record::Compression(record.clone()))
+        .record_entry(&entry, crate::store::Record::from(record.clone()))
         .await
         .map_err(store_error)?;
     tracing::info!(target: "ctxgate::admin", session = %id, upto = job.upto, "admin: session summarized");

@@ -61,7 +61,7 @@ impl EntryState {
     pub(super) fn push_record(&mut self, record: Record) {
         self.records_weight += record_weight(&record);
         match record {
-            Record::Compression(c) => self.compressions.push(c),
+            Record::Compression(c) => self.compressions.push(*c),
             Record::Internal(v) => self.internal.push(v),
         }
     }
@@ -132,7 +132,7 @@ impl SessionEntry {
             ops.extend(
                 st.compressions
                     .iter()
-                    .map(|c| record(Record::Compression(c.clone()))),
+                    .map(|c| record(Record::from(c.clone()))),
             );
             ops.extend(
                 st.internal

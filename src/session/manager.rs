@@ -318,7 +318,7 @@ impl Sessions {
                         );
                         st.version = s.meta.version;
                         for c in s.compressions {
-                            st.push_record(Record::Compression(c));
+                            st.push_record(Record::from(c));
                         }
                         for i in s.internal {
                             st.push_record(Record::Internal(i));

@@ -139,7 +139,7 @@ async fn the_cache_weighs_records_and_the_prefix_index() {
         ..SummaryRecord::default()
     };
     sessions
-        .record_entry(&entry, Record::Compression(Compression::Summary(record)))
+        .record_entry(&entry, Record::from(Compression::Summary(record)))
         .await
         .unwrap();
     let after_record = entry.weight();
@@ -205,7 +205,7 @@ async fn a_refused_write_is_rewritten_with_the_next_one() {
         ..RewriteRecord::default()
     });
     sessions
-        .record(&mark, Record::Compression(record.clone()))
+        .record(&mark, Record::from(record.clone()))
         .await
         .unwrap();
     // Admission and the reply are refused: nothing stored yet, the session is marked for a rewrite.

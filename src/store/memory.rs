@@ -78,7 +78,7 @@ impl Store for MemoryStore {
                 } => {
                     if let Some(s) = map.get_mut(&session) {
                         match record {
-                            Record::Compression(c) => s.compressions.push(c),
+                            Record::Compression(c) => s.compressions.push(*c),
                             Record::Internal(v) => s.internal.push(v),
                         }
                     }

@@ -30,10 +30,16 @@ impl RecordKind {
 /// One record of a session.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Record {
-    /// A rewrite or summary.
-    Compression(Compression),
+    /// A rewrite or summary (boxed: a record is mostly moved around in write batches).
+    Compression(Box<Compression>),
     /// A recall round as exchanged with the model (request and answer in the dialect's shape), flagged `by`.
     Internal(Value),
+}
+
+impl From<Compression> for Record {
+    fn from(c: Compression) -> Self {
+        Record::Compression(Box::new(c))
+    }
 }
 
 impl Record {
@@ -58,7 +64,7 @@ impl Record {
         if kind == RecordKind::Internal.as_str() {
             serde_json::from_str(json).map(Record::Internal)
         } else {
-            serde_json::from_str(json).map(Record::Compression)
+            serde_json::from_str::<Compression>(json).map(Record::from)
         }
     }
 }
@@ -307,7 +313,7 @@ mod tests {
             Record::parse("internal", &internal.to_json()).unwrap(),
             internal
         );
-        let summary = Record::Compression(Compression::Summary(SummaryRecord::default()));
+        let summary = Record::from(Compression::Summary(SummaryRecord::default()));
         assert_eq!(summary.kind(), RecordKind::Compression);
         assert_eq!(
             Record::parse("compression", &summary.to_json()).unwrap(),

@@ -220,7 +220,7 @@ impl Summarizer {
             match result {
                 Ok(record) => {
                     me.failures.lock().succeeded(&id);
-                    let record = Record::Compression(Compression::Summary(record));
+                    let record = Record::from(Compression::Summary(record));
                     if let Err(e) = sessions.record_entry(&job.entry, record).await {
                         tracing::warn!(error = %e, session = %id, "summary: could not store the summary");
                     }

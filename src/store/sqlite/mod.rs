@@ -324,7 +324,7 @@ fn load(conn: &Connection, id: &str) -> Result<Option<StoredSession>, rusqlite::
     })?;
     for (kind, text) in rows.filter_map(Result::ok) {
         match Record::parse(&kind, &text) {
-            Ok(Record::Compression(c)) => compressions.push(c),
+            Ok(Record::Compression(c)) => compressions.push(*c),
             Ok(Record::Internal(v)) => internal.push(v),
             // Not logged with the parser's message: it may quote the record's content.
             Err(_) => {

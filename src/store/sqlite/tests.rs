@@ -82,7 +82,7 @@ async fn write_reopen_list_delete_purge() {
             WriteOp::Record {
                 session: "s1".into(),
                 created_at: 5,
-                record: Record::Compression(summary()),
+                record: Record::from(summary()),
             },
             WriteOp::Record {
                 session: "s1".into(),
