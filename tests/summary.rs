@@ -7,6 +7,9 @@ mod common;
 use common::Harness;
 use ctxgate::context::units::check_sequence;
 use ctxgate::mock::{MockReply, RecordedRequest};
+use ctxgate::session::SessionView;
+use ctxgate::store::records::SummaryRecord;
+use ctxgate::store::Compression;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,7 +114,18 @@ async fn metric(h: &Harness, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-async fn session(h: &Harness) -> ctxgate::session::SessionView {
+/// The summary records among a session's compression records.
+fn stored_summaries(v: &SessionView) -> Vec<&SummaryRecord> {
+    v.compressions
+        .iter()
+        .filter_map(|c| match c {
+            Compression::Summary(s) => Some(s),
+            Compression::Rewrite(_) => None,
+        })
+        .collect()
+}
+
+async fn session(h: &Harness) -> SessionView {
     h.state.drain().await;
     let id = h.state.sessions.list(10, 0).await.unwrap().0[0].id.clone();
     h.state.sessions.view(&id).await.unwrap().unwrap()
@@ -163,19 +177,16 @@ async fn crossing_the_threshold_replaces_old_history_by_the_summary_then_reuses_
     let second = &chats(&h)[1]["messages"];
     assert_eq!(second[1], out[1]);
     let v = session(&h).await;
-    let rec = v
-        .compressions
-        .iter()
-        .find(|r| r["kind"] == "summary")
-        .unwrap();
-    assert_eq!(rec["model"], SUMMARIZER);
-    assert_eq!(rec["precomputed"], false);
-    assert!(rec["covers"]["upto"].as_u64().unwrap() > 0);
-    assert!(rec["tokens_before"].as_u64() > rec["tokens_after"].as_u64());
-    assert!(rec["latency_ms"].is_u64());
-    assert!(v.compressions.iter().any(|r| r["stages"]
-        .as_array()
-        .is_some_and(|s| s.contains(&json!("summarized")))));
+    let rec = stored_summaries(&v)[0];
+    assert_eq!(rec.model, SUMMARIZER);
+    assert!(!rec.precomputed);
+    assert!(rec.covers.upto > 0);
+    assert!(rec.tokens_before > rec.tokens_after);
+    let shown = serde_json::to_value(rec).unwrap();
+    assert!(shown["latency_ms"].is_u64());
+    assert!(v.compressions.iter().any(
+        |r| matches!(r, Compression::Rewrite(r) if r.stages.iter().any(|s| s == "summarized"))
+    ));
     assert_eq!(
         v.messages.len(),
         m.len() + 1,
@@ -235,13 +246,7 @@ async fn a_summary_precomputed_in_the_background_serves_the_threshold_turn() {
         "Summary of the earlier conversation: Precomputed (call_0)."
     );
     let v = session(&h).await;
-    assert_eq!(
-        v.compressions
-            .iter()
-            .find(|r| r["kind"] == "summary")
-            .unwrap()["precomputed"],
-        true
-    );
+    assert!(stored_summaries(&v)[0].precomputed);
 }
 
 #[tokio::test]
@@ -264,7 +269,7 @@ async fn failed_slow_or_empty_summaries_fall_back_to_pruning() {
             .to_string()
             .contains("Summary of the earlier conversation"));
         let v = session(&h).await;
-        assert!(v.compressions.iter().all(|r| r["kind"] != "summary"));
+        assert!(stored_summaries(&v).is_empty());
         let series = format!("ctxgate_summarizer_calls_total{{outcome=\"{outcome}\"}}");
         assert_eq!(metric(&h, &series).await, 1.0, "{series}");
     }
@@ -297,10 +302,10 @@ async fn an_operator_can_compress_a_session_now() {
     assert_eq!(rec["summary"], "Manual summary (call_1).");
     assert_eq!(rec["kind"], "summary");
     let v = session(&h).await;
-    assert_eq!(
-        v.compressions.last().unwrap()["summary"],
-        "Manual summary (call_1)."
-    );
+    assert!(matches!(
+        v.compressions.last().unwrap(),
+        Compression::Summary(s) if s.summary == "Manual summary (call_1)."
+    ));
     let missing = h
         .client
         .post(h.url("/admin/sessions/nope/compress"))

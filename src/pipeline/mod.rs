@@ -17,7 +17,8 @@ use crate::relay::{self, RelayOutcome};
 use crate::session::manager::now_secs;
 use crate::session::tree::raw_message_hashes;
 use crate::session::{identify, RequestMark, SessionIdentity};
-use crate::store::RecordKind;
+use crate::store::records::RewriteRecord;
+use crate::store::{Compression, Record};
 use axum::body::Body;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
@@ -310,19 +311,14 @@ impl Turn {
 /// Keeps the rewrite's record with the session when its cut points moved (later turns that reuse them are the
 /// same rewrite). Written in the background: it never delays the request.
 fn record_compression(state: &Arc<AppState>, mark: &RequestMark, rw: &Rewritten, model: &str) {
-    let same = mark
-        .entry
-        .last_compression()
-        .is_some_and(|last| last.get("cuts") == serde_json::to_value(rw.record.cuts).ok().as_ref());
+    let same = matches!(
+        mark.entry.last_compression(),
+        Some(Compression::Rewrite(last)) if last.cuts == rw.record.cuts
+    );
     if same {
         return;
     }
-    let mut record = serde_json::to_value(&rw.record).unwrap_or(Value::Null);
-    if let Some(o) = record.as_object_mut() {
-        o.insert("at".into(), Value::from(now_secs()));
-        o.insert("model".into(), Value::from(model));
-        o.insert("recall_offered".into(), Value::from(rw.injected));
-    }
+    let record = rewrite_record(rw, model, now_secs());
     tracing::info!(
         session = %mark.entry.id,
         stages = ?rw.record.stages,
@@ -332,10 +328,36 @@ fn record_compression(state: &Arc<AppState>, mark: &RequestMark, rw: &Rewritten,
     );
     let (state, mark) = (state.clone(), mark.clone());
     state.tasks.clone().spawn(async move {
-        if let Err(e) = state.sessions.record(&mark, RecordKind::Compression, record).await {
+        let record = Record::from(Compression::Rewrite(record));
+        if let Err(e) = state.sessions.record(&mark, record).await {
             tracing::warn!(error = %e, session = %mark.entry.id, "session: could not store a compression record");
         }
     });
+}
+
+/// The stored record of a rewrite: what the planner did, when, for which model, and whether recall was offered.
+fn rewrite_record(rw: &Rewritten, model: &str, at: i64) -> RewriteRecord {
+    let r = &rw.record;
+    RewriteRecord {
+        strategy: r.strategy.to_string(),
+        stages: r.stages.iter().map(|s| s.to_string()).collect(),
+        messages_before: r.messages_before,
+        messages_after: r.messages_after,
+        tokens_before: r.tokens_before,
+        tokens_after: r.tokens_after,
+        context_window: r.context_window,
+        cleared_results: r.cleared_results,
+        pruned_loops: r.pruned_loops,
+        dropped_loops: r.dropped_loops,
+        dropped_messages: r.dropped_messages,
+        summary_upto: r.summary_upto,
+        pruned_call_ids: r.pruned_call_ids.clone(),
+        cuts: r.cuts.to_vec(),
+        at,
+        model: model.to_string(),
+        recall_offered: rw.injected,
+        extra: serde_json::Map::new(),
+    }
 }
 
 /// Stores each recall round as an internal exchange of the session (never part of its client history).
@@ -355,7 +377,7 @@ fn record_round(
                 o.insert("at".into(), Value::from(now_secs()));
                 o.insert("by".into(), Value::from("ctxgate"));
             }
-            if let Err(e) = st.sessions.record(&mark, RecordKind::Internal, record).await {
+            if let Err(e) = st.sessions.record(&mark, Record::Internal(record)).await {
                 tracing::warn!(error = %e, session = %mark.entry.id, "session: could not store a recall round");
             }
         });

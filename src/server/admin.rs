@@ -168,13 +168,10 @@ async fn compress(
     let record = summarizer.run(&job).await.map_err(|e| {
         GatewayError::UpstreamUnreachable(format!("the summary request failed: {e}"))
     })?;
+    let record = crate::store::Compression::Summary(record);
     state
         .sessions
-        .record_entry(
-            &entry,
-            crate::store::RecordKind::Compression,
-            record.clone(),
-        )
+        .record_entry(&entry, crate::store::Record::from(record.clone()))
         .await
         .map_err(store_error)?;
     tracing::info!(target: "ctxgate::admin", session = %id, upto = job.upto, "admin: session summarized");

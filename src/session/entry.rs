@@ -1,7 +1,7 @@
 //! One cached session: its tree, records and write state (admitted, deleted, dirty), and what the cache weighs.
 
 use super::tree::{approx_size, Tree};
-use crate::store::{RecordKind, SessionMeta, WriteOp};
+use crate::store::{Compression, NodeRow, Record, SessionMeta, WriteOp};
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -21,7 +21,7 @@ pub struct SessionEntry {
 pub(super) struct EntryState {
     pub(super) tree: Tree,
     pub(super) last_active: i64,
-    pub(super) compressions: Vec<Value>,
+    pub(super) compressions: Vec<Compression>,
     pub(super) internal: Vec<Value>,
     /// Approximate bytes of `compressions` and `internal`.
     pub(super) records_weight: usize,
@@ -58,18 +58,22 @@ impl EntryState {
         self.admitted && !self.deleted
     }
 
-    pub(super) fn push_record(&mut self, kind: RecordKind, record: Value) {
+    pub(super) fn push_record(&mut self, record: Record) {
         self.records_weight += record_weight(&record);
-        match kind {
-            RecordKind::Compression => self.compressions.push(record),
-            RecordKind::Internal => self.internal.push(record),
+        match record {
+            Record::Compression(c) => self.compressions.push(*c),
+            Record::Internal(v) => self.internal.push(v),
         }
     }
 }
 
-/// Approximate bytes a record holds in memory (a parsed value takes about twice its text).
-fn record_weight(record: &Value) -> usize {
-    approx_size(record) * 2 + 64
+/// Approximate bytes a record holds in memory (about twice its text, as for a parsed value).
+fn record_weight(record: &Record) -> usize {
+    let text = match record {
+        Record::Compression(c) => c.approx_bytes(),
+        Record::Internal(v) => approx_size(v),
+    };
+    text * 2 + 64
 }
 
 /// Bytes of an entry beyond its tree and records.
@@ -116,20 +120,25 @@ impl SessionEntry {
         }];
         ops.extend(st.tree.nodes().map(|n| WriteOp::Node {
             session: self.id.clone(),
-            node: n.clone(),
+            node: NodeRow::from(n),
         }));
         let unsaved = std::mem::take(&mut st.unsaved);
         if all_records {
-            let record = |kind: RecordKind| {
-                move |r: &Value| WriteOp::Record {
-                    kind,
-                    session: self.id.clone(),
-                    created_at: now,
-                    record: r.clone(),
-                }
+            let record = |record: Record| WriteOp::Record {
+                session: self.id.clone(),
+                created_at: now,
+                record,
             };
-            ops.extend(st.compressions.iter().map(record(RecordKind::Compression)));
-            ops.extend(st.internal.iter().map(record(RecordKind::Internal)));
+            ops.extend(
+                st.compressions
+                    .iter()
+                    .map(|c| record(Record::from(c.clone()))),
+            );
+            ops.extend(
+                st.internal
+                    .iter()
+                    .map(|v| record(Record::Internal(v.clone()))),
+            );
         } else {
             ops.extend(unsaved);
         }
@@ -149,12 +158,12 @@ impl SessionEntry {
     }
 
     /// The newest compression record, if any.
-    pub fn last_compression(&self) -> Option<Value> {
+    pub fn last_compression(&self) -> Option<Compression> {
         self.state.lock().compressions.last().cloned()
     }
 
     /// Every compression record (rewrites and summaries), oldest first.
-    pub fn compressions(&self) -> Vec<Value> {
+    pub fn compressions(&self) -> Vec<Compression> {
         self.state.lock().compressions.clone()
     }
 

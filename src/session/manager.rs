@@ -13,7 +13,9 @@ use super::identity::SessionIdentity;
 use super::runloop::{message_text, run_loops};
 use super::tree::{NodeId, Tree};
 use crate::metrics::{CacheResult, SessionMetrics, StoreMetrics, StoreOp};
-use crate::store::{committed, RecordKind, SessionMeta, Store, StoreError, WriteOp};
+use crate::store::{
+    committed, Compression, NodeRow, Record, SessionMeta, Store, StoreError, WriteOp,
+};
 use moka::future::Cache;
 use moka::ops::compute::Op;
 use parking_lot::Mutex;
@@ -72,8 +74,8 @@ pub struct SessionView {
     pub run_loops: Vec<RunLoopView>,
     /// The other branches: where they leave the history and their messages from there.
     pub branches: Vec<BranchView>,
-    /// Compression records, oldest first.
-    pub compressions: Vec<Value>,
+    /// Compression records (rewrites and summaries), oldest first.
+    pub compressions: Vec<Compression>,
     /// ctxgate's own exchanges with the model (recall rounds), flagged as such; never part of `messages`.
     pub internal: Vec<Value>,
 }
@@ -310,16 +312,16 @@ impl Sessions {
                     Some(s) => {
                         let head = s.meta.head.clone().map(NodeId::from);
                         let mut st = EntryState::new(
-                            Tree::from_nodes(s.nodes, head),
+                            Tree::from_rows(s.nodes, head),
                             s.meta.last_active,
                             true,
                         );
                         st.version = s.meta.version;
                         for c in s.compressions {
-                            st.push_record(RecordKind::Compression, c);
+                            st.push_record(Record::from(c));
                         }
                         for i in s.internal {
-                            st.push_record(RecordKind::Internal, i);
+                            st.push_record(Record::Internal(i));
                         }
                         Ok(Arc::new(SessionEntry::new(
                             s.meta.id,
@@ -414,7 +416,7 @@ impl Sessions {
                     if let Some(n) = st.tree.get(id) {
                         ops.push(WriteOp::Node {
                             session: entry.id.clone(),
-                            node: n.clone(),
+                            node: NodeRow::from(n),
                         });
                     }
                 }
@@ -490,7 +492,7 @@ impl Sessions {
                 if let Some(n) = st.tree.get(&id) {
                     ops.push(WriteOp::Node {
                         session: entry.id.clone(),
-                        node: n.clone(),
+                        node: NodeRow::from(n),
                     });
                 }
             }
@@ -527,13 +529,8 @@ impl Sessions {
 
     /// Appends a record (compression or internal exchange) to a session and waits (at most the store timeout)
     /// until it is durable.
-    pub async fn record(
-        &self,
-        mark: &RequestMark,
-        kind: RecordKind,
-        record: Value,
-    ) -> Result<(), StoreError> {
-        self.record_entry(&mark.entry, kind, record).await
+    pub async fn record(&self, mark: &RequestMark, record: Record) -> Result<(), StoreError> {
+        self.record_entry(&mark.entry, record).await
     }
 
     /// Like [`Sessions::record`], for a session entry. A session not admitted yet keeps the record in memory; it
@@ -541,19 +538,17 @@ impl Sessions {
     pub async fn record_entry(
         &self,
         entry: &Arc<SessionEntry>,
-        kind: RecordKind,
-        record: Value,
+        record: Record,
     ) -> Result<(), StoreError> {
         let now = now_secs();
         let rx = {
             let mut st = entry.state.lock();
-            st.push_record(kind, record.clone());
+            st.push_record(record.clone());
             entry.reweigh(&st);
             if !st.writable() {
                 return Ok(());
             }
             let op = WriteOp::Record {
-                kind,
                 session: entry.id.clone(),
                 created_at: now,
                 record,

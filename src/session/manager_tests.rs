@@ -4,6 +4,7 @@
 use super::*;
 use crate::session::identity::IdSource;
 use crate::session::tree::raw_message_hashes;
+use crate::store::records::{RewriteRecord, SummaryRecord};
 use crate::store::{MemoryStore, StoredSession};
 use futures_util::future::BoxFuture;
 use serde_json::json;
@@ -133,9 +134,12 @@ async fn the_cache_weighs_records_and_the_prefix_index() {
     let after_index = entry.weight();
     assert!(after_index > start, "the prefix index is weighed");
 
-    let record = json!({"stages": ["pruned"], "text": "x".repeat(10_000)});
+    let record = SummaryRecord {
+        summary: "x".repeat(10_000),
+        ..SummaryRecord::default()
+    };
     sessions
-        .record_entry(&entry, RecordKind::Compression, record)
+        .record_entry(&entry, Record::from(Compression::Summary(record)))
         .await
         .unwrap();
     let after_record = entry.weight();
@@ -196,8 +200,12 @@ async fn a_refused_write_is_rewritten_with_the_next_one() {
         .record_request(&ident("r"), &m, &raw(&m))
         .await
         .unwrap();
+    let record = Compression::Rewrite(RewriteRecord {
+        cuts: vec![1],
+        ..RewriteRecord::default()
+    });
     sessions
-        .record(&mark, RecordKind::Compression, json!({"cuts": [1]}))
+        .record(&mark, Record::from(record.clone()))
         .await
         .unwrap();
     // Admission and the reply are refused: nothing stored yet, the session is marked for a rewrite.
@@ -210,7 +218,7 @@ async fn a_refused_write_is_rewritten_with_the_next_one() {
     let stored = store.load("r").await.unwrap().unwrap();
     assert_eq!(stored.nodes.len(), 2);
     assert_eq!(stored.meta.message_count, 2);
-    assert_eq!(stored.compressions, vec![json!({"cuts": [1]})]);
+    assert_eq!(stored.compressions, vec![record]);
 }
 
 #[tokio::test]
@@ -239,7 +247,7 @@ async fn a_session_deleted_mid_turn_stays_deleted() {
         .await
         .unwrap();
     sessions
-        .record(&mark, RecordKind::Internal, json!({}))
+        .record(&mark, Record::Internal(json!({})))
         .await
         .unwrap();
     sessions.flush().await.unwrap();

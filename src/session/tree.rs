@@ -3,7 +3,8 @@
 //! become siblings and edits start a branch. Nothing is ever overwritten or removed.
 
 use super::identity::canonical_json;
-use serde::Serialize;
+pub use crate::store::NodeKind;
+use crate::store::NodeRow;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -11,35 +12,6 @@ use std::sync::Arc;
 
 /// A node id: 32 hex characters of SHA-256(parent id, canonical message).
 pub type NodeId = Arc<str>;
-
-/// Who produced a node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum NodeKind {
-    /// Sent by the client in a request.
-    Client,
-    /// The upstream's answer, recorded by ctxgate.
-    Reply,
-}
-
-impl NodeKind {
-    /// Name as stored.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NodeKind::Client => "client",
-            NodeKind::Reply => "reply",
-        }
-    }
-
-    /// Parses a stored name.
-    pub fn parse(s: &str) -> NodeKind {
-        if s == "reply" {
-            NodeKind::Reply
-        } else {
-            NodeKind::Client
-        }
-    }
-}
 
 /// One message of the history.
 #[derive(Debug, Clone)]
@@ -65,6 +37,34 @@ impl Node {
     /// twice its text (measured by `cargo bench --bench session`), plus the node's own fields and indexes.
     pub fn weight(&self) -> usize {
         approx_size(&self.message) * 2 + 256
+    }
+}
+
+impl From<&Node> for NodeRow {
+    fn from(n: &Node) -> Self {
+        NodeRow {
+            id: n.id.clone(),
+            parent: n.parent.clone(),
+            position: n.position,
+            kind: n.kind,
+            partial: n.partial,
+            created_at: n.created_at,
+            message: n.message.clone(),
+        }
+    }
+}
+
+impl From<NodeRow> for Node {
+    fn from(r: NodeRow) -> Self {
+        Node {
+            id: r.id,
+            parent: r.parent,
+            position: r.position,
+            message: r.message,
+            kind: r.kind,
+            partial: r.partial,
+            created_at: r.created_at,
+        }
     }
 }
 
@@ -168,7 +168,12 @@ impl Tree {
         Self::default()
     }
 
-    /// Rebuilds a tree from stored nodes (any order; parents need not come first).
+    /// Rebuilds a tree from stored rows (any order; parents need not come first).
+    pub fn from_rows(rows: Vec<NodeRow>, head: Option<NodeId>) -> Self {
+        Self::from_nodes(rows.into_iter().map(Node::from).collect(), head)
+    }
+
+    /// Rebuilds a tree from nodes (any order; parents need not come first).
     pub fn from_nodes(nodes: Vec<Node>, head: Option<NodeId>) -> Self {
         let mut t = Tree::new();
         let mut nodes = nodes;

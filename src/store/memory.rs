@@ -1,6 +1,6 @@
 //! The memory backend: the same contract as SQLite, kept in process memory (lost on restart).
 
-use super::{RecordKind, SessionMeta, Store, StoreError, StoredSession, WriteOp};
+use super::{Record, SessionMeta, Store, StoreError, StoredSession, WriteOp};
 use crate::metrics::{StoreMetrics, StoreOp};
 use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
@@ -74,15 +74,12 @@ impl Store for MemoryStore {
                     }
                 }
                 WriteOp::Record {
-                    kind,
-                    session,
-                    record,
-                    ..
+                    session, record, ..
                 } => {
                     if let Some(s) = map.get_mut(&session) {
-                        match kind {
-                            RecordKind::Compression => s.compressions.push(record),
-                            RecordKind::Internal => s.internal.push(record),
+                        match record {
+                            Record::Compression(c) => s.compressions.push(*c),
+                            Record::Internal(v) => s.internal.push(v),
                         }
                     }
                 }

@@ -1,5 +1,6 @@
-//! Durable history: the `Store` trait and its backends (embedded SQLite, memory). The moka cache in front of it
-//! lives in `session::manager`.
+//! Durable history: the `Store` trait, its own row and record types, and its backends (embedded SQLite, memory).
+//! The store depends on nothing above it: the session manager (which keeps the moka cache in front of it) converts
+//! its message tree to and from [`NodeRow`]s.
 //!
 //! What every backend guarantees (the session manager relies on it):
 //! - `write` never blocks: it queues (or applies) the batch and returns a receiver at once. A full queue refuses
@@ -17,14 +18,17 @@
 //! - A barrier (an empty batch) resolves once every batch queued before it is committed.
 
 mod memory;
+pub mod records;
+pub mod rows;
 mod sqlite;
 
 pub use memory::MemoryStore;
+pub use records::{Compression, Record, RecordKind};
+pub use rows::{NodeKind, NodeRow};
 pub use sqlite::SqliteStore;
 
 use crate::config::{StoreBackend, StoreConfig};
 use crate::metrics::{self, Metrics, StoreMetrics};
-use crate::session::tree::Node;
 use futures_util::future::BoxFuture;
 use serde::Serialize;
 use std::sync::Arc;
@@ -86,30 +90,11 @@ pub struct StoredSession {
     /// Its row.
     pub meta: SessionMeta,
     /// Every node, all branches.
-    pub nodes: Vec<Node>,
-    /// Compression records, oldest first (JSON objects).
-    pub compressions: Vec<serde_json::Value>,
+    pub nodes: Vec<NodeRow>,
+    /// Compression records (rewrites and summaries), oldest first.
+    pub compressions: Vec<Compression>,
     /// ctxgate's own exchanges with the model (recall rounds), oldest first.
     pub internal: Vec<serde_json::Value>,
-}
-
-/// Kinds of records kept beside a session's messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecordKind {
-    /// A rewrite or summary of what was sent upstream.
-    Compression,
-    /// A recall round: ctxgate's own exchange with the model, never part of the client's history.
-    Internal,
-}
-
-impl RecordKind {
-    /// Name as stored.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RecordKind::Compression => "compression",
-            RecordKind::Internal => "internal",
-        }
-    }
 }
 
 /// One write. The ops of a batch are applied in order, all or nothing.
@@ -128,18 +113,16 @@ pub enum WriteOp {
         /// Session id.
         session: String,
         /// The node.
-        node: Node,
+        node: NodeRow,
     },
     /// Append a record (compression or internal exchange).
     Record {
-        /// Which list it belongs to.
-        kind: RecordKind,
         /// Session id.
         session: String,
         /// Unix seconds.
         created_at: i64,
         /// The record.
-        record: serde_json::Value,
+        record: Record,
     },
 }
 

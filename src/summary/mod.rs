@@ -9,11 +9,12 @@ use crate::context::tokens::{count_text, Encoding};
 use crate::error::GatewayError;
 use crate::metrics::{Metrics, SummaryOutcome};
 use crate::session::manager::{now_secs, SessionEntry, Sessions};
-use crate::store::RecordKind;
+use crate::store::records::{Covers, SummaryRecord};
+use crate::store::{Compression, Record};
 use crate::upstream::Upstream;
 use http::{HeaderMap, HeaderValue, Method};
 use parking_lot::Mutex;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -219,7 +220,8 @@ impl Summarizer {
             match result {
                 Ok(record) => {
                     me.failures.lock().succeeded(&id);
-                    if let Err(e) = sessions.record_entry(&job.entry, RecordKind::Compression, record).await {
+                    let record = Record::from(Compression::Summary(record));
+                    if let Err(e) = sessions.record_entry(&job.entry, record).await {
                         tracing::warn!(error = %e, session = %id, "summary: could not store the summary");
                     }
                 }
@@ -235,7 +237,7 @@ impl Summarizer {
     }
 
     /// Writes one summary now and returns its compression record (not stored). Counted in the metrics.
-    pub async fn run(&self, job: &Job) -> Result<Value, SummaryError> {
+    pub async fn run(&self, job: &Job) -> Result<SummaryRecord, SummaryError> {
         let started = Instant::now();
         let result = self.write(job, started).await;
         let outcome = match &result {
@@ -246,7 +248,7 @@ impl Summarizer {
         result
     }
 
-    async fn write(&self, job: &Job, started: Instant) -> Result<Value, SummaryError> {
+    async fn write(&self, job: &Job, started: Instant) -> Result<SummaryRecord, SummaryError> {
         let from = job.previous.as_ref().map_or(0, |(u, _)| *u);
         let transcript = prompt::transcript(
             &job.messages,
@@ -301,21 +303,25 @@ impl Summarizer {
             .map(|m| counter.message_tokens(job.encoding, m))
             .sum();
         let message = prompt::summary_message(&text);
-        Ok(json!({
-            "kind": "summary",
-            "at": now_secs(),
-            "strategy": "summarize",
-            "summary": text,
-            "covers": {"from": 0, "upto": job.upto, "upto_node": job.upto_node},
-            "incremental_from": job.previous.as_ref().map(|(u, _)| *u),
-            "messages_before": job.upto,
-            "messages_after": 1,
-            "tokens_before": covered,
-            "tokens_after": counter.message_tokens(job.encoding, &message),
-            "model": self.model,
-            "latency_ms": started.elapsed().as_millis() as u64,
-            "precomputed": job.precomputed,
-        }))
+        Ok(SummaryRecord {
+            at: now_secs(),
+            strategy: "summarize".into(),
+            summary: text,
+            covers: Covers {
+                from: 0,
+                upto: job.upto,
+                upto_node: job.upto_node.clone(),
+            },
+            incremental_from: job.previous.as_ref().map(|(u, _)| *u),
+            messages_before: job.upto,
+            messages_after: 1,
+            tokens_before: covered,
+            tokens_after: counter.message_tokens(job.encoding, &message),
+            model: self.model.clone(),
+            latency_ms: started.elapsed().as_millis() as u64,
+            precomputed: job.precomputed,
+            extra: serde_json::Map::new(),
+        })
     }
 }
 
@@ -363,8 +369,9 @@ pub fn manual_job(
 }
 
 /// The summaries among a session's compression records that fit a request whose messages have the node ids
-/// `path`: (messages covered, the summary message, its text), by position.
-pub fn ready(compressions: &[Value], path: &[String]) -> Vec<(usize, Value, String)> {
+/// `path`: (messages covered, the summary message, its text), by position. A record without text or without the
+/// node it ends at is never used.
+pub fn ready(compressions: &[Compression], path: &[String]) -> Vec<(usize, Value, String)> {
     let at: HashMap<&str, usize> = path
         .iter()
         .enumerate()
@@ -372,12 +379,14 @@ pub fn ready(compressions: &[Value], path: &[String]) -> Vec<(usize, Value, Stri
         .collect();
     let mut out: Vec<(usize, Value, String)> = compressions
         .iter()
-        .filter(|r| r.get("kind").and_then(Value::as_str) == Some("summary"))
-        .filter_map(|r| {
-            let node = r.pointer("/covers/upto_node")?.as_str()?;
-            let upto = *at.get(node)?;
-            let text = r.get("summary")?.as_str()?;
-            Some((upto, prompt::summary_message(text), text.to_string()))
+        .filter_map(|r| match r {
+            Compression::Summary(s) if !s.summary.is_empty() => Some(s),
+            _ => None,
+        })
+        .filter_map(|s| {
+            let upto = *at.get(s.covers.upto_node.as_str())?;
+            let text = &s.summary;
+            Some((upto, prompt::summary_message(text), text.clone()))
         })
         .collect();
     out.sort_by_key(|(u, _, _)| *u);
@@ -388,6 +397,7 @@ pub fn ready(compressions: &[Value], path: &[String]) -> Vec<(usize, Value, Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn failure_entries_expire_and_are_bounded() {
@@ -451,12 +461,14 @@ mod tests {
     #[test]
     fn ready_summaries_are_matched_by_node_id() {
         let path: Vec<String> = ["a", "b", "c", "d"].iter().map(|s| s.to_string()).collect();
-        let recs = vec![
-            json!({"kind":"summary","summary":"S2","covers":{"upto":2,"upto_node":"b"}}),
-            json!({"kind":"summary","summary":"other branch","covers":{"upto":2,"upto_node":"zz"}}),
-            json!({"stages":["cleared"],"cuts":[1,0,0,0,0]}),
-            json!({"kind":"summary","summary":"S4","covers":{"upto":4,"upto_node":"d"}}),
-        ];
+        let recs: Vec<Compression> = serde_json::from_value(json!([
+            {"kind":"summary","summary":"S2","covers":{"upto":2,"upto_node":"b"}},
+            {"kind":"summary","summary":"other branch","covers":{"upto":2,"upto_node":"zz"}},
+            {"stages":["cleared"],"cuts":[1,0,0,0,0]},
+            {"kind":"summary","summary":"","covers":{"upto":3,"upto_node":"c"}},
+            {"kind":"summary","summary":"S4","covers":{"upto":4,"upto_node":"d"}},
+        ]))
+        .unwrap();
         let r = ready(&recs, &path);
         let got: Vec<(usize, &str)> = r.iter().map(|(u, _, t)| (*u, t.as_str())).collect();
         assert_eq!(got, [(2, "S2"), (4, "S4")]);

@@ -5,9 +5,8 @@
 
 mod worker;
 
-use super::{RecordKind, SessionMeta, Store, StoreError, StoredSession, WriteOp};
+use super::{NodeKind, NodeRow, Record, SessionMeta, Store, StoreError, StoredSession, WriteOp};
 use crate::metrics::{StoreMetrics, StoreOp};
-use crate::session::tree::{Node, NodeId, NodeKind};
 use futures_util::future::BoxFuture;
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
@@ -306,9 +305,9 @@ fn load(conn: &Connection, id: &str) -> Result<Option<StoredSession>, rusqlite::
         .query_map(params![id], |row| {
             let text: String = row.get(6)?;
             let kind: String = row.get(3)?;
-            Ok(Node {
-                id: NodeId::from(row.get::<_, String>(0)?),
-                parent: row.get::<_, Option<String>>(1)?.map(NodeId::from),
+            Ok(NodeRow {
+                id: Arc::from(row.get::<_, String>(0)?),
+                parent: row.get::<_, Option<String>>(1)?.map(Arc::from),
                 position: row.get(2)?,
                 kind: NodeKind::parse(&kind),
                 partial: row.get(4)?,
@@ -324,13 +323,13 @@ fn load(conn: &Connection, id: &str) -> Result<Option<StoredSession>, rusqlite::
         Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
     })?;
     for (kind, text) in rows.filter_map(Result::ok) {
-        let Ok(v) = serde_json::from_str(&text) else {
-            continue;
-        };
-        if kind == RecordKind::Internal.as_str() {
-            internal.push(v);
-        } else {
-            compressions.push(v);
+        match Record::parse(&kind, &text) {
+            Ok(Record::Compression(c)) => compressions.push(*c),
+            Ok(Record::Internal(v)) => internal.push(v),
+            // Not logged with the parser's message: it may quote the record's content.
+            Err(_) => {
+                tracing::warn!(session = %id, kind = %kind, "sqlite: unreadable record skipped")
+            }
         }
     }
     Ok(Some(StoredSession {

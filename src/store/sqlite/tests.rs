@@ -4,19 +4,32 @@
 
 use super::worker::{Batch, Worker};
 use super::*;
-use crate::store::committed;
+use crate::store::records::{Covers, SummaryRecord};
+use crate::store::{committed, Compression};
 use serde_json::json;
 
-fn node(id: &str, parent: Option<&str>, pos: u32) -> Node {
-    Node {
-        id: NodeId::from(id),
-        parent: parent.map(NodeId::from),
+fn node(id: &str, parent: Option<&str>, pos: u32) -> NodeRow {
+    NodeRow {
+        id: Arc::from(id),
+        parent: parent.map(Arc::from),
         position: pos,
         message: Arc::new(json!({"role":"user","content":id})),
         kind: NodeKind::Client,
         partial: false,
         created_at: 1,
     }
+}
+
+fn summary() -> Compression {
+    Compression::Summary(SummaryRecord {
+        summary: "the story so far".into(),
+        covers: Covers {
+            from: 0,
+            upto: 1,
+            upto_node: "a".into(),
+        },
+        ..SummaryRecord::default()
+    })
 }
 
 fn meta(id: &str, last: i64) -> SessionMeta {
@@ -39,7 +52,7 @@ fn create(m: SessionMeta) -> WriteOp {
     }
 }
 
-fn add(session: &str, n: Node) -> WriteOp {
+fn add(session: &str, n: NodeRow) -> WriteOp {
     WriteOp::Node {
         session: session.into(),
         node: n,
@@ -67,16 +80,14 @@ async fn write_reopen_list_delete_purge() {
                 node: node("b", Some("a"), 1),
             },
             WriteOp::Record {
-                kind: RecordKind::Compression,
                 session: "s1".into(),
                 created_at: 5,
-                record: json!({"x":1}),
+                record: Record::from(summary()),
             },
             WriteOp::Record {
-                kind: RecordKind::Internal,
                 session: "s1".into(),
                 created_at: 6,
-                record: json!({"y":2}),
+                record: Record::Internal(json!({"y":2})),
             },
             create(meta("s2", 20)),
         ];
@@ -86,7 +97,7 @@ async fn write_reopen_list_delete_purge() {
     let loaded = s.load("s1").await.unwrap().unwrap();
     assert_eq!(loaded.nodes.len(), 2);
     assert_eq!(loaded.meta.head.as_deref(), Some("b"));
-    assert_eq!(loaded.compressions, vec![json!({"x":1})]);
+    assert_eq!(loaded.compressions, vec![summary()]);
     assert_eq!(loaded.internal, vec![json!({"y":2})]);
     let (page, total) = s.list(10, 0).await.unwrap();
     assert_eq!(total, 2);
@@ -123,10 +134,9 @@ fn a_write_for_a_vanished_session_does_not_fail_the_group() {
             ops: vec![
                 add("gone", node("r", None, 0)),
                 WriteOp::Record {
-                    kind: RecordKind::Internal,
                     session: "gone".into(),
                     created_at: 1,
-                    record: json!({}),
+                    record: Record::Internal(json!({})),
                 },
                 WriteOp::Session {
                     meta: meta("gone", 2),
@@ -297,4 +307,82 @@ fn old_databases_get_the_version_column() {
     migrate(&c).unwrap();
     migrate(&c).unwrap();
     assert_eq!(load(&c, "s").unwrap().unwrap().meta.version, 0);
+}
+
+/// Records written before compression records were typed: a rewrite had no `kind` (and, before summaries, four
+/// cuts and no `summary_upto`); fields this version does not know are kept.
+#[tokio::test]
+async fn records_in_the_old_shape_still_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    let old_rewrite = json!({"strategy": "hybrid", "stages": ["cleared"], "messages_before": 18,
+        "messages_after": 18, "tokens_before": 13817, "tokens_after": 6432, "context_window": 16000,
+        "cleared_results": 5, "pruned_loops": 0, "dropped_loops": 0, "dropped_messages": 0,
+        "pruned_call_ids": ["toolu_01"], "cuts": [12, 0, 0, 0], "at": 7, "model": "m",
+        "recall_offered": true, "from_the_future": {"a": 1}});
+    let old_summary = json!({"kind": "summary", "at": 8, "strategy": "summarize", "summary": "S",
+        "covers": {"from": 0, "upto": 2, "upto_node": "b"}, "incremental_from": null, "messages_before": 2,
+        "messages_after": 1, "tokens_before": 40, "tokens_after": 9, "model": "sm", "latency_ms": 12,
+        "precomputed": false});
+    {
+        let c = Connection::open(&path).unwrap();
+        c.execute_batch(SCHEMA).unwrap();
+        c.execute(
+            "INSERT INTO sessions VALUES ('s', 't', 1, 1, 0, 0, NULL, 1)",
+            [],
+        )
+        .unwrap();
+        for (seq, kind, record) in [
+            (1, "compression", old_rewrite.to_string()),
+            (2, "compression", old_summary.to_string()),
+            (3, "compression", "not json".to_string()),
+            (4, "compression", json!({"kind": "unheard_of"}).to_string()),
+            (5, "internal", json!({"by": "ctxgate"}).to_string()),
+        ] {
+            c.execute(
+                "INSERT INTO records VALUES ('s', ?1, ?2, 1, ?3)",
+                params![seq, kind, record],
+            )
+            .unwrap();
+        }
+    }
+    let s = SqliteStore::open(&path).unwrap();
+    let loaded = s.load("s").await.unwrap().unwrap();
+    assert_eq!(
+        loaded.compressions.len(),
+        2,
+        "unreadable records are skipped"
+    );
+    let Compression::Rewrite(r) = &loaded.compressions[0] else {
+        panic!(
+            "a record without kind is a rewrite: {:?}",
+            loaded.compressions[0]
+        );
+    };
+    assert_eq!(r.cuts, [12, 0, 0, 0]);
+    assert_eq!(
+        (r.summary_upto, r.tokens_after, r.recall_offered),
+        (0, 6432, true)
+    );
+    assert_eq!(r.extra["from_the_future"], json!({"a": 1}));
+    let Compression::Summary(sm) = &loaded.compressions[1] else {
+        panic!("a summary: {:?}", loaded.compressions[1]);
+    };
+    assert_eq!(
+        (sm.summary.as_str(), sm.covers.upto_node.as_str()),
+        ("S", "b")
+    );
+    assert_eq!(loaded.internal, vec![json!({"by": "ctxgate"})]);
+    // Shown (and written back) with the same fields, the rewrite now tagged.
+    let mut shown = serde_json::to_value(&loaded.compressions[0]).unwrap();
+    assert_eq!(shown["kind"], "rewrite");
+    assert_eq!(shown["summary_upto"], 0);
+    let o = shown.as_object_mut().unwrap();
+    o.remove("kind");
+    o.remove("summary_upto");
+    assert_eq!(shown, old_rewrite);
+    assert_eq!(
+        serde_json::to_value(&loaded.compressions[1]).unwrap(),
+        old_summary
+    );
 }

@@ -310,7 +310,6 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<(), rusqlite::Error> {
             ])?;
         }
         WriteOp::Record {
-            kind,
             session,
             created_at,
             record,
@@ -320,7 +319,12 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<(), rusqlite::Error> {
                  SELECT ?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM records WHERE session_id = ?1), ?2, ?3, ?4
                  WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?1)",
             )?
-            .execute(params![session, kind.as_str(), created_at, record.to_string()])?;
+            .execute(params![
+                session,
+                record.kind().as_str(),
+                created_at,
+                record.to_json()
+            ])?;
         }
     }
     Ok(())
