@@ -393,7 +393,7 @@ async fn a_refused_session_deleted_after_eviction_is_not_written_back() {
 
 /// Memory, except that once armed, the next load answers only after the next write is applied.
 struct LoadAfterWrite {
-    inner: MemoryStore,
+    inner: Arc<MemoryStore>,
     armed: std::sync::atomic::AtomicBool,
     loading: Arc<tokio::sync::Notify>,
     written: Arc<tokio::sync::Notify>,
@@ -413,12 +413,11 @@ impl Store for LoadAfterWrite {
             return self.inner.load(id);
         }
         let (loading, written) = (self.loading.clone(), self.written.clone());
-        let later = self.inner.load(id);
-        // The memory store reads when polled: after the write.
+        let (inner, id) = (self.inner.clone(), id.to_string());
         Box::pin(async move {
             loading.notify_one();
             written.notified().await;
-            later.await
+            inner.load(&id).await
         })
     }
     fn list(
@@ -439,7 +438,7 @@ impl Store for LoadAfterWrite {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_loading_while_the_first_one_is_admitted_shares_its_entry() {
     let store = Arc::new(LoadAfterWrite {
-        inner: MemoryStore::new(),
+        inner: Arc::new(MemoryStore::new()),
         armed: std::sync::atomic::AtomicBool::new(false),
         loading: Arc::new(tokio::sync::Notify::new()),
         written: Arc::new(tokio::sync::Notify::new()),

@@ -32,8 +32,7 @@ impl Live {
             self.entries.retain(|_, w| w.strong_count() > 0);
             self.sweep_at = (self.entries.len() * 2).max(SWEEP_MIN);
         }
-        self.entries
-            .insert(entry.id.clone(), Arc::downgrade(entry));
+        self.entries.insert(entry.id.clone(), Arc::downgrade(entry));
     }
 }
 
