@@ -282,7 +282,7 @@ impl Sessions {
                 self.registry.keep_dirty(entry);
                 tracing::warn!(
                     session = %entry.id,
-                    "store: write queue full; the session is rewritten on its next write"
+                    "store: write queue full; the session is kept and rewritten whole once the queue has room"
                 );
                 let (tx, rx) = oneshot::channel();
                 let _ = tx.send(Err(StoreError::QueueFull));
