@@ -1,5 +1,6 @@
 //! Store faults and the session manager's writes: a store that never answers or turns read-only mid-run never
-//! stalls chat; requests the upstream refuses store nothing; concurrent turns never move a session's row backwards.
+//! stalls chat; writes refused by a full queue are not lost when the cache evicts their session; requests the
+//! upstream refuses store nothing; concurrent turns never move a session's row backwards.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -14,6 +15,7 @@ use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -247,6 +249,114 @@ async fn a_store_turned_read_only_mid_run_keeps_chat_answering_and_loses_nothing
         .await
         .unwrap()
         .unwrap();
+    assert_eq!(loaded.nodes.len(), history.len());
+    assert_eq!(loaded.meta.message_count, history.len() as u64);
+    let view = restarted.sessions.view(&sid).await.unwrap().unwrap();
+    let contents: Vec<&str> = view
+        .messages
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    let expected: Vec<&str> = history
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(contents, expected);
+}
+
+/// SQLite behind a gate that, while closed, refuses every write at once as a full queue does.
+struct FullQueue {
+    inner: Arc<SqliteStore>,
+    closed: AtomicBool,
+}
+
+impl Store for FullQueue {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn write(&self, ops: Vec<WriteOp>) -> oneshot::Receiver<Result<(), StoreError>> {
+        if self.closed.load(Ordering::SeqCst) {
+            let (tx, rx) = oneshot::channel();
+            let _ = tx.send(Err(StoreError::QueueFull));
+            return rx;
+        }
+        self.inner.write(ops)
+    }
+
+    fn load(&self, id: &str) -> BoxFuture<'static, Result<Option<StoredSession>, StoreError>> {
+        self.inner.load(id)
+    }
+
+    fn list(
+        &self,
+        limit: u32,
+        offset: u64,
+    ) -> BoxFuture<'static, Result<(Vec<SessionMeta>, u64), StoreError>> {
+        self.inner.list(limit, offset)
+    }
+
+    fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        self.inner.delete(id)
+    }
+
+    fn purge_idle(&self, before: i64) -> BoxFuture<'static, Result<u64, StoreError>> {
+        self.inner.purge_idle(before)
+    }
+}
+
+#[tokio::test]
+async fn writes_refused_by_a_full_queue_survive_the_cache_evicting_the_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ctx.db");
+    let mock = MockUpstream::start().await.unwrap();
+    let mut cfg = config(&mock);
+    cfg.store.backend = StoreBackend::Sqlite;
+    cfg.store.path = path.clone();
+    // Every session is evicted as soon as the cache does its bookkeeping.
+    cfg.store.cache_max_bytes = 1;
+    let store = Arc::new(FullQueue {
+        inner: Arc::new(SqliteStore::open_with(&path, 1000, StoreMetrics::default()).unwrap()),
+        closed: AtomicBool::new(true),
+    });
+    let state = AppState::with_store(cfg.clone(), store.clone()).unwrap();
+    let addr = serve(state.clone()).await;
+
+    let mut history = vec![json!({"role": "system", "content": "be brief"})];
+    let mut sid = String::new();
+    for turn in 1..=2 {
+        history.push(user(turn));
+        let stream = turn % 2 == 0;
+        if stream {
+            mock.push(MockReply::sse_text(&[&format!("answer {turn}")], false));
+        } else {
+            mock.push(MockReply::completion(&format!("answer {turn}")));
+        }
+        let (status, id, body) = chat(addr, "evicted", &history, stream).await;
+        assert_eq!(status, 200);
+        assert!(body.contains(&format!("answer {turn}")));
+        history.push(json!({"role": "assistant", "content": format!("answer {turn}")}));
+        sid = id;
+    }
+    assert_eq!(
+        state.sessions.cache_stats_now().await.0,
+        0,
+        "the session was evicted"
+    );
+    // The queue has room again; shutdown's drain rewrites the evicted session.
+    store.closed.store(false, Ordering::SeqCst);
+    tokio::time::timeout(Duration::from_secs(10), state.drain())
+        .await
+        .expect("drain did not finish");
+
+    let restarted = AppState::new(cfg).unwrap();
+    let loaded = restarted
+        .sessions
+        .store()
+        .load(&sid)
+        .await
+        .unwrap()
+        .expect("the session was written");
     assert_eq!(loaded.nodes.len(), history.len());
     assert_eq!(loaded.meta.message_count, history.len() as u64);
     let view = restarted.sessions.view(&sid).await.unwrap().unwrap();

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub struct SessionEntry {
     /// Public id.
     pub id: String,
-    /// Owner's credential hash.
+    /// The owner's tenant: HMAC-SHA256 (hex), under the per-install secret, of every credential header its
+    /// requests carry (name and value), or `anonymous` when they carry none (see `session::tenant`).
     pub tenant: String,
     /// Unix seconds of the first request.
     pub created_at: i64,

@@ -2,29 +2,30 @@
 //! request with the stored tree, queues new nodes for writing without waiting, and commits the reply before the
 //! turn is released to the client.
 //!
-//! A new session lives outside the cache and the store until the upstream accepts its first request
-//! ([`Sessions::admit`]); waiting on the store (cold loads, a turn's commit) is bounded by `store.timeout_ms`;
-//! writes are queued under the session's lock, so a session's rows are queued in the order they were built, and
-//! a write the store refused (full queue) marks the session for a whole rewrite on its next write or flush.
+//! A session has one entry in memory at a time, whatever races for it ([`Registry`]). A new session lives outside
+//! the cache and the store until the upstream accepts its first request ([`Sessions::admit`]); waiting on the
+//! store (cold loads, a turn's commit) is bounded by `store.timeout_ms`; writes are queued under the session's
+//! lock, so a session's rows are queued in the order they were built. A write the store refused (full queue)
+//! marks the session for a whole rewrite and keeps it in memory, evicted from the cache or not, until the
+//! rewrite is queued: on its next write, once another write is accepted, or on flush.
 
 use super::entry::EntryState;
 pub use super::entry::SessionEntry;
 use super::identity::SessionIdentity;
+use super::registry::Registry;
 use super::runloop::{message_text, run_loops};
 use super::tree::{NodeId, Tree};
 use crate::metrics::{CacheResult, SessionMetrics, StoreMetrics, StoreOp};
 use crate::store::{
-    committed, Compression, NodeRow, Record, SessionMeta, Store, StoreError, WriteOp,
+    committed, Compression, NodeRow, Record, SessionMeta, Store, StoreError, StoredSession, WriteOp,
 };
 use moka::future::Cache;
 use moka::ops::compute::Op;
-use parking_lot::Mutex;
 use serde::Serialize;
 use serde_json::Value;
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
@@ -160,6 +161,20 @@ async fn bounded<T>(
     }
 }
 
+/// The entry of a session loaded from the store.
+fn entry_from_stored(s: StoredSession) -> SessionEntry {
+    let head = s.meta.head.clone().map(NodeId::from);
+    let mut st = EntryState::new(Tree::from_rows(s.nodes, head), s.meta.last_active, true);
+    st.version = s.meta.version;
+    for c in s.compressions {
+        st.push_record(Record::from(c));
+    }
+    for i in s.internal {
+        st.push_record(Record::Internal(i));
+    }
+    SessionEntry::new(s.meta.id, s.meta.tenant, s.meta.created_at, st)
+}
+
 /// Sessions: cache over store.
 pub struct Sessions {
     store: Arc<dyn Store>,
@@ -168,8 +183,9 @@ pub struct Sessions {
     store_metrics: StoreMetrics,
     /// How long a request waits for the store.
     timeout: Duration,
-    /// New sessions the upstream has not accepted yet (shared by racing first requests); never in the cache.
-    pending: Mutex<HashMap<String, Weak<SessionEntry>>>,
+    /// Every entry in memory (new sessions the upstream has not accepted yet are never in the cache), and the
+    /// sessions waiting for a rewrite.
+    registry: Arc<Registry>,
 }
 
 /// How long a request waits for the store unless configured (`store.timeout_ms`).
@@ -191,7 +207,7 @@ impl Sessions {
             metrics: SessionMetrics::default(),
             store_metrics: StoreMetrics::default(),
             timeout: DEFAULT_TIMEOUT,
-            pending: Mutex::new(HashMap::new()),
+            registry: Arc::new(Registry::new()),
         }
     }
 
@@ -240,15 +256,17 @@ impl Sessions {
     }
 
     /// Queues `ops` (under the session's lock, so a session's writes are queued in the order they were built).
-    /// A dirty session is rewritten whole first; a refused write marks it dirty and keeps its records.
+    /// A dirty session is rewritten whole first; a refused write marks it dirty, keeps its records and keeps the
+    /// entry in the registry's dirty set until a rewrite is queued.
     fn queue(
         &self,
-        entry: &SessionEntry,
+        entry: &Arc<SessionEntry>,
         st: &mut EntryState,
         mut ops: Vec<WriteOp>,
         now: i64,
     ) -> oneshot::Receiver<Result<(), StoreError>> {
-        if st.dirty {
+        let rewrite = st.dirty;
+        if rewrite {
             let mut whole = entry.whole(st, false, now);
             whole.append(&mut ops);
             ops = whole;
@@ -263,20 +281,54 @@ impl Sessions {
             Ok(Err(StoreError::QueueFull)) => {
                 st.dirty = true;
                 st.unsaved.extend(records);
+                self.registry.keep_dirty(entry);
                 tracing::warn!(
                     session = %entry.id,
-                    "store: write queue full; the session is rewritten on its next write"
+                    "store: write queue full; the session is kept and rewritten whole once the queue has room"
                 );
                 let (tx, rx) = oneshot::channel();
                 let _ = tx.send(Err(StoreError::QueueFull));
                 rx
             }
-            Ok(other) => {
-                let (tx, rx) = oneshot::channel();
-                let _ = tx.send(other);
-                rx
+            accepted => {
+                if rewrite {
+                    self.registry.clear_dirty(entry);
+                }
+                match accepted {
+                    Ok(other) => {
+                        let (tx, rx) = oneshot::channel();
+                        let _ = tx.send(other);
+                        rx
+                    }
+                    Err(_) => rx,
+                }
             }
-            Err(_) => rx,
+        }
+    }
+
+    /// Queues the whole rewrite of sessions waiting for one (cached or evicted), until the store refuses one
+    /// again; drops those deleted meanwhile. Returns whether every one is queued. Call holding no entry's lock.
+    fn rewrite_dirty(&self) -> bool {
+        let now = now_secs();
+        for entry in self.registry.dirty() {
+            let mut st = entry.state.lock();
+            if !st.writable() || !st.dirty {
+                self.registry.clear_dirty(&entry);
+                continue;
+            }
+            let ops = entry.whole(&mut st, false, now);
+            drop(self.queue(&entry, &mut st, ops, now));
+            if st.dirty {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// After a write the store accepted: the queue has room, so sessions waiting for a rewrite get it now.
+    fn accepted_write(&self) {
+        if self.registry.has_dirty() {
+            self.rewrite_dirty();
         }
     }
 
@@ -303,34 +355,21 @@ impl Sessions {
         }
         self.metrics.lookup(CacheResult::Miss);
         let store = self.store.clone();
+        let registry = self.registry.clone();
         let (timeout, metrics) = (self.timeout, self.store_metrics.clone());
         let key = id.to_string();
         let loaded = self
             .cache
             .try_get_with(key.clone(), async move {
-                match bounded(timeout, &metrics, StoreOp::Load, store.load(&key)).await? {
-                    Some(s) => {
-                        let head = s.meta.head.clone().map(NodeId::from);
-                        let mut st = EntryState::new(
-                            Tree::from_rows(s.nodes, head),
-                            s.meta.last_active,
-                            true,
-                        );
-                        st.version = s.meta.version;
-                        for c in s.compressions {
-                            st.push_record(Record::from(c));
-                        }
-                        for i in s.internal {
-                            st.push_record(Record::Internal(i));
-                        }
-                        Ok(Arc::new(SessionEntry::new(
-                            s.meta.id,
-                            s.meta.tenant,
-                            s.meta.created_at,
-                            st,
-                        )))
-                    }
-                    None => Err(StoreError::Backend {
+                // Still in memory (evicted while a turn or a pending rewrite holds it): that entry, not a copy.
+                if let Some(e) = registry.admitted(&key) {
+                    return Ok(e);
+                }
+                let stored = bounded(timeout, &metrics, StoreOp::Load, store.load(&key)).await?;
+                // An entry registered while the store answered (a racing first request) wins over the row.
+                match registry.get_or_register(&key, || stored.map(entry_from_stored)) {
+                    Some(e) if e.state.lock().admitted => Ok(e),
+                    _ => Err(StoreError::Backend {
                         backend: "cache",
                         message: "not found".into(),
                     }),
@@ -348,30 +387,17 @@ impl Sessions {
         }
     }
 
-    /// A new session: shared with any other first request racing for it, kept out of the cache until admitted.
-    async fn fresh_entry(&self, ident: &SessionIdentity, now: i64) -> Arc<SessionEntry> {
-        let live =
-            |p: &HashMap<String, Weak<SessionEntry>>| p.get(&ident.id).and_then(Weak::upgrade);
-        if let Some(e) = live(&self.pending.lock()) {
-            return e;
-        }
-        // Admitted since the lookup missed.
-        if let Some(e) = self.cache.get(&ident.id).await {
-            return e;
-        }
-        let mut pending = self.pending.lock();
-        if let Some(e) = live(&pending) {
-            return e;
-        }
-        pending.retain(|_, w| w.strong_count() > 0);
-        let fresh = Arc::new(SessionEntry::new(
-            ident.id.clone(),
-            ident.tenant.clone(),
-            now,
-            EntryState::new(Tree::new(), now, false),
-        ));
-        pending.insert(ident.id.clone(), Arc::downgrade(&fresh));
-        fresh
+    /// A new session, or the entry another request registered for it meanwhile (one lock around both, so racing
+    /// first requests share one entry); kept out of the cache until admitted.
+    fn fresh_entry(&self, ident: &SessionIdentity, now: i64) -> Arc<SessionEntry> {
+        self.registry.get_or_create(&ident.id, || {
+            SessionEntry::new(
+                ident.id.clone(),
+                ident.tenant.clone(),
+                now,
+                EntryState::new(Tree::new(), now, false),
+            )
+        })
     }
 
     async fn entry_for(
@@ -381,7 +407,7 @@ impl Sessions {
     ) -> Result<Arc<SessionEntry>, StoreError> {
         let entry = match self.load_entry(&ident.id).await? {
             Some(e) => e,
-            None => self.fresh_entry(ident, now).await,
+            None => self.fresh_entry(ident, now),
         };
         if entry.tenant != ident.tenant {
             return Err(StoreError::TenantMismatch);
@@ -399,7 +425,7 @@ impl Sessions {
     ) -> Result<RequestMark, StoreError> {
         let now = now_secs();
         let entry = self.entry_for(ident, now).await?;
-        let (mark, grew) = {
+        let (mark, grew, accepted) = {
             let mut st = entry.state.lock();
             let before = st.tree.weight();
             let appended = st.tree.append_request(messages, raw_hashes, now);
@@ -423,6 +449,7 @@ impl Sessions {
                 // Queued, not awaited: durability of the turn is awaited with the reply.
                 drop(self.queue(&entry, &mut st, ops, now));
             }
+            let accepted = st.writable() && !st.dirty;
             entry.reweigh(&st);
             let grew = st.admitted && st.tree.weight() != before;
             let mark = RequestMark {
@@ -433,8 +460,11 @@ impl Sessions {
                 first_seen,
                 path,
             };
-            (mark, grew)
+            (mark, grew, accepted)
         };
+        if accepted {
+            self.accepted_write();
+        }
         if grew {
             self.reweigh_cached(&entry).await;
         }
@@ -457,13 +487,6 @@ impl Sessions {
             entry.reweigh(&st);
         }
         self.cache.insert(entry.id.clone(), entry.clone()).await;
-        let mut pending = self.pending.lock();
-        if pending
-            .get(&entry.id)
-            .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(entry)))
-        {
-            pending.remove(&entry.id);
-        }
     }
 
     /// Appends the upstream's reply after the request's last message and waits (at most the store timeout) until
@@ -477,7 +500,7 @@ impl Sessions {
         self.admit(mark).await;
         let now = now_secs();
         let entry = &mark.entry;
-        let (rx, new) = {
+        let (rx, new, accepted) = {
             let mut st = entry.state.lock();
             let (id, new) = st
                 .tree
@@ -500,24 +523,24 @@ impl Sessions {
                 meta: entry.next_meta(&mut st),
                 create: false,
             });
-            (self.queue(entry, &mut st, ops, now), new)
+            let rx = self.queue(entry, &mut st, ops, now);
+            (rx, new, !st.dirty)
         };
+        if accepted {
+            self.accepted_write();
+        }
         if new {
             self.reweigh_cached(entry).await;
         }
         self.bounded(StoreOp::Write, committed(rx)).await
     }
 
-    /// Waits until every write queued so far is committed; sessions whose writes were refused are rewritten first.
-    /// Not bounded by the store timeout: callers (shutdown) bound it themselves.
+    /// Waits until every write queued so far is committed; sessions whose writes were refused (cached or evicted
+    /// since) are rewritten first, waiting for room in the queue. Not bounded by the store timeout: callers
+    /// (shutdown) bound it themselves.
     pub async fn flush(&self) -> Result<(), StoreError> {
-        let now = now_secs();
-        for (_, entry) in self.cache.iter() {
-            let mut st = entry.state.lock();
-            if st.dirty && st.writable() {
-                let ops = entry.whole(&mut st, false, now);
-                drop(self.queue(&entry, &mut st, ops, now));
-            }
+        while !self.rewrite_dirty() {
+            tokio::time::sleep(FLUSH_RETRY).await;
         }
         loop {
             match committed(self.store.write(Vec::new())).await {
@@ -626,13 +649,14 @@ impl Sessions {
     /// Removes a session from cache and store; true when it existed. Turns still running on it write nothing
     /// more (their entry is marked deleted before the store's delete is queued).
     pub async fn delete(&self, id: &str) -> Result<bool, StoreError> {
+        let live = self.registry.delete(id);
         let cached = self.cache.remove(id).await;
-        let pending = self.pending.lock().remove(id).and_then(|w| w.upgrade());
-        for e in cached.iter().chain(pending.iter()) {
+        if let Some(e) = &cached {
             e.state.lock().deleted = true;
         }
         let stored = self.bounded(StoreOp::Delete, self.store.delete(id)).await?;
-        Ok(cached.is_some() || stored)
+        let admitted = live.is_some_and(|e| e.state.lock().admitted);
+        Ok(cached.is_some() || admitted || stored)
     }
 
     /// Purges sessions idle for more than `days` days from store and cache; returns how many were purged.
@@ -650,6 +674,14 @@ impl Sessions {
             })
             .map(|(k, _)| k)
             .collect();
+        // Sessions waiting for a rewrite, evicted from the cache or not, are purged too (never rewritten).
+        for e in self.registry.dirty() {
+            let mut st = e.state.lock();
+            if st.last_active < before {
+                st.deleted = true;
+                self.registry.clear_dirty(&e);
+            }
+        }
         let n = self.store.purge_idle(before).await;
         for k in stale {
             self.cache.invalidate(k.as_str()).await;

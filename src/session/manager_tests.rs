@@ -1,4 +1,5 @@
-//! Session manager tests: rows applied out of order, cache weights, refused writes, deletes mid-turn.
+//! Session manager tests: rows applied out of order, cache weights, refused writes (also of sessions the cache
+//! evicted), deletes mid-turn, racing first requests.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use super::*;
@@ -7,6 +8,7 @@ use crate::session::tree::raw_message_hashes;
 use crate::store::records::{RewriteRecord, SummaryRecord};
 use crate::store::{MemoryStore, StoredSession};
 use futures_util::future::BoxFuture;
+use parking_lot::Mutex;
 use serde_json::json;
 
 fn ident(id: &str) -> SessionIdentity {
@@ -252,4 +254,279 @@ async fn a_session_deleted_mid_turn_stays_deleted() {
         .unwrap();
     sessions.flush().await.unwrap();
     assert!(store.load("d").await.unwrap().is_none(), "not written back");
+}
+
+/// Refuses every write (as a full queue does) while closed; otherwise memory.
+struct Gate {
+    inner: MemoryStore,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl Gate {
+    fn closed() -> Arc<Self> {
+        Arc::new(Self {
+            inner: MemoryStore::new(),
+            closed: std::sync::atomic::AtomicBool::new(true),
+        })
+    }
+
+    fn open(&self) {
+        self.closed.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Store for Gate {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+    fn write(&self, ops: Vec<WriteOp>) -> oneshot::Receiver<Result<(), StoreError>> {
+        if self.closed.load(Ordering::SeqCst) {
+            let (tx, rx) = oneshot::channel();
+            let _ = tx.send(Err(StoreError::QueueFull));
+            return rx;
+        }
+        self.inner.write(ops)
+    }
+    fn load(&self, id: &str) -> BoxFuture<'static, Result<Option<StoredSession>, StoreError>> {
+        self.inner.load(id)
+    }
+    fn list(
+        &self,
+        limit: u32,
+        offset: u64,
+    ) -> BoxFuture<'static, Result<(Vec<SessionMeta>, u64), StoreError>> {
+        self.inner.list(limit, offset)
+    }
+    fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        self.inner.delete(id)
+    }
+    fn purge_idle(&self, before: i64) -> BoxFuture<'static, Result<u64, StoreError>> {
+        self.inner.purge_idle(before)
+    }
+}
+
+/// The compression record the eviction tests keep with a refused session.
+fn cuts_record() -> Compression {
+    Compression::Rewrite(RewriteRecord {
+        cuts: vec![1],
+        ..RewriteRecord::default()
+    })
+}
+
+/// A turn on session `id` whose writes the closed `Gate` refuses, then the cache evicts the session (the cache
+/// holds 1 byte) and every handle on the entry is dropped.
+async fn refused_then_evicted(sessions: &Sessions, id: &str) -> Vec<Value> {
+    let m = vec![json!({"role":"user","content":"q"})];
+    let mark = sessions
+        .record_request(&ident(id), &m, &raw(&m))
+        .await
+        .unwrap();
+    sessions
+        .record(&mark, Record::from(cuts_record()))
+        .await
+        .unwrap();
+    let refused = sessions
+        .record_reply(&mark, json!({"role":"assistant","content":"a"}), false)
+        .await;
+    assert!(matches!(refused, Err(StoreError::QueueFull)));
+    drop(mark);
+    assert_eq!(sessions.cache_stats_now().await.0, 0, "evicted");
+    assert!(sessions.cache.get(id).await.is_none());
+    vec![m[0].clone(), json!({"role":"assistant","content":"a"})]
+}
+
+#[tokio::test]
+async fn a_refused_session_evicted_from_the_cache_is_still_flushed_whole() {
+    let store = Gate::closed();
+    let sessions = Sessions::new(store.clone(), 1);
+    refused_then_evicted(&sessions, "ev").await;
+    assert!(store.load("ev").await.unwrap().is_none());
+    store.open();
+    sessions.flush().await.unwrap();
+    let stored = store.load("ev").await.unwrap().expect("flushed");
+    assert_eq!(stored.nodes.len(), 2);
+    assert_eq!(stored.meta.message_count, 2);
+    assert_eq!(stored.compressions, vec![cuts_record()]);
+}
+
+#[tokio::test]
+async fn a_refused_session_evicted_from_the_cache_is_rewritten_once_the_store_takes_writes() {
+    let store = Gate::closed();
+    let sessions = Sessions::new(store.clone(), 1);
+    refused_then_evicted(&sessions, "ev").await;
+    store.open();
+    // Another session's turn is accepted: the queue has room, the evicted session is rewritten (no flush).
+    let m = vec![json!({"role":"user","content":"other"})];
+    let mark = sessions
+        .record_request(&ident("other"), &m, &raw(&m))
+        .await
+        .unwrap();
+    sessions
+        .record_reply(&mark, json!({"role":"assistant","content":"b"}), false)
+        .await
+        .unwrap();
+    let stored = store.load("ev").await.unwrap().expect("rewritten");
+    assert_eq!(stored.nodes.len(), 2);
+    assert_eq!(stored.meta.message_count, 2);
+    assert_eq!(stored.compressions, vec![cuts_record()]);
+}
+
+#[tokio::test]
+async fn a_refused_session_evicted_from_the_cache_keeps_its_entry() {
+    let store = Gate::closed();
+    let sessions = Sessions::new(store.clone(), 1);
+    let mut history = refused_then_evicted(&sessions, "ev").await;
+    // The next turn finds the same history (and the record), not an empty session.
+    history.push(json!({"role":"user","content":"q2"}));
+    let mark = sessions
+        .record_request(&ident("ev"), &history, &raw(&history))
+        .await
+        .unwrap();
+    assert_eq!(mark.known, 2, "the evicted entry's history");
+    assert_eq!(mark.entry.compressions(), vec![cuts_record()]);
+    store.open();
+    sessions
+        .record_reply(&mark, json!({"role":"assistant","content":"a2"}), false)
+        .await
+        .unwrap();
+    sessions.flush().await.unwrap();
+    let stored = store.load("ev").await.unwrap().unwrap();
+    assert_eq!(stored.nodes.len(), 4);
+    assert_eq!(stored.meta.message_count, 4);
+    assert_eq!(stored.compressions, vec![cuts_record()]);
+}
+
+#[tokio::test]
+async fn a_refused_session_deleted_after_eviction_is_not_written_back() {
+    let store = Gate::closed();
+    let sessions = Sessions::new(store.clone(), 1);
+    refused_then_evicted(&sessions, "ev").await;
+    store.open();
+    assert!(sessions.delete("ev").await.unwrap(), "it existed");
+    sessions.flush().await.unwrap();
+    assert!(store.load("ev").await.unwrap().is_none());
+}
+
+/// Memory, except that once armed, the next load answers only after the next write is applied.
+struct LoadAfterWrite {
+    inner: Arc<MemoryStore>,
+    armed: std::sync::atomic::AtomicBool,
+    loading: Arc<tokio::sync::Notify>,
+    written: Arc<tokio::sync::Notify>,
+}
+
+impl Store for LoadAfterWrite {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+    fn write(&self, ops: Vec<WriteOp>) -> oneshot::Receiver<Result<(), StoreError>> {
+        let rx = self.inner.write(ops);
+        self.written.notify_one();
+        rx
+    }
+    fn load(&self, id: &str) -> BoxFuture<'static, Result<Option<StoredSession>, StoreError>> {
+        if !self.armed.swap(false, Ordering::SeqCst) {
+            return self.inner.load(id);
+        }
+        let (loading, written) = (self.loading.clone(), self.written.clone());
+        let (inner, id) = (self.inner.clone(), id.to_string());
+        Box::pin(async move {
+            loading.notify_one();
+            written.notified().await;
+            inner.load(&id).await
+        })
+    }
+    fn list(
+        &self,
+        limit: u32,
+        offset: u64,
+    ) -> BoxFuture<'static, Result<(Vec<SessionMeta>, u64), StoreError>> {
+        self.inner.list(limit, offset)
+    }
+    fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        self.inner.delete(id)
+    }
+    fn purge_idle(&self, before: i64) -> BoxFuture<'static, Result<u64, StoreError>> {
+        self.inner.purge_idle(before)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_loading_while_the_first_one_is_admitted_shares_its_entry() {
+    let store = Arc::new(LoadAfterWrite {
+        inner: Arc::new(MemoryStore::new()),
+        armed: std::sync::atomic::AtomicBool::new(false),
+        loading: Arc::new(tokio::sync::Notify::new()),
+        written: Arc::new(tokio::sync::Notify::new()),
+    });
+    let sessions = Arc::new(Sessions::new(store.clone(), 1 << 20));
+    let m = vec![json!({"role":"user","content":"q"})];
+    let first = sessions
+        .record_request(&ident("race"), &m, &raw(&m))
+        .await
+        .unwrap();
+    // A second first request misses the cache and loads; the store answers once the first is admitted.
+    store.armed.store(true, Ordering::SeqCst);
+    let second = tokio::spawn({
+        let (sessions, m) = (sessions.clone(), m.clone());
+        async move {
+            sessions
+                .record_request(&ident("race"), &m, &raw(&m))
+                .await
+                .unwrap()
+        }
+    });
+    store.loading.notified().await;
+    sessions.admit(&first).await;
+    let second = second.await.unwrap();
+    assert!(
+        Arc::ptr_eq(&first.entry, &second.entry),
+        "one entry for the session, not a second one loaded from the row"
+    );
+    let cached = sessions.entry("race").await.unwrap().unwrap();
+    assert!(Arc::ptr_eq(&first.entry, &cached));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_first_requests_share_one_entry_and_one_history() {
+    for round in 0..20 {
+        let store = Arc::new(MemoryStore::new());
+        let sessions = Arc::new(Sessions::new(store.clone(), 1 << 20));
+        let id = format!("race-{round}");
+        let m = vec![json!({"role":"user","content":"q"})];
+        let barrier = Arc::new(tokio::sync::Barrier::new(32));
+        let tasks: Vec<_> = (0..32)
+            .map(|i| {
+                let (sessions, m, barrier, id) =
+                    (sessions.clone(), m.clone(), barrier.clone(), id.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let mark = sessions
+                        .record_request(&ident(&id), &m, &raw(&m))
+                        .await
+                        .unwrap();
+                    let reply = json!({"role":"assistant","content":format!("a{i}")});
+                    sessions.record_reply(&mark, reply, false).await.unwrap();
+                    mark.entry
+                })
+            })
+            .collect();
+        let mut entries = Vec::new();
+        for t in tasks {
+            entries.push(t.await.unwrap());
+        }
+        assert!(
+            entries.iter().all(|e| Arc::ptr_eq(e, &entries[0])),
+            "one entry"
+        );
+        sessions.flush().await.unwrap();
+        let cached = sessions.entry(&id).await.unwrap().unwrap();
+        assert!(Arc::ptr_eq(&cached, &entries[0]));
+        let (len, head) = cached.with_tree(|t| (t.len(), t.head().map(|h| h.to_string())));
+        assert_eq!(len, 33, "the question once, every reply a branch");
+        let stored = store.load(&id).await.unwrap().unwrap();
+        assert_eq!(stored.nodes.len(), len);
+        assert_eq!(stored.meta.message_count, len as u64);
+        assert_eq!(stored.meta.head, head);
+    }
 }

@@ -64,7 +64,8 @@ pub enum StoreError {
 pub struct SessionMeta {
     /// Public session id.
     pub id: String,
-    /// SHA-256 of the owner's credential.
+    /// The owner's tenant: HMAC-SHA256 (hex), under the per-install secret, of every credential header the
+    /// requests carry (name and value), or `anonymous` when they carry none (see `session::tenant`).
     #[serde(skip)]
     pub tenant: String,
     /// Unix seconds of the first request.
