@@ -18,7 +18,7 @@ use crate::recall::HistorySource;
 use crate::relay::{self, RelayOutcome};
 use crate::session::manager::now_secs;
 use crate::session::tree::raw_message_hashes;
-use crate::session::{identify, RequestMark};
+use crate::session::{identify, RequestMark, SessionIdentity};
 use crate::store::RecordKind;
 use axum::extract::Request;
 use axum::response::Response;
@@ -74,20 +74,7 @@ async fn handle(
     let session = identify(&parts.headers, &cfg.session, &state.tenant_key, &chat.body);
     // 3b. Reconcile with the stored history; new messages are queued for writing, not awaited. A store failure
     //     only costs this turn its recording.
-    let mark = match &session {
-        None => None,
-        Some(session) => match state
-            .sessions
-            .record_request(session, chat.messages(), &raw_message_hashes(&chat.raw))
-            .await
-        {
-            Ok(m) => Some(m),
-            Err(e) => {
-                tracing::warn!(error = %e, session = %session.id, "session: could not record the request; proxying without history");
-                None
-            }
-        },
-    };
+    let mark = reconcile(&state, session.as_ref(), &chat).await;
 
     // 4. Plan: count the request against its model's window; over budget, rewrite what goes upstream. Without a
     //    rewrite the client's own bytes go upstream, untouched.
@@ -139,11 +126,7 @@ async fn handle(
     if let (Some(m), true) = (&mark, status.is_success()) {
         state.sessions.admit(m).await;
     }
-    let is_sse = resp
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let is_sse = respond::is_event_stream(resp.headers());
     let mut timer = timer.take();
     if let (Some(t), true) = (timer.as_mut(), is_sse) {
         t.streaming();
@@ -202,6 +185,27 @@ async fn handle(
         session.as_ref(),
         turn.finisher(outgoing.estimate),
     )
+}
+
+/// Reconciles the request with the session's stored history and returns where its messages landed; `None` (the
+/// turn is proxied without history) when there is no session or the store failed.
+async fn reconcile(
+    state: &AppState,
+    session: Option<&SessionIdentity>,
+    chat: &ChatRequest,
+) -> Option<RequestMark> {
+    let session = session?;
+    match state
+        .sessions
+        .record_request(session, chat.messages(), &raw_message_hashes(&chat.raw))
+        .await
+    {
+        Ok(m) => Some(m),
+        Err(e) => {
+            tracing::warn!(error = %e, session = %session.id, "session: could not record the request; proxying without history");
+            None
+        }
+    }
 }
 
 /// What the end of a turn needs to know.

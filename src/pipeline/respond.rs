@@ -61,6 +61,14 @@ pub(super) async fn after_rounds(
     }
 }
 
+/// Whether `headers` announce a server-sent event stream.
+pub(super) fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
 /// A response head with `status`, the end-to-end headers of `upstream` (its `content-length` only when
 /// `keep_length`) and the session header.
 fn head(
