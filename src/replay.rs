@@ -5,15 +5,15 @@
 //! `summary.max_tokens` tokens) before the next turn, as if the background job always finished in time.
 
 use crate::config::{Config, Strategy};
+use crate::context::decide::{self, Decision};
 use crate::context::models::ModelTable;
-use crate::context::plan::Summaries;
 use crate::context::tokens::{Encoding, TokenCounter};
 use crate::context::units::{check_sequence, system_messages};
-use crate::context::{plan, Plan, PlanInput, Rewrite, RewrittenBody};
-use crate::recall::reserve_tokens;
+use crate::context::Plan;
+use crate::recall::Offer;
 use crate::summary::prompt::summary_message;
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use std::io::{self, Write};
 
 /// "Now" for every step: no message has a first-seen time, so ages play no part.
@@ -167,6 +167,17 @@ pub struct ReplayReport {
     pub totals: ReplayTotals,
 }
 
+/// One request of a replay as bytes: what the client sends, and what the gateway would send upstream for it.
+#[derive(Debug, Clone)]
+pub struct ReplayedRequest {
+    /// Index of the assistant message answering it (as in [`ReplayStep::index`]).
+    pub index: usize,
+    /// The client's body: `{"model", "messages", "tools"}` (no `tools` when the trace has none).
+    pub client_body: Vec<u8>,
+    /// The body sent upstream (the client's when forwarded); `None` when refused.
+    pub upstream_body: Option<Vec<u8>>,
+}
+
 /// Replays `trace` (`{"id", "model", "tools", "messages": [...]}`) through the planner as the gateway would plan
 /// it, with `cfg`'s `[context]`, `[prune]`, `[recall]`, `[summary]` and `[models]`: ratio 1.0, no first-seen
 /// times, one token counter for the whole trace. `Err` when `trace` is not a trace.
@@ -174,6 +185,26 @@ pub fn replay_trace(
     trace: &Value,
     opts: &ReplayOptions,
     cfg: &Config,
+) -> Result<ReplayReport, String> {
+    replay(trace, opts, cfg, None)
+}
+
+/// [`replay_trace`], with the bytes of every request: the client's and what would go upstream.
+pub fn replay_requests(
+    trace: &Value,
+    opts: &ReplayOptions,
+    cfg: &Config,
+) -> Result<(ReplayReport, Vec<ReplayedRequest>), String> {
+    let mut requests = Vec::new();
+    let report = replay(trace, opts, cfg, Some(&mut requests))?;
+    Ok((report, requests))
+}
+
+fn replay(
+    trace: &Value,
+    opts: &ReplayOptions,
+    cfg: &Config,
+    mut requests: Option<&mut Vec<ReplayedRequest>>,
 ) -> Result<ReplayReport, String> {
     let obj = trace
         .as_object()
@@ -205,9 +236,8 @@ pub fn replay_trace(
     let encoding = Encoding::for_model(&model);
     let counter = TokenCounter::new();
     let threshold_tokens = (cfg.context.threshold * window as f64) as u64;
-    let recall_tool = cfg.recall.enabled.then_some(cfg.recall.tool_name.as_str());
-    let summarizing = (opts.summaries || cfg.summary.model.is_some())
-        && matches!(strategy, Strategy::Summarize | Strategy::Hybrid);
+    let summarizer = opts.summaries || cfg.summary.model.is_some();
+    let summarizing = summarizer && matches!(strategy, Strategy::Summarize | Strategy::Hybrid);
     let mut ready: Vec<(usize, Value)> = Vec::new();
     let mut steps = Vec::new();
     for (k, m) in messages.iter().enumerate() {
@@ -215,45 +245,61 @@ pub fn replay_trace(
             continue;
         }
         let sent = &messages[..k];
-        // as the gateway does: room for the recall tools and note, never over a tenth of the window
-        let tool_results = sent
-            .iter()
-            .filter(|m| m.get("role").and_then(Value::as_str) == Some("tool"))
-            .count();
-        let reserve = reserve_tokens(&cfg.recall, tool_results).min(window / 10);
-        let input = PlanInput {
+        let body = client_body(&model, sent, tools);
+        let raw = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
+        // as the gateway plans it
+        let req = decide::Request {
+            body: &body,
             messages: sent,
-            tools,
-            first_seen: None,
-            now: NOW,
+            raw_len: raw.len(),
             encoding,
+            window,
             ratio: 1.0,
             strategy,
-            window,
-            recall_tool,
-            reserve,
-            summaries: summarizing.then_some(Summaries {
-                keep_recent: cfg.summary.keep_recent,
-                max_tokens: cfg.summary.max_tokens,
-                ready: &ready,
-            }),
-            precompute_at: cfg.summary.precompute_at,
+            first_seen: None,
+            now: NOW,
+            summarizer,
         };
+        let offer = Offer::new(&body, &cfg.recall);
         let client = counter.request_tokens(encoding, sent, tools);
-        let decision = plan(&input, &cfg.context, &cfg.prune, &counter);
-        let upstream = |rw: &Rewrite| upstream_tokens(rw, tools, &cfg.recall, &counter, encoding);
-        let mut s = step(k, client, decision, sent, upstream);
-        if let Some(rewritten) = &s.sent {
-            s.step.recounted_tokens = Some(counter.request_tokens(encoding, rewritten, tools));
-        }
-        s.step.above_threshold = client > threshold_tokens;
-        if let Some(upto) = s.step.wanted_summary {
+        let plan = decide::plan_request(
+            &req,
+            summarizing.then_some(ready.as_slice()),
+            cfg,
+            &offer,
+            &counter,
+        );
+        let wanted = decide::wanted_summary(&plan);
+        let rewritten = match &plan {
+            Plan::Rewrite(rw) => Some(rw.owned_messages()),
+            _ => None,
+        };
+        let decision = decide::render(&req, plan, &offer, &counter).map_err(|e| e.to_string())?;
+        let upstream_body = match &decision {
+            Decision::Forward { .. } => Some(raw.clone()),
+            Decision::Rewrite(rw) => Some(rw.body.clone()),
+            Decision::Reject { .. } => None,
+        };
+        let mut s = step(k, client, decision, sent, rewritten.as_deref());
+        s.wanted_summary = wanted;
+        s.recounted_tokens = rewritten
+            .as_ref()
+            .map(|r| counter.request_tokens(encoding, r, tools));
+        s.above_threshold = client > threshold_tokens;
+        if let Some(upto) = s.wanted_summary {
             if !ready.iter().any(|(u, _)| *u == upto) {
                 ready.push((upto, stand_in_summary(upto, cfg.summary.max_tokens)));
                 ready.sort_by_key(|(u, _)| *u);
             }
         }
-        steps.push(s.step);
+        steps.push(s);
+        if let Some(out) = requests.as_deref_mut() {
+            out.push(ReplayedRequest {
+                index: k,
+                client_body: raw,
+                upstream_body,
+            });
+        }
     }
     Ok(ReplayReport {
         id: obj
@@ -272,6 +318,17 @@ pub fn replay_trace(
     })
 }
 
+/// The body a client sends for `messages`: `{"model", "messages", "tools"}`.
+fn client_body(model: &str, messages: &[Value], tools: Option<&Value>) -> Map<String, Value> {
+    let mut body = Map::new();
+    body.insert("model".into(), Value::from(model));
+    body.insert("messages".into(), Value::Array(messages.to_vec()));
+    if let Some(t) = tools {
+        body.insert("tools".into(), t.clone());
+    }
+    body
+}
+
 /// The summary message taken as written for the first `upto` messages: about `max_tokens` tokens (the most a
 /// real one may have).
 fn stand_in_summary(upto: usize, max_tokens: u64) -> Value {
@@ -280,36 +337,14 @@ fn stand_in_summary(upto: usize, max_tokens: u64) -> Value {
     summary_message(&format!("{head}{}", " note".repeat(words)))
 }
 
-/// A step and, when rewritten, the messages sent.
-struct Planned {
-    step: ReplayStep,
-    sent: Option<Vec<Value>>,
-}
-
-/// Tokens of the rewritten request as the gateway sends it: the recall tools and note added when it offers them.
-fn upstream_tokens(
-    rw: &Rewrite,
-    tools: Option<&Value>,
-    recall: &crate::config::RecallConfig,
-    counter: &TokenCounter,
-    encoding: Encoding,
-) -> u64 {
-    let mut client = serde_json::Map::new();
-    if let Some(t) = tools {
-        client.insert("tools".into(), t.clone());
-    }
-    let mut body = RewrittenBody::new(&client, rw.messages.clone());
-    crate::recall::inject(&mut body, &rw.pruned, recall);
-    counter.request_tokens(encoding, &body.messages, body.fields.get("tools"))
-}
-
+/// The step for `decision`; `rewritten`: the rewritten messages before the gateway's additions.
 fn step(
     index: usize,
     client: u64,
-    decision: Plan,
+    decision: Decision,
     original: &[Value],
-    upstream: impl Fn(&Rewrite) -> u64,
-) -> Planned {
+    rewritten: Option<&[Value]>,
+) -> ReplayStep {
     let mut s = ReplayStep {
         index,
         outcome: Outcome::Forward,
@@ -329,13 +364,11 @@ fn step(
         valid: true,
         problem: None,
     };
-    let sent = match decision {
-        Plan::Forward { wanted_summary, .. } => {
-            s.wanted_summary = wanted_summary;
+    match decision {
+        Decision::Forward { .. } => {
             s.problem = check_sequence(original).err();
-            None
         }
-        Plan::Reject {
+        Decision::Reject {
             tokens,
             limit,
             window,
@@ -346,14 +379,13 @@ fn step(
             s.problem = Some(format!(
                 "rejected: the smallest rewrite is {tokens} tokens, over the hard limit of {limit} (window {window})"
             ));
-            None
         }
-        Plan::Rewrite(rw) => {
-            s.upstream_tokens = upstream(&rw);
-            let sent = rw.owned_messages();
+        Decision::Rewrite(rw) => {
+            // what the gateway sends: the recall tools and note included
+            s.upstream_tokens = rw.estimate;
             let r = rw.record;
             s.outcome = Outcome::Rewrite;
-            s.messages_sent = rw.messages.len();
+            s.messages_sent = r.messages_after;
             s.stages = r.stages;
             s.cleared_results = r.cleared_results;
             s.pruned_loops = r.pruned_loops;
@@ -361,13 +393,11 @@ fn step(
             s.dropped_messages = r.dropped_messages;
             s.pruned_calls = r.pruned_call_ids.len();
             s.summary_upto = r.summary_upto;
-            s.wanted_summary = rw.wanted_summary;
-            s.problem = check_rewrite(original, &sent).err();
-            Some(sent)
+            s.problem = check_rewrite(original, rewritten.unwrap_or_default()).err();
         }
-    };
+    }
     s.valid = s.problem.is_none();
-    Planned { step: s, sent }
+    s
 }
 
 /// A rewrite must be a valid sequence that keeps every system message (in order; a summary may come between)

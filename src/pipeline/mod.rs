@@ -4,10 +4,13 @@
 mod measure;
 mod plan;
 mod request;
+mod respond;
 mod rounds;
 
 pub use plan::{plan_request, Outgoing, Rewritten, STRATEGY_HEADER};
 pub use request::{read_body, ChatRequest};
+
+use respond::own_error;
 
 use crate::app::{AppState, TurnEvent};
 use crate::error::GatewayError;
@@ -19,11 +22,9 @@ use crate::session::tree::raw_message_hashes;
 use crate::session::{identify, RequestMark, SessionIdentity};
 use crate::store::records::RewriteRecord;
 use crate::store::{Compression, Record};
-use axum::body::Body;
 use axum::extract::Request;
-use axum::response::{IntoResponse, Response};
-use futures_util::StreamExt;
-use http::{HeaderValue, Method};
+use axum::response::Response;
+use http::Method;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
@@ -82,20 +83,7 @@ async fn handle(
     let session = identify(&parts.headers, &cfg.session, &state.tenant_key, &chat.body);
     // 3b. Reconcile with the stored history; new messages are queued for writing, not awaited. A store failure
     //     only costs this turn its recording.
-    let mark = match &session {
-        None => None,
-        Some(session) => match state
-            .sessions
-            .record_request(session, chat.messages(), &raw_message_hashes(&chat.raw))
-            .await
-        {
-            Ok(m) => Some(m),
-            Err(e) => {
-                tracing::warn!(error = %e, session = %session.id, "session: could not record the request; proxying without history");
-                None
-            }
-        },
-    };
+    let mark = reconcile(&state, session.as_ref(), &chat).await;
 
     // 4. Plan: count the request against its model's window; over budget, rewrite what goes upstream. Without a
     //    rewrite the client's own bytes go upstream, untouched.
@@ -147,11 +135,7 @@ async fn handle(
     if let (Some(m), true) = (&mark, status.is_success()) {
         state.sessions.admit(m).await;
     }
-    let is_sse = resp
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let is_sse = respond::is_event_stream(resp.headers());
     let mut timer = timer.take();
     if let (Some(t), true) = (timer.as_mut(), is_sse) {
         t.streaming();
@@ -195,58 +179,42 @@ async fn handle(
             finisher: turn.finisher(None),
             on_round: record_round(&state, mark.clone()),
         };
-        let mut builder = Response::builder().status(status);
-        for (k, v) in crate::upstream::strip_hop_by_hop(resp.headers()).iter() {
-            if k != http::header::CONTENT_LENGTH {
-                builder = builder.header(k, v);
-            }
-        }
-        builder = with_session_header(builder, &session);
-        let body = if is_sse {
-            let usage = chat
-                .body
-                .get("stream_options")
-                .and_then(|o| o.get("include_usage"))
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
-            Body::from_stream(rounds.stream(resp, usage))
-        } else {
-            // Tracked like the streaming rounds: a client that goes away mid-round does not cut the rounds (and
-            // the turn's finisher) short.
-            let (status, headers, bytes) = match state.tasks.spawn(rounds.json(resp)).await {
-                Ok(answer) => answer,
-                Err(e) => {
-                    return GatewayError::Internal(format!("recall rounds: {e}")).into_response()
-                }
-            };
-            builder = Response::builder().status(status);
-            for (k, v) in crate::upstream::strip_hop_by_hop(&headers).iter() {
-                if k != http::header::CONTENT_LENGTH {
-                    builder = builder.header(k, v);
-                }
-            }
-            builder = with_session_header(builder, &session);
-            Body::from(bytes)
-        };
-        return builder
-            .body(body)
-            .unwrap_or_else(|e| GatewayError::Internal(e.to_string()).into_response());
+        let usage = chat
+            .body
+            .get("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        return respond::after_rounds(&state, rounds, resp, is_sse, usage, session.as_ref()).await;
     }
-    let mut builder = Response::builder().status(status);
-    for (k, v) in crate::upstream::strip_hop_by_hop(resp.headers()).iter() {
-        builder = builder.header(k, v);
-    }
-    builder = with_session_header(builder, &session);
-    let body = relay::relay(
-        resp.bytes_stream().boxed(),
+    respond::relayed(
+        &state,
+        resp,
         is_sse,
-        state.upstream.timeout(),
-        state.tasks.clone(),
+        session.as_ref(),
         turn.finisher(outgoing.estimate),
-    );
-    builder
-        .body(Body::from_stream(body))
-        .unwrap_or_else(|e| GatewayError::Internal(e.to_string()).into_response())
+    )
+}
+
+/// Reconciles the request with the session's stored history and returns where its messages landed; `None` (the
+/// turn is proxied without history) when there is no session or the store failed.
+async fn reconcile(
+    state: &AppState,
+    session: Option<&SessionIdentity>,
+    chat: &ChatRequest,
+) -> Option<RequestMark> {
+    let session = session?;
+    match state
+        .sessions
+        .record_request(session, chat.messages(), &raw_message_hashes(&chat.raw))
+        .await
+    {
+        Ok(m) => Some(m),
+        Err(e) => {
+            tracing::warn!(error = %e, session = %session.id, "session: could not record the request; proxying without history");
+            None
+        }
+    }
 }
 
 /// What the end of a turn needs to know.
@@ -403,44 +371,6 @@ async fn record_reply(
     {
         tracing::warn!(error = %e, session = %mark.entry.id, "session: could not record the reply");
     }
-}
-
-fn with_session_header(
-    b: http::response::Builder,
-    s: &Option<SessionIdentity>,
-) -> http::response::Builder {
-    match s.as_ref().map(|s| HeaderValue::from_str(&s.id)) {
-        Some(Ok(v)) => b.header(SESSION_HEADER, v),
-        _ => b,
-    }
-}
-
-fn own_error(
-    e: GatewayError,
-    session: Option<&SessionIdentity>,
-    started: Instant,
-    stream: bool,
-    model: &str,
-) -> Response {
-    let status = e.status().as_u16();
-    tracing::warn!(
-        target: "ctxgate::access",
-        method = "POST",
-        path = "/v1/chat/completions",
-        status,
-        model,
-        stream,
-        total_ms = started.elapsed().as_secs_f64() * 1000.0,
-        error = %e,
-        "chat request failed in ctxgate"
-    );
-    let mut resp = e.into_response();
-    if let Some(s) = session {
-        if let Ok(v) = HeaderValue::from_str(&s.id) {
-            resp.headers_mut().insert(SESSION_HEADER, v);
-        }
-    }
-    resp
 }
 
 fn log_turn(

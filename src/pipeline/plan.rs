@@ -4,12 +4,11 @@
 use super::ChatRequest;
 use crate::app::AppState;
 use crate::config::Strategy;
-use crate::context::plan::Summaries;
+use crate::context::decide::{self, Decision};
 use crate::context::tokens::Encoding;
-use crate::context::{self, CompressionRecord, Plan, PlanInput, PrunedCall, RewrittenBody};
+use crate::context::{CompressionRecord, Plan, PrunedCall};
 use crate::error::GatewayError;
-use crate::recall::{self, Injection, Recallable};
-use crate::session::runloop::is_system;
+use crate::recall;
 use crate::session::RequestMark;
 use crate::summary;
 use bytes::Bytes;
@@ -56,7 +55,9 @@ pub fn strategy(headers: &HeaderMap, default: Strategy) -> Result<Strategy, Gate
     })
 }
 
-/// Plans the request. `mark` is where its messages landed in the session (for first-seen times and summaries).
+/// Plans the request (the pure part is [`decide`], shared with `ctxgate replay`): reads the summaries written for
+/// the session, has the one the plan wants written, and may wait for it. `mark` is where its messages landed in
+/// the session (for first-seen times and summaries).
 pub async fn plan_request(
     state: &Arc<AppState>,
     strategy: Strategy,
@@ -66,6 +67,20 @@ pub async fn plan_request(
     now: i64,
 ) -> Result<Outgoing, GatewayError> {
     let cfg = &state.config;
+    let messages = chat.messages();
+    let aligned = mark.filter(|m| m.path.len() == messages.len());
+    let req = decide::Request {
+        body: &chat.body,
+        messages,
+        raw_len: chat.raw.len(),
+        encoding: Encoding::for_model(&chat.model),
+        window: state.models.context_window(&chat.model),
+        ratio: state.counter.ratio(&chat.model),
+        strategy,
+        first_seen: aligned.map(|m| m.first_seen.as_slice()),
+        now,
+        summarizer: state.summarizer.is_some(),
+    };
     let forward = |estimate: Option<u64>, client_tokens: Option<u64>| Outgoing {
         body: chat.raw.clone(),
         messages_close: 0,
@@ -73,23 +88,9 @@ pub async fn plan_request(
         estimate,
         client_tokens,
     };
-    let window = state.models.context_window(&chat.model);
-    let ratio = state.counter.ratio(&chat.model);
-    // Every token covers at least one byte of the body and an image part's JSON is over half its flat price, so
-    // a body under half the threshold (in bytes) cannot be over it: no need to count.
-    let threshold = cfg.context.threshold * window as f64;
-    // With summaries on, from `precompute_at` the next summary may be wanted ahead of time.
-    let precompute = match &state.summarizer {
-        Some(_) => cfg.summary.precompute_at.min(cfg.context.threshold) * window as f64,
-        None => threshold,
-    };
-    if strategy == Strategy::Off
-        || (chat.raw.len() as f64) * 2.0 * ratio <= threshold.min(precompute)
-    {
+    if decide::clearly_under(&req, cfg) {
         return Ok(forward(None, None));
     }
-    let messages = chat.messages();
-    let aligned = mark.filter(|m| m.path.len() == messages.len());
     let summarizer = state
         .summarizer
         .as_ref()
@@ -99,50 +100,23 @@ pub async fn plan_request(
         Some((_, m)) => summary::ready(&m.entry.compressions(), &m.path),
         None => Vec::new(),
     };
-    let recall_ok = recall::can_inject(&chat.body, &cfg.recall).is_ok();
-    let tool_results = messages
-        .iter()
-        .filter(|m| m.get("role").and_then(Value::as_str) == Some("tool"))
-        .count();
-    let encoding = Encoding::for_model(&chat.model);
+    let offer = recall::Offer::new(&chat.body, &cfg.recall);
     let pairs = |ready: &[(usize, Value, String)]| -> Vec<(usize, Value)> {
         ready.iter().map(|(u, m, _)| (*u, m.clone())).collect()
     };
     let plan_with = same_lifetime(|pairs| {
-        let input = PlanInput {
-            messages,
-            tools: chat.body.get("tools"),
-            first_seen: aligned.map(|m| m.first_seen.as_slice()),
-            now,
-            encoding,
-            ratio,
-            strategy,
-            window,
-            recall_tool: recall_ok.then_some(cfg.recall.tool_name.as_str()),
-            // What the recall tools and note add, but never more than a tenth of a small window.
-            reserve: if recall_ok {
-                recall::reserve_tokens(&cfg.recall, tool_results).min(window / 10)
-            } else {
-                0
-            },
-            summaries: summarizer.map(|_| Summaries {
-                keep_recent: cfg.summary.keep_recent,
-                max_tokens: cfg.summary.max_tokens,
-                ready: pairs,
-            }),
-            precompute_at: cfg.summary.precompute_at,
-        };
-        context::plan(&input, &cfg.context, &cfg.prune, &state.counter)
+        let ready = summarizer.map(|_| pairs);
+        decide::plan_request(&req, ready, cfg, &offer, &state.counter)
     });
     let (first_pairs, later_pairs);
     first_pairs = pairs(&ready);
     let mut decision = plan_with(&first_pairs);
-    if let (Some((s, m)), Some(upto)) = (summarizer, wanted_summary(&decision)) {
+    if let (Some((s, m)), Some(upto)) = (summarizer, decide::wanted_summary(&decision)) {
         // A summary is wanted: have it written in the background. A request that is being pruned for want of it
         // may wait `summary.wait_ms` for it.
         // The job copies the history: built only once the summarizer is sure to start it.
         let precomputed = matches!(decision, Plan::Forward { .. });
-        let make = || summary_job(m, messages, upto, &ready, auth, encoding, precomputed);
+        let make = || summary_job(m, messages, upto, &ready, auth, req.encoding, precomputed);
         let done = s.start_with(&m.entry.id, make, state.sessions.clone(), &state.tasks);
         let pruned_meanwhile =
             matches!(&decision, Plan::Rewrite(r) if !r.record.stages.contains(&"summarized"));
@@ -158,12 +132,14 @@ pub async fn plan_request(
             }
         }
     }
-    let rw = match decision {
-        Plan::Forward { tokens, .. } => {
-            let raw = tokens.map(|t| (t as f64 / ratio) as u64);
-            return Ok(forward(raw, tokens));
-        }
-        Plan::Reject {
+    let rendered = decide::render(&req, decision, &offer, &state.counter)
+        .map_err(|e| GatewayError::Internal(format!("serialising the rewrite: {e}")))?;
+    let rw = match rendered {
+        Decision::Forward {
+            estimate,
+            client_tokens,
+        } => return Ok(forward(estimate, client_tokens)),
+        Decision::Reject {
             tokens,
             limit,
             window,
@@ -177,54 +153,17 @@ pub async fn plan_request(
                 ),
             })
         }
-        Plan::Rewrite(rw) => *rw,
+        Decision::Rewrite(rw) => *rw,
     };
-    // The client's unchanged messages are serialised from its own parsed body, never copied.
-    let mut body = RewrittenBody::new(&chat.body, rw.messages);
-    let (counter, sent_before) = (&state.counter, body.messages.len());
-    // The note goes into the first system message, or a new message right after it (first when there is none):
-    // only that head and the tools change, so the planner's estimate is corrected by recounting them rather than
-    // every message again.
-    let head_len = body
-        .messages
-        .iter()
-        .position(|m| is_system(m))
-        .map_or(0, |i| i + 1);
-    let head = |b: &RewrittenBody<'_>, len: usize| -> u64 {
-        let msgs: u64 = counter
-            .messages_tokens(encoding, &b.messages[..len])
-            .iter()
-            .sum();
-        msgs + b
-            .fields
-            .get("tools")
-            .map_or(0, |t| counter.tools_tokens(encoding, t))
-    };
-    let head_before = head(&body, head_len);
-    let injected = inject(&mut body, &rw.pruned, state);
-    let estimate = if injected {
-        let added = body.messages.len() - sent_before;
-        (rw.estimate + head(&body, head_len + added)).saturating_sub(head_before)
-    } else {
-        rw.estimate
-    };
-    debug_assert_eq!(
-        estimate,
-        counter.request_tokens(encoding, &body.messages, body.fields.get("tools")),
-        "the corrected estimate is a full recount"
-    );
-    let (bytes, messages_close) = body
-        .to_vec()
-        .map_err(|e| GatewayError::Internal(format!("serialising the rewrite: {e}")))?;
     Ok(Outgoing {
-        body: Bytes::from(bytes),
-        messages_close,
-        estimate: Some(estimate),
+        body: Bytes::from(rw.body),
+        messages_close: rw.messages_close,
+        estimate: Some(rw.estimate),
         client_tokens: Some(rw.record.tokens_before),
         rewrite: Some(Rewritten {
             record: rw.record,
             pruned: rw.pruned,
-            injected,
+            injected: rw.injected,
         }),
     })
 }
@@ -232,14 +171,6 @@ pub async fn plan_request(
 /// Gives a planning closure one lifetime for its summaries and its plan (they borrow the summaries).
 fn same_lifetime<'x, F: Fn(&'x [(usize, Value)]) -> Plan<'x>>(f: F) -> F {
     f
-}
-
-fn wanted_summary(p: &Plan) -> Option<usize> {
-    match p {
-        Plan::Forward { wanted_summary, .. } => *wanted_summary,
-        Plan::Rewrite(r) => r.wanted_summary,
-        Plan::Reject { .. } => None,
-    }
 }
 
 /// The job writing the summary of the first `upto` messages, from the newest ready summary before it.
@@ -265,17 +196,5 @@ fn summary_job(
         auth: auth.cloned(),
         precomputed,
         encoding,
-    }
-}
-
-fn inject(body: &mut RewrittenBody<'_>, recallable: &[Recallable], state: &AppState) -> bool {
-    match recall::inject(body, recallable, &state.config.recall) {
-        Injection::Injected => true,
-        Injection::Skipped(why) => {
-            if !recallable.is_empty() {
-                tracing::debug!(reason = why, "recall: tools not offered with this rewrite");
-            }
-            false
-        }
     }
 }

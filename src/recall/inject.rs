@@ -1,6 +1,7 @@
 //! Adding the recall and search tools, and a note listing what can be recalled, to an outgoing request.
 
 use crate::config::RecallConfig;
+use crate::context::decide::Additions;
 use crate::context::RewrittenBody;
 use serde_json::{json, Map, Value};
 use std::borrow::Cow;
@@ -43,6 +44,50 @@ pub fn inject(
     }
     add_note(&mut body.messages, &note(recallable, cfg));
     Injection::Injected
+}
+
+/// The recall tools and note as the planner's additions to one request: offered when [`can_inject`] allows
+/// them for the client's body.
+#[derive(Debug, Clone, Copy)]
+pub struct Offer<'a> {
+    cfg: &'a RecallConfig,
+    allowed: bool,
+}
+
+impl<'a> Offer<'a> {
+    /// The offer for a request whose client body is `body`.
+    pub fn new(body: &Map<String, Value>, cfg: &'a RecallConfig) -> Self {
+        Self {
+            cfg,
+            allowed: can_inject(body, cfg).is_ok(),
+        }
+    }
+}
+
+impl Additions for Offer<'_> {
+    fn tool_name(&self) -> Option<&str> {
+        self.allowed.then_some(self.cfg.tool_name.as_str())
+    }
+
+    fn reserve(&self, tool_results: usize) -> u64 {
+        if self.allowed {
+            reserve_tokens(self.cfg, tool_results)
+        } else {
+            0
+        }
+    }
+
+    fn add(&self, body: &mut RewrittenBody<'_>, pruned: &[Recallable]) -> bool {
+        match inject(body, pruned, self.cfg) {
+            Injection::Injected => true,
+            Injection::Skipped(why) => {
+                if !pruned.is_empty() {
+                    tracing::debug!(reason = why, "recall: tools not offered with this rewrite");
+                }
+                false
+            }
+        }
+    }
 }
 
 /// Whether the recall tools may be added to `body`: not when disabled, when the client forbids tools

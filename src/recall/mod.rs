@@ -6,7 +6,7 @@ mod inject;
 mod splice;
 
 pub use answer::{answer_call, answer_call_with_outcome, Answered, HistorySource};
-pub use inject::{can_inject, inject, reserve_tokens, Injection, Recallable};
+pub use inject::{can_inject, inject, reserve_tokens, Injection, Offer, Recallable};
 pub use splice::{merge_usage, strip_injected, RoundEnd, StreamSplicer};
 
 use crate::config::RecallConfig;

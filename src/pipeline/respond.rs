@@ -1,0 +1,125 @@
+//! The client's response: the upstream's status and end-to-end headers with the session header, and a body that
+//! is the upstream's relayed through the tap, the answer after ctxgate's recall rounds, or our own error.
+
+use super::rounds::Rounds;
+use super::SESSION_HEADER;
+use crate::app::AppState;
+use crate::error::GatewayError;
+use crate::relay::{self, Finisher};
+use crate::session::SessionIdentity;
+use crate::upstream::strip_hop_by_hop;
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use http::{HeaderMap, HeaderValue, StatusCode};
+use std::time::Instant;
+
+/// The upstream's answer, relayed as it arrives (the tap beside it assembles the reply and `finisher` ends the
+/// turn). Its own `content-length` stays: the bytes are the upstream's.
+pub(super) fn relayed(
+    state: &AppState,
+    resp: reqwest::Response,
+    is_sse: bool,
+    session: Option<&SessionIdentity>,
+    finisher: Finisher,
+) -> Response {
+    let builder = head(resp.status(), resp.headers(), true, session);
+    let body = relay::relay(
+        resp.bytes_stream().boxed(),
+        is_sse,
+        state.upstream.timeout(),
+        state.tasks.clone(),
+        finisher,
+    );
+    finish(builder, Body::from_stream(body))
+}
+
+/// The answer after ctxgate's recall rounds: a stream spliced from every round (under the first answer's head),
+/// or the last round's JSON answer. The length is the rounds', so no upstream `content-length` is copied.
+pub(super) async fn after_rounds(
+    state: &AppState,
+    rounds: Rounds,
+    first: reqwest::Response,
+    is_sse: bool,
+    include_usage: bool,
+    session: Option<&SessionIdentity>,
+) -> Response {
+    if is_sse {
+        let builder = head(first.status(), first.headers(), false, session);
+        return finish(
+            builder,
+            Body::from_stream(rounds.stream(first, include_usage)),
+        );
+    }
+    // Tracked like the streaming rounds: a client that goes away mid-round does not cut the rounds (and the
+    // turn's finisher) short.
+    match state.tasks.spawn(rounds.json(first)).await {
+        Ok((status, headers, bytes)) => {
+            finish(head(status, &headers, false, session), Body::from(bytes))
+        }
+        Err(e) => GatewayError::Internal(format!("recall rounds: {e}")).into_response(),
+    }
+}
+
+/// Whether `headers` announce a server-sent event stream.
+pub(super) fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// A response head with `status`, the end-to-end headers of `upstream` (its `content-length` only when
+/// `keep_length`) and the session header.
+fn head(
+    status: StatusCode,
+    upstream: &HeaderMap,
+    keep_length: bool,
+    session: Option<&SessionIdentity>,
+) -> http::response::Builder {
+    let mut builder = Response::builder().status(status);
+    for (k, v) in strip_hop_by_hop(upstream).iter() {
+        if keep_length || k != http::header::CONTENT_LENGTH {
+            builder = builder.header(k, v);
+        }
+    }
+    match session.map(|s| HeaderValue::from_str(&s.id)) {
+        Some(Ok(v)) => builder.header(SESSION_HEADER, v),
+        _ => builder,
+    }
+}
+
+fn finish(builder: http::response::Builder, body: Body) -> Response {
+    builder
+        .body(body)
+        .unwrap_or_else(|e| GatewayError::Internal(e.to_string()).into_response())
+}
+
+/// Our own error answer (logged; with the session header when the session is known).
+pub(super) fn own_error(
+    e: GatewayError,
+    session: Option<&SessionIdentity>,
+    started: Instant,
+    stream: bool,
+    model: &str,
+) -> Response {
+    let status = e.status().as_u16();
+    tracing::warn!(
+        target: "ctxgate::access",
+        method = "POST",
+        path = "/v1/chat/completions",
+        status,
+        model,
+        stream,
+        total_ms = started.elapsed().as_secs_f64() * 1000.0,
+        error = %e,
+        "chat request failed in ctxgate"
+    );
+    let mut resp = e.into_response();
+    if let Some(s) = session {
+        if let Ok(v) = HeaderValue::from_str(&s.id) {
+            resp.headers_mut().insert(SESSION_HEADER, v);
+        }
+    }
+    resp
+}
