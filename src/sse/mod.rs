@@ -24,6 +24,8 @@ pub struct SseParser {
     line: Vec<u8>,
     /// The previous chunk ended with `\r`: a `\n` starting the next chunk belongs to that line ending.
     pending_cr: bool,
+    /// A line has been read: a byte order mark is only dropped from the first.
+    started: bool,
     event: Option<String>,
     data: Option<String>,
     /// The current line went over [`MAX_LINE_BYTES`]: its bytes are skipped up to its end.
@@ -43,6 +45,10 @@ impl SseParser {
     pub fn feed(&mut self, chunk: &[u8]) -> Vec<SseEvent> {
         let mut out = Vec::new();
         let mut rest = chunk;
+        if rest.is_empty() {
+            // Nothing arrived: a `\r` ending the previous chunk still waits for a possible `\n`.
+            return out;
+        }
         if self.pending_cr {
             self.pending_cr = false;
             if let Some(b'\n') = rest.first() {
@@ -123,6 +129,11 @@ impl SseParser {
     }
 
     fn process_line(&mut self, line: &[u8], out: &mut Vec<SseEvent>) {
+        let line = match std::mem::replace(&mut self.started, true) {
+            // The spec ignores one leading U+FEFF: without this the stream's first event would be lost.
+            false => line.strip_prefix(b"\xef\xbb\xbf").unwrap_or(line),
+            true => line,
+        };
         if line.is_empty() {
             self.dispatch(out);
             return;
@@ -200,6 +211,50 @@ mod tests {
         }
         let bytes: Vec<&[u8]> = stream.chunks(1).collect();
         assert_eq!(all(&bytes), expected);
+    }
+
+    /// Found by `cargo fuzz run sse` (differential against the spec): a stream opening with a byte order mark lost
+    /// its first event, read as a field named `\u{feff}data`.
+    #[test]
+    fn a_leading_byte_order_mark_is_ignored() {
+        let stream = b"\xef\xbb\xbfdata: {\"a\":1}\n\ndata: [DONE]\n\n";
+        let expected = vec![
+            SseEvent {
+                event: None,
+                data: "{\"a\":1}".into(),
+            },
+            SseEvent {
+                event: None,
+                data: "[DONE]".into(),
+            },
+        ];
+        assert_eq!(all(&[stream]), expected);
+        let bytes: Vec<&[u8]> = stream.chunks(1).collect();
+        assert_eq!(all(&bytes), expected, "the mark split over chunks");
+        // only one, and only at the very start
+        assert_eq!(
+            all(&[b"data: a\n\n\xef\xbb\xbfdata: b\n\n"]),
+            [SseEvent {
+                event: None,
+                data: "a".into()
+            }]
+        );
+    }
+
+    /// Found with the `sse` fuzz target: an empty chunk between the `\r` and the `\n` of a line ending (hyper may
+    /// hand over an empty data frame) made the `\n` a second line ending, a blank line that split one event in two.
+    #[test]
+    fn an_empty_chunk_inside_a_crlf_changes_nothing() {
+        let expected = vec![SseEvent {
+            event: None,
+            data: "a\nb".into(),
+        }];
+        assert_eq!(all(&[b"data: a\r\ndata: b\n\n"]), expected);
+        assert_eq!(
+            all(&[b"data: a\r", b"", b"\ndata: b\n\n"]),
+            expected,
+            "an empty chunk after the \\r"
+        );
     }
 
     #[test]
