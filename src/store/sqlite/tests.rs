@@ -270,23 +270,45 @@ async fn a_full_queue_refuses_at_once() {
     committed(s.write(vec![create(meta("s", 1))]))
         .await
         .unwrap();
-    // Another connection holds the write lock: the worker waits on the first write it takes.
+    // Another connection holds the write lock: the worker blocks on the first group it takes, so the queue
+    // (capacity 1) fills up however many writes the worker took into that group before blocking.
     let other = Connection::open(&path).unwrap();
     other.execute_batch("BEGIN IMMEDIATE").unwrap();
-    let rxs: Vec<_> = (0..5)
-        .map(|i| s.write(vec![add("s", node(&format!("n{i}"), None, 0))]))
-        .collect();
-    let mut refused = 0;
     let mut accepted = Vec::new();
-    for mut rx in rxs {
+    let mut n = 0;
+    let mut write = |accepted: &mut Vec<_>| {
+        n += 1;
+        let mut rx = s.write(vec![add("s", node(&format!("n{n}"), None, 0))]);
         match rx.try_recv() {
-            Ok(Err(StoreError::QueueFull)) => refused += 1,
-            _ => accepted.push(rx),
+            Ok(Err(StoreError::QueueFull)) => true,
+            _ => {
+                accepted.push(rx);
+                false
+            }
         }
+    };
+    // The worker may still be taking queued writes into its group before it blocks on the lock; once it is
+    // blocked, the queue stays full and every write is refused at once.
+    let mut refused_in_a_row = 0;
+    for _ in 0..200 {
+        // Bounded: an unbounded queue never refuses, and the test fails instead of looping.
+        if !(0..10_000).any(|_| write(&mut accepted)) {
+            break;
+        }
+        refused_in_a_row = (0..5).take_while(|_| write(&mut accepted)).count();
+        if refused_in_a_row == 5 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    assert_eq!(
+        refused_in_a_row, 5,
+        "a blocked store's full queue refuses at once"
+    );
     assert!(
-        refused >= 3,
-        "at most one queued and one taken: {refused} refused"
+        accepted.len() <= 2 * (super::worker::GROUP + 1),
+        "writes are accepted only while the worker takes them: {} accepted",
+        accepted.len()
     );
     other.execute_batch("COMMIT").unwrap();
     for rx in accepted {

@@ -10,7 +10,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 /// Most commands applied in one transaction.
-const GROUP: usize = 256;
+pub(super) const GROUP: usize = 256;
 /// First wait before retrying batches that failed for a transient reason; doubled up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_millis(50);
 /// Longest wait between retries.
