@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::Harness;
+use common::{read_until_closed, Harness};
 use ctxgate::mock::MockReply;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
@@ -13,23 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// Reads until the peer closes or `within` passes; returns what was read and whether the peer closed.
-async fn read_until_closed(tcp: &mut TcpStream, within: Duration) -> (String, bool) {
-    let mut out = Vec::new();
-    let closed = tokio::time::timeout(within, async {
-        let mut buf = [0u8; 4096];
-        loop {
-            match tcp.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => out.extend_from_slice(&buf[..n]),
-            }
-        }
-    })
-    .await
-    .is_ok();
-    (String::from_utf8_lossy(&out).into_owned(), closed)
-}
 
 #[tokio::test]
 async fn slow_headers_are_cut_off() {

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{agent_history, Harness};
+use common::{agent_history, read_until_closed, Harness};
 use ctxgate::config::{Config, ModelEntry};
 use ctxgate::metrics::names;
 use ctxgate::mock::{MockReply, MockUpstream};
@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 const MODEL: &str = "gpt-4o-mini";
@@ -569,23 +569,6 @@ async fn a_separate_metrics_listener_serves_only_metrics() {
     assert_eq!(r.status(), 200);
     let _ = tx.send(());
     task.await.unwrap().unwrap();
-}
-
-/// Reads until the peer closes or `within` passes; returns what was read and whether the peer closed.
-async fn read_until_closed(tcp: &mut TcpStream, within: Duration) -> (String, bool) {
-    let mut out = Vec::new();
-    let closed = tokio::time::timeout(within, async {
-        let mut buf = [0u8; 4096];
-        loop {
-            match tcp.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => out.extend_from_slice(&buf[..n]),
-            }
-        }
-    })
-    .await
-    .is_ok();
-    (String::from_utf8_lossy(&out).into_owned(), closed)
 }
 
 #[tokio::test]

@@ -241,27 +241,7 @@ async fn a_store_turned_read_only_mid_run_keeps_chat_answering_and_loses_nothing
         .unwrap();
 
     // Restart over the same file: the whole conversation is there.
-    let restarted = AppState::new(cfg).unwrap();
-    let loaded = restarted
-        .sessions
-        .store()
-        .load(&sid)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(loaded.nodes.len(), history.len());
-    assert_eq!(loaded.meta.message_count, history.len() as u64);
-    let view = restarted.sessions.view(&sid).await.unwrap().unwrap();
-    let contents: Vec<&str> = view
-        .messages
-        .iter()
-        .map(|m| m["content"].as_str().unwrap())
-        .collect();
-    let expected: Vec<&str> = history
-        .iter()
-        .map(|m| m["content"].as_str().unwrap())
-        .collect();
-    assert_eq!(contents, expected);
+    assert_restored(cfg, &sid, &history).await;
 }
 
 /// SQLite behind a gate that, while closed, refuses every write at once as a full queue does.
@@ -349,27 +329,7 @@ async fn writes_refused_by_a_full_queue_survive_the_cache_evicting_the_session()
         .await
         .expect("drain did not finish");
 
-    let restarted = AppState::new(cfg).unwrap();
-    let loaded = restarted
-        .sessions
-        .store()
-        .load(&sid)
-        .await
-        .unwrap()
-        .expect("the session was written");
-    assert_eq!(loaded.nodes.len(), history.len());
-    assert_eq!(loaded.meta.message_count, history.len() as u64);
-    let view = restarted.sessions.view(&sid).await.unwrap().unwrap();
-    let contents: Vec<&str> = view
-        .messages
-        .iter()
-        .map(|m| m["content"].as_str().unwrap())
-        .collect();
-    let expected: Vec<&str> = history
-        .iter()
-        .map(|m| m["content"].as_str().unwrap())
-        .collect();
-    assert_eq!(contents, expected);
+    assert_restored(cfg, &sid, &history).await;
 }
 
 #[tokio::test]
@@ -474,4 +434,29 @@ async fn parallel_turns_leave_the_stored_row_matching_the_history() {
         .nodes
         .iter()
         .any(|n| Some(n.id.to_string()) == loaded.meta.head));
+}
+
+/// A new gateway over the same store finds session `sid` whole: every message of `history`, in order.
+async fn assert_restored(cfg: Config, sid: &str, history: &[Value]) {
+    let restarted = AppState::new(cfg).unwrap();
+    let loaded = restarted
+        .sessions
+        .store()
+        .load(sid)
+        .await
+        .unwrap()
+        .expect("the session was written");
+    assert_eq!(loaded.nodes.len(), history.len());
+    assert_eq!(loaded.meta.message_count, history.len() as u64);
+    let view = restarted.sessions.view(sid).await.unwrap().unwrap();
+    let contents: Vec<&str> = view
+        .messages
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    let expected: Vec<&str> = history
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(contents, expected);
 }

@@ -113,3 +113,24 @@ pub fn agent_history(n: usize, words: usize) -> Vec<Value> {
     }
     m
 }
+
+/// Reads until the peer closes or `within` passes; returns what was read and whether the peer closed.
+pub async fn read_until_closed(
+    tcp: &mut tokio::net::TcpStream,
+    within: Duration,
+) -> (String, bool) {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    let closed = tokio::time::timeout(within, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .is_ok();
+    (String::from_utf8_lossy(&out).into_owned(), closed)
+}
