@@ -156,46 +156,7 @@ async fn the_cache_weighs_records_and_the_prefix_index() {
 
 #[tokio::test]
 async fn a_refused_write_is_rewritten_with_the_next_one() {
-    /// Refuses the first `refuse` batches as a full queue would, then behaves like memory.
-    struct Refusing {
-        inner: MemoryStore,
-        refuse: Mutex<usize>,
-    }
-    impl Store for Refusing {
-        fn backend(&self) -> &'static str {
-            "memory"
-        }
-        fn write(&self, ops: Vec<WriteOp>) -> oneshot::Receiver<Result<(), StoreError>> {
-            let mut left = self.refuse.lock();
-            if *left > 0 && !ops.is_empty() {
-                *left -= 1;
-                let (tx, rx) = oneshot::channel();
-                let _ = tx.send(Err(StoreError::QueueFull));
-                return rx;
-            }
-            self.inner.write(ops)
-        }
-        fn load(&self, id: &str) -> BoxFuture<'static, Result<Option<StoredSession>, StoreError>> {
-            self.inner.load(id)
-        }
-        fn list(
-            &self,
-            limit: u32,
-            offset: u64,
-        ) -> BoxFuture<'static, Result<(Vec<SessionMeta>, u64), StoreError>> {
-            self.inner.list(limit, offset)
-        }
-        fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
-            self.inner.delete(id)
-        }
-        fn purge_idle(&self, before: i64) -> BoxFuture<'static, Result<u64, StoreError>> {
-            self.inner.purge_idle(before)
-        }
-    }
-    let store = Arc::new(Refusing {
-        inner: MemoryStore::new(),
-        refuse: Mutex::new(2),
-    });
+    let store = Gate::refusing(2);
     let sessions = Sessions::new(store.clone(), 1 << 20);
     let m = vec![json!({"role":"user","content":"q"})];
     let mark = sessions
@@ -256,22 +217,29 @@ async fn a_session_deleted_mid_turn_stays_deleted() {
     assert!(store.load("d").await.unwrap().is_none(), "not written back");
 }
 
-/// Refuses every write (as a full queue does) while closed; otherwise memory.
+/// Refuses writes (as a full queue does) while it has refusals left; otherwise memory. Empty writes (flush
+/// barriers) pass.
 struct Gate {
     inner: MemoryStore,
-    closed: std::sync::atomic::AtomicBool,
+    refusals_left: Mutex<usize>,
 }
 
 impl Gate {
-    fn closed() -> Arc<Self> {
+    /// Refuses the next `n` writes.
+    fn refusing(n: usize) -> Arc<Self> {
         Arc::new(Self {
             inner: MemoryStore::new(),
-            closed: std::sync::atomic::AtomicBool::new(true),
+            refusals_left: Mutex::new(n),
         })
     }
 
+    /// Refuses every write until [`Gate::open`].
+    fn closed() -> Arc<Self> {
+        Self::refusing(usize::MAX)
+    }
+
     fn open(&self) {
-        self.closed.store(false, Ordering::SeqCst);
+        *self.refusals_left.lock() = 0;
     }
 }
 
@@ -280,7 +248,9 @@ impl Store for Gate {
         "memory"
     }
     fn write(&self, ops: Vec<WriteOp>) -> oneshot::Receiver<Result<(), StoreError>> {
-        if self.closed.load(Ordering::SeqCst) {
+        let mut left = self.refusals_left.lock();
+        if *left > 0 && !ops.is_empty() {
+            *left -= 1;
             let (tx, rx) = oneshot::channel();
             let _ = tx.send(Err(StoreError::QueueFull));
             return rx;
