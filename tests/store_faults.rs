@@ -220,18 +220,7 @@ async fn a_store_turned_read_only_mid_run_keeps_chat_answering_and_loses_nothing
             // Every write fails from here on (SQLITE_READONLY), as with a disk remounted read-only.
             store.set_query_only(true).await.unwrap();
         }
-        history.push(user(turn));
-        let stream = turn % 2 == 0;
-        if stream {
-            mock.push(MockReply::sse_text(&[&format!("answer {turn}")], false));
-        } else {
-            mock.push(MockReply::completion(&format!("answer {turn}")));
-        }
-        let (status, id, body) = chat(addr, "ro", &history, stream).await;
-        assert_eq!(status, 200);
-        assert!(body.contains(&format!("answer {turn}")));
-        history.push(json!({"role": "assistant", "content": format!("answer {turn}")}));
-        sid = id;
+        sid = answered_turn(&mock, addr, "ro", &mut history, turn).await;
     }
     // The store recovers: the writes it refused were kept and are committed now.
     store.set_query_only(false).await.unwrap();
@@ -305,18 +294,7 @@ async fn writes_refused_by_a_full_queue_survive_the_cache_evicting_the_session()
     let mut history = vec![json!({"role": "system", "content": "be brief"})];
     let mut sid = String::new();
     for turn in 1..=2 {
-        history.push(user(turn));
-        let stream = turn % 2 == 0;
-        if stream {
-            mock.push(MockReply::sse_text(&[&format!("answer {turn}")], false));
-        } else {
-            mock.push(MockReply::completion(&format!("answer {turn}")));
-        }
-        let (status, id, body) = chat(addr, "evicted", &history, stream).await;
-        assert_eq!(status, 200);
-        assert!(body.contains(&format!("answer {turn}")));
-        history.push(json!({"role": "assistant", "content": format!("answer {turn}")}));
-        sid = id;
+        sid = answered_turn(&mock, addr, "evicted", &mut history, turn).await;
     }
     assert_eq!(
         state.sessions.cache_stats_now().await.0,
@@ -459,4 +437,27 @@ async fn assert_restored(cfg: Config, sid: &str, history: &[Value]) {
         .map(|m| m["content"].as_str().unwrap())
         .collect();
     assert_eq!(contents, expected);
+}
+
+/// Turn `turn` of session `session` (JSON on odd turns, streamed on even ones): the user message and the answer
+/// are appended to `history` once the client got the whole answer; returns the session id.
+async fn answered_turn(
+    mock: &MockUpstream,
+    addr: SocketAddr,
+    session: &str,
+    history: &mut Vec<Value>,
+    turn: usize,
+) -> String {
+    history.push(user(turn));
+    let stream = turn % 2 == 0;
+    if stream {
+        mock.push(MockReply::sse_text(&[&format!("answer {turn}")], false));
+    } else {
+        mock.push(MockReply::completion(&format!("answer {turn}")));
+    }
+    let (status, id, body) = chat(addr, session, history, stream).await;
+    assert_eq!(status, 200);
+    assert!(body.contains(&format!("answer {turn}")));
+    history.push(json!({"role": "assistant", "content": format!("answer {turn}")}));
+    id
 }
