@@ -14,7 +14,7 @@ use ctxgate::context::plan::Summaries;
 use ctxgate::context::tokens::{count_text, Encoding, TokenCounter};
 use ctxgate::context::units::check_sequence;
 use ctxgate::context::{plan, Plan, PlanInput};
-use ctxgate::session::runloop::{is_system, role};
+use ctxgate::message::{is_system, role};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Map, Value};
 use std::sync::LazyLock;

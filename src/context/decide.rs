@@ -7,7 +7,7 @@ use super::plan::{plan, Plan, PlanInput, PrunedCall, Summaries};
 use super::tokens::{Encoding, TokenCounter};
 use super::CompressionRecord;
 use crate::config::{Config, Strategy};
-use crate::session::runloop::is_system;
+use crate::message::is_system;
 use serde_json::{Map, Value};
 
 /// What the caller adds to a rewritten request (the recall tools and their note; see `recall::Offer`).

@@ -6,6 +6,7 @@ pub mod decide;
 pub mod models;
 pub mod plan;
 mod pretokenize;
+pub mod runloop;
 pub mod shape;
 mod stages;
 pub mod tokens;

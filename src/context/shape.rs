@@ -1,7 +1,7 @@
 //! The rewritten forms of single messages: a cleared tool result's placeholder and a past run loop's truncated
 //! message. Pure string work, deterministic and idempotent.
 
-use crate::session::runloop::message_text;
+use crate::message::message_text;
 use serde_json::{Map, Value};
 
 /// The visible marker ending a truncated message.

@@ -3,11 +3,12 @@
 //! `drop`). The cuts are found by replaying the conversation's growth message by message: they move only when the
 //! request crosses the threshold, and then down to the target, so consecutive turns share an identical prefix.
 
+use super::runloop::{run_loops, RunLoop};
 use super::shape::{is_placeholder, placeholder, truncated};
 use super::tokens::{Encoding, TokenCounter};
 use super::units::{units, Unit};
 use crate::config::PruneConfig;
-use crate::session::runloop::{is_system, role, run_loops, RunLoop};
+use crate::message::{is_system, role};
 use serde_json::Value;
 use std::borrow::Cow;
 use std::collections::HashMap;

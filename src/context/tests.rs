@@ -5,7 +5,8 @@ use super::tokens::{Encoding, TokenCounter};
 use super::units::check_sequence;
 use super::*;
 use crate::config::{ContextConfig, PruneConfig, Strategy as Rewriting};
-use crate::session::runloop::{is_system, role, run_loops};
+use crate::context::runloop::run_loops;
+use crate::message::{is_system, role};
 use proptest::prelude::*;
 use stages::Summaries;
 

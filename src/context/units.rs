@@ -1,7 +1,7 @@
 //! Whole units of a message list (an assistant tool-call message with its results is one unit), the smallest
 //! pieces the hard limit may drop, and the validity check every outgoing request must pass.
 
-use crate::session::runloop::{field, is_system, role, tool_calls};
+use crate::message::{field, is_system, role, tool_calls};
 use serde_json::Value;
 use std::collections::HashSet;
 

@@ -3,7 +3,7 @@
 
 use super::InjectedNames;
 use crate::config::RecallConfig;
-use crate::session::runloop::message_text;
+use crate::message::message_text;
 use crate::session::tree::Tree;
 use serde_json::{json, Value};
 use std::sync::Arc;

@@ -13,8 +13,9 @@ use super::entry::EntryState;
 pub use super::entry::SessionEntry;
 use super::identity::SessionIdentity;
 use super::registry::Registry;
-use super::runloop::{message_text, run_loops};
 use super::tree::{NodeId, Tree};
+use crate::context::runloop::run_loops;
+use crate::message::message_text;
 use crate::metrics::{CacheResult, SessionMetrics, StoreMetrics, StoreOp};
 use crate::store::{
     committed, Compression, NodeRow, Record, SessionMeta, Store, StoreError, StoredSession, WriteOp,

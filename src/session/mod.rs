@@ -4,7 +4,6 @@ mod entry;
 pub mod identity;
 pub mod manager;
 mod registry;
-pub mod runloop;
 pub mod tenant;
 pub mod tree;
 

@@ -2,7 +2,7 @@
 //! when there is one), the summary message that replaces them, and the check of what the model wrote.
 
 use crate::config::SummaryConfig;
-use crate::session::runloop::{is_system, message_text, role};
+use crate::message::{is_system, message_text, role};
 use serde_json::{json, Value};
 
 /// The shipped prompt (`config/summary_prompt.txt`).

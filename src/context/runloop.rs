@@ -2,6 +2,7 @@
 //! first assistant message without tool calls). The context engine prunes by run loop; recall finds tool results
 //! by call id through the index kept here.
 
+use crate::message::{field, is_system, opens_turn, role, tool_calls};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -66,85 +67,20 @@ impl<'a> RunLoops<'a> {
     }
 }
 
-/// Field `key` of object `v`. A message or a tool call has a handful of fields: a linear scan finds one faster
-/// than hashing the key (the map's SipHash), and the planner looks up roles thousands of times per request.
-pub fn field<'v>(v: &'v Value, key: &str) -> Option<&'v Value> {
-    match v {
-        Value::Object(o) if o.len() <= 8 => {
-            o.iter().find(|(k, _)| k.as_str() == key).map(|(_, v)| v)
-        }
-        other => other.get(key),
-    }
-}
-
-/// The role of a message (`""` when absent).
-pub fn role(m: &Value) -> &str {
-    field(m, "role").and_then(Value::as_str).unwrap_or("")
-}
-
-/// True for `system` and `developer` messages: instructions, never pruned.
-pub fn is_system(m: &Value) -> bool {
-    matches!(role(m), "system" | "developer")
-}
-
-/// The tool calls of an assistant message (empty for any other message).
-pub fn tool_calls(m: &Value) -> &[Value] {
-    if role(m) != "assistant" {
-        return &[];
-    }
-    field(m, "tool_calls")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-}
-
-/// The text of a message: string content, text parts, refusal and tool-call arguments.
-pub fn message_text(m: &Value) -> String {
-    let mut out = String::new();
-    match m.get("content") {
-        Some(Value::String(s)) => out.push_str(s),
-        Some(Value::Array(parts)) => {
-            for p in parts {
-                if let Some(t) = p.get("text").and_then(Value::as_str) {
-                    if !out.is_empty() {
-                        out.push('\n');
-                    }
-                    out.push_str(t);
-                }
-            }
-        }
-        _ => {}
-    }
-    if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
-        for c in calls {
-            let name = c
-                .pointer("/function/name")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            let args = c
-                .pointer("/function/arguments")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            out.push_str(&format!("\n{name}({args})"));
-        }
-    }
-    out
-}
-
 /// Splits `messages` into run loops. `timestamps`, when given, is aligned with `messages` (first-seen times).
 pub fn run_loops<'a>(messages: &'a [Value], timestamps: Option<&[i64]>) -> RunLoops<'a> {
     let mut out = RunLoops::default();
     let mut current: Option<RunLoop<'a>> = None;
     for (i, m) in messages.iter().enumerate() {
         let r = role(m);
-        if r == "user" || (current.is_none() && !is_system(m)) {
+        if opens_turn(m) || (current.is_none() && !is_system(m)) {
             if let Some(done) = current.take() {
                 out.loops.push(done);
             }
             current = Some(RunLoop {
                 start: i,
                 end: i + 1,
-                user: (r == "user").then_some(i),
+                user: opens_turn(m).then_some(i),
                 tool_calls: Vec::new(),
                 final_reply: None,
             });

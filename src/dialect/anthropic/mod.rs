@@ -1,0 +1,1 @@
+//! The Anthropic Messages dialect (`POST /v1/messages`): its requests, rewritten bodies, answers and errors.

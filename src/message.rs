@@ -1,0 +1,88 @@
+//! The dialect-neutral conversation: messages in the chat-completions shape (roles `system`/`developer`, `user`,
+//! `assistant` with `tool_calls`, `tool` with `tool_call_id`), the ground floor every other module reads. A
+//! dialect (`dialect/`) converts its own messages into this shape and back; what it cannot express (signed
+//! thinking, server tool blocks, images, unknown blocks) stays in the dialect's own message, which is carried
+//! byte-exact when the engine leaves the message alone.
+
+use serde_json::Value;
+
+/// Key a dialect sets (to `true`) on a user message that continues the turn before it rather than opening a new
+/// one: text sent together with tool results (Anthropic puts both in one user message).
+pub const CONTINUES: &str = "ctxgate_continues";
+
+/// Field `key` of object `v`. A message or a tool call has a handful of fields: a linear scan finds one faster
+/// than hashing the key (the map's SipHash), and the planner looks up roles thousands of times per request.
+pub fn field<'v>(v: &'v Value, key: &str) -> Option<&'v Value> {
+    match v {
+        Value::Object(o) if o.len() <= 8 => {
+            o.iter().find(|(k, _)| k.as_str() == key).map(|(_, v)| v)
+        }
+        other => other.get(key),
+    }
+}
+
+/// The role of a message (`""` when absent).
+pub fn role(m: &Value) -> &str {
+    field(m, "role").and_then(Value::as_str).unwrap_or("")
+}
+
+/// True for `system` and `developer` messages: instructions, never pruned.
+pub fn is_system(m: &Value) -> bool {
+    matches!(role(m), "system" | "developer")
+}
+
+/// The tool calls of an assistant message (empty for any other message).
+pub fn tool_calls(m: &Value) -> &[Value] {
+    if role(m) != "assistant" {
+        return &[];
+    }
+    field(m, "tool_calls")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
+/// The text of a message: string content, text parts, refusal and tool-call arguments.
+pub fn message_text(m: &Value) -> String {
+    let mut out = String::new();
+    match m.get("content") {
+        Some(Value::String(s)) => out.push_str(s),
+        Some(Value::Array(parts)) => {
+            for p in parts {
+                if let Some(t) = p.get("text").and_then(Value::as_str) {
+                    if !out.is_empty() {
+                        out.push('\n');
+                    }
+                    out.push_str(t);
+                }
+            }
+        }
+        _ => {}
+    }
+    if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
+        for c in calls {
+            let name = c
+                .pointer("/function/name")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let args = c
+                .pointer("/function/arguments")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            out.push_str(&format!("\n{name}({args})"));
+        }
+    }
+    out
+}
+
+/// True for a user message that opens a new turn (a run loop): not one that continues the turn before it.
+pub fn opens_turn(m: &Value) -> bool {
+    role(m) == "user" && !field(m, CONTINUES).is_some_and(|v| v == &Value::Bool(true))
+}
+
+/// The id of the call a `tool` message answers (`""` when absent).
+pub fn tool_call_id(m: &Value) -> &str {
+    field(m, "tool_call_id")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
