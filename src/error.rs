@@ -40,6 +40,10 @@ pub enum GatewayError {
     ContextLengthExceeded {
         /// The numbers involved.
         message: String,
+        /// Estimated tokens of the smallest rewrite.
+        tokens: u64,
+        /// The hard limit in tokens.
+        limit: u64,
     },
     /// The admin API was called without valid credentials.
     #[error("admin API: missing or invalid bearer token")]

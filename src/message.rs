@@ -10,6 +10,15 @@ use serde_json::Value;
 /// one: text sent together with tool results (Anthropic puts both in one user message).
 pub const CONTINUES: &str = "ctxgate_continues";
 
+/// Where a message of a rewritten conversation comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The client's message at this index of the (neutral) request, as it was or rewritten (cleared, truncated).
+    Client(usize),
+    /// A message ctxgate added (a summary, the recall note).
+    Added,
+}
+
 /// Field `key` of object `v`. A message or a tool call has a handful of fields: a linear scan finds one faster
 /// than hashing the key (the map's SipHash), and the planner looks up roles thousands of times per request.
 pub fn field<'v>(v: &'v Value, key: &str) -> Option<&'v Value> {

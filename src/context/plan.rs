@@ -6,6 +6,7 @@ pub use super::stages::Summaries;
 use super::stages::{Cuts, Limits, Mode, Model};
 use super::tokens::{Encoding, TokenCounter};
 use crate::config::{ContextConfig, PruneConfig, Strategy};
+use crate::message::Source;
 use serde::Serialize;
 use serde_json::Value;
 use std::borrow::Cow;
@@ -90,6 +91,9 @@ pub struct Rewrite<'a> {
     /// The messages to send upstream: the client's own where unchanged (borrowed, not copied), new ones where
     /// rewritten.
     pub messages: Vec<Cow<'a, Value>>,
+    /// Where each of `messages` comes from (aligned with it): a dialect renders the client's own messages back
+    /// from their originals.
+    pub sources: Vec<Source>,
     /// Estimated tokens of `messages` and the request's tools, uncalibrated (what the counter says).
     pub estimate: u64,
     /// What was done.
@@ -250,6 +254,7 @@ fn build<'a>(
     wanted_summary: Option<usize>,
 ) -> Plan<'a> {
     let mut messages = Vec::with_capacity(input.messages.len());
+    let mut sources = Vec::with_capacity(input.messages.len());
     let mut changed = false;
     let mut gone = Vec::new();
     let (mut cleared, mut dropped) = (0, 0);
@@ -260,6 +265,7 @@ fn build<'a>(
         if i == cuts.summary {
             if let Some(s) = summary {
                 messages.push(Cow::Borrowed(s));
+                sources.push(Source::Added);
                 changed = true;
             }
         }
@@ -269,6 +275,7 @@ fn build<'a>(
                 changed |= mode != Mode::Keep && *v != *original;
                 cleared += usize::from(mode == Mode::Cleared);
                 messages.push(v);
+                sources.push(Source::Client(i));
             }
             None => {
                 changed = true;
@@ -336,6 +343,7 @@ fn build<'a>(
     };
     Plan::Rewrite(Box::new(Rewrite {
         messages,
+        sources,
         estimate,
         record,
         pruned,

@@ -4,3 +4,22 @@
 //! knows a wire format.
 
 pub mod anthropic;
+
+/// A wire format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dialect {
+    /// OpenAI chat completions (`POST /v1/chat/completions`).
+    Chat,
+    /// Anthropic Messages (`POST /v1/messages`).
+    Anthropic,
+}
+
+impl Dialect {
+    /// Its name in metrics labels, the admin API and logs: `chat`, `anthropic`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dialect::Chat => "chat",
+            Dialect::Anthropic => "anthropic",
+        }
+    }
+}

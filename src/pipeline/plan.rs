@@ -151,6 +151,8 @@ pub async fn plan_request(
                      {window}-token window, context.hard_limit)",
                     cfg.context.hard_limit
                 ),
+                tokens,
+                limit,
             })
         }
         Decision::Rewrite(rw) => *rw,
