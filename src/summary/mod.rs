@@ -141,7 +141,7 @@ impl Summarizer {
             api_key: s.api_key.clone().or_else(|| cfg.upstream.api_key.clone()),
             timeout_secs: s.timeout_secs,
             connect_timeout_secs: cfg.upstream.connect_timeout_secs,
-        })?;
+        }, &cfg.anthropic)?;
         let prompt = prompt::load_prompt(s).map_err(GatewayError::Internal)?;
         Ok(Some(Self {
             model,
