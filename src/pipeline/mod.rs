@@ -2,6 +2,7 @@
 //! (count, rewrite) → forward → relay with a tap (or answer recall rounds) → record. The dialect (`dialect/`)
 //! translates at the edges; nothing here knows a wire format.
 
+mod count;
 mod measure;
 mod plan;
 mod request;
@@ -9,6 +10,7 @@ mod respond;
 mod rounds;
 
 pub use plan::{plan_request, Outgoing, Rewritten, STRATEGY_HEADER};
+pub use count::count_tokens;
 pub use request::read_body;
 
 use respond::own_error;

@@ -35,6 +35,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/messages",
             post(messages).fallback(passthrough::handle),
         )
+        .route(
+            "/v1/messages/count_tokens",
+            post(count_tokens).fallback(passthrough::handle),
+        )
         .route("/v1/{*rest}", any(passthrough::handle))
         .route_layer(axum::middleware::from_fn_with_state(
             (state.clone(), in_flight),
@@ -58,6 +62,10 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 async fn chat(State(state): State<Arc<AppState>>, req: Request) -> Response {
     crate::pipeline::conversation(state, req, Dialect::Chat).await
+}
+
+async fn count_tokens(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    crate::pipeline::count_tokens(state, req).await
 }
 
 async fn messages(State(state): State<Arc<AppState>>, req: Request) -> Response {
