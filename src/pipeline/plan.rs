@@ -12,7 +12,7 @@ use crate::recall;
 use crate::session::RequestMark;
 use crate::summary;
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue};
+use http::HeaderMap;
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -63,7 +63,7 @@ pub async fn plan_request(
     strategy: Strategy,
     chat: &Request,
     mark: Option<&RequestMark>,
-    auth: Option<&HeaderValue>,
+    credentials: &HeaderMap,
     now: i64,
 ) -> Result<Outgoing, GatewayError> {
     let cfg = &state.config;
@@ -128,7 +128,7 @@ pub async fn plan_request(
         // The job copies the history: built only once the summarizer is sure to start it.
         let precomputed = matches!(decision, Plan::Forward { .. });
         let at = (upto, native_upto);
-        let make = || summary_job(m, messages, at, &ready, auth, req.encoding, precomputed);
+        let make = || summary_job(m, messages, at, &ready, credentials, req.encoding, precomputed);
         let done = s.start_with(&m.entry.id, make, state.sessions.clone(), &state.tasks);
         let pruned_meanwhile =
             matches!(&decision, Plan::Rewrite(r) if !r.record.stages.contains(&"summarized"));
@@ -207,6 +207,19 @@ fn native_boundary(chat: &Request, n: usize) -> Option<(usize, usize)> {
     (native > 0 && chat.neutral_start(native) == n).then_some((n, native))
 }
 
+/// The client's credential headers (`authorization`, `x-api-key`), for summary requests made on its behalf.
+pub fn credentials(headers: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for name in [http::header::AUTHORIZATION.as_str(), "x-api-key"] {
+        if let Some(v) = headers.get(name) {
+            if let Ok(n) = http::HeaderName::from_bytes(name.as_bytes()) {
+                out.insert(n, v.clone());
+            }
+        }
+    }
+    out
+}
+
 /// Gives a planning closure one lifetime for its summaries and its plan (they borrow the summaries).
 fn same_lifetime<'x, F: Fn(&'x [(usize, Value)]) -> Plan<'x>>(f: F) -> F {
     f
@@ -219,7 +232,7 @@ fn summary_job(
     messages: &[Value],
     (upto, native_upto): (usize, usize),
     ready: &[(usize, Value, String)],
-    auth: Option<&HeaderValue>,
+    credentials: &HeaderMap,
     encoding: Encoding,
     precomputed: bool,
 ) -> summary::Job {
@@ -233,7 +246,7 @@ fn summary_job(
             .filter(|(u, _, _)| *u < upto)
             .max_by_key(|(u, _, _)| *u)
             .map(|(u, _, t)| (*u, t.clone())),
-        auth: auth.cloned(),
+        credentials: credentials.clone(),
         precomputed,
         encoding,
     }
