@@ -4,10 +4,16 @@
 pub mod assemble;
 pub mod convert;
 pub mod errors;
+mod rebuild;
 pub mod request;
 pub mod rounds;
 pub mod splice;
 pub mod validate;
+
+#[cfg(test)]
+mod fixtures;
+#[cfg(test)]
+mod tests;
 
 pub use assemble::Assembler;
 
