@@ -25,9 +25,20 @@ pub struct AssembledReply {
 }
 
 impl AssembledReply {
-    /// `usage.prompt_tokens`, when reported.
+    /// `usage.prompt_tokens`, when reported; else Anthropic's whole prompt: `input_tokens` plus
+    /// `cache_read_input_tokens` and `cache_creation_input_tokens`.
     pub fn prompt_tokens(&self) -> Option<u64> {
-        self.usage.as_ref()?.get("prompt_tokens")?.as_u64()
+        let u = self.usage.as_ref()?;
+        if let Some(n) = u.get("prompt_tokens") {
+            return n.as_u64();
+        }
+        let parts = [
+            "input_tokens",
+            "cache_read_input_tokens",
+            "cache_creation_input_tokens",
+        ]
+        .map(|k| u.get(k).and_then(Value::as_u64));
+        parts.iter().any(Option::is_some).then(|| parts.iter().flatten().sum())
     }
 
     /// The message says nothing: no text, no tool or function call, no refusal (e.g. a bare `[DONE]`).
@@ -46,9 +57,12 @@ impl AssembledReply {
             .any(said)
     }
 
-    /// `usage.completion_tokens`, when reported.
+    /// `usage.completion_tokens`, when reported; else Anthropic's `output_tokens`.
     pub fn completion_tokens(&self) -> Option<u64> {
-        self.usage.as_ref()?.get("completion_tokens")?.as_u64()
+        let u = self.usage.as_ref()?;
+        u.get("completion_tokens")
+            .or_else(|| u.get("output_tokens"))?
+            .as_u64()
     }
 }
 
@@ -430,6 +444,25 @@ mod tests {
         a.on_event_data("[DONE]");
         let r = a.finish();
         assert!(r.message.is_null() && !r.complete && r.is_empty());
+    }
+
+    #[test]
+    fn anthropic_usage_counts_the_cached_prompt_too() {
+        let reply = |usage: Value| AssembledReply {
+            usage: Some(usage),
+            ..Default::default()
+        };
+        let r = reply(json!({"input_tokens":12,"cache_read_input_tokens":3000,
+            "cache_creation_input_tokens":400,"output_tokens":7}));
+        assert_eq!(r.prompt_tokens(), Some(3412));
+        assert_eq!(r.completion_tokens(), Some(7));
+        let r = reply(json!({"input_tokens":12,"cache_read_input_tokens":null,"output_tokens":1}));
+        assert_eq!(r.prompt_tokens(), Some(12));
+        // chat's own fields win, and a usage with neither says nothing
+        let r = reply(json!({"prompt_tokens":5,"input_tokens":9,"completion_tokens":2,"output_tokens":8}));
+        assert_eq!((r.prompt_tokens(), r.completion_tokens()), (Some(5), Some(2)));
+        let r = reply(json!({"total_tokens":5}));
+        assert_eq!((r.prompt_tokens(), r.completion_tokens()), (None, None));
     }
 
     #[test]
