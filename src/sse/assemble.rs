@@ -38,7 +38,10 @@ impl AssembledReply {
             "cache_creation_input_tokens",
         ]
         .map(|k| u.get(k).and_then(Value::as_u64));
-        parts.iter().any(Option::is_some).then(|| parts.iter().flatten().sum())
+        parts
+            .iter()
+            .any(Option::is_some)
+            .then(|| parts.iter().flatten().sum())
     }
 
     /// The message says nothing: no text, no tool or function call, no refusal (e.g. a bare `[DONE]`).
@@ -459,8 +462,13 @@ mod tests {
         let r = reply(json!({"input_tokens":12,"cache_read_input_tokens":null,"output_tokens":1}));
         assert_eq!(r.prompt_tokens(), Some(12));
         // chat's own fields win, and a usage with neither says nothing
-        let r = reply(json!({"prompt_tokens":5,"input_tokens":9,"completion_tokens":2,"output_tokens":8}));
-        assert_eq!((r.prompt_tokens(), r.completion_tokens()), (Some(5), Some(2)));
+        let r = reply(
+            json!({"prompt_tokens":5,"input_tokens":9,"completion_tokens":2,"output_tokens":8}),
+        );
+        assert_eq!(
+            (r.prompt_tokens(), r.completion_tokens()),
+            (Some(5), Some(2))
+        );
         let r = reply(json!({"total_tokens":5}));
         assert_eq!((r.prompt_tokens(), r.completion_tokens()), (None, None));
     }

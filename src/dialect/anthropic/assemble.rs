@@ -109,7 +109,11 @@ impl Assembler {
     /// Feeds one parsed event; its kind is the data's `type`, else the `event:` field.
     pub fn on_value(&mut self, event: Option<&str>, v: &Value) {
         self.chunks += 1;
-        let kind = v.get("type").and_then(Value::as_str).or(event).unwrap_or("");
+        let kind = v
+            .get("type")
+            .and_then(Value::as_str)
+            .or(event)
+            .unwrap_or("");
         match kind {
             "message_start" => {
                 let m = v.get("message").unwrap_or(&Value::Null);
@@ -225,7 +229,7 @@ fn index(v: &Value) -> Option<u64> {
 
 /// Sets every field of `u` into `acc` (later usage objects are cumulative: their values win; a `null` does not
 /// erase a number).
-fn overlay(acc: &mut Option<Value>, u: &Value) {
+pub(super) fn overlay(acc: &mut Option<Value>, u: &Value) {
     let (Some(Value::Object(a)), Value::Object(b)) = (acc.as_mut(), u) else {
         *acc = Some(u.clone());
         return;

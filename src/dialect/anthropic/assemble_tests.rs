@@ -20,9 +20,18 @@ fn recorded() -> Vec<SseEvent> {
     [
         message_start("msg_01", 2100),
         ping(),
-        thinking_block(0, &["The user wants ", "the file."], "EqQBCkYIARgCIkB+sig=="),
+        thinking_block(
+            0,
+            &["The user wants ", "the file."],
+            "EqQBCkYIARgCIkB+sig==",
+        ),
         text_block(1, &["I'll read", " it."]),
-        tool_block(2, "toolu_01", "Read", &["{\"file_path\":", " \"/tmp/a.txt\"}"]),
+        tool_block(
+            2,
+            "toolu_01",
+            "Read",
+            &["{\"file_path\":", " \"/tmp/a.txt\"}"],
+        ),
         message_end("tool_use", 88),
     ]
     .concat()
@@ -40,13 +49,21 @@ fn thinking_text_and_tool_use() {
         ]})
     );
     assert_eq!(r.finish_reason.as_deref(), Some("tool_use"));
-    assert_eq!((r.id.as_deref(), r.model.as_deref()), (Some("msg_01"), Some("claude-sonnet-4-5")));
+    assert_eq!(
+        (r.id.as_deref(), r.model.as_deref()),
+        (Some("msg_01"), Some("claude-sonnet-4-5"))
+    );
     assert_eq!(
         r.usage,
-        Some(json!({"input_tokens":2100,"cache_creation_input_tokens":0,"cache_read_input_tokens":100,
-                    "output_tokens":88,"service_tier":"standard"}))
+        Some(
+            json!({"input_tokens":2100,"cache_creation_input_tokens":0,"cache_read_input_tokens":100,
+                    "output_tokens":88,"service_tier":"standard"})
+        )
     );
-    assert_eq!((r.prompt_tokens(), r.completion_tokens()), (Some(2200), Some(88)));
+    assert_eq!(
+        (r.prompt_tokens(), r.completion_tokens()),
+        (Some(2200), Some(88))
+    );
     assert!(r.complete && r.error.is_none());
 }
 
@@ -118,7 +135,10 @@ fn opaque_and_server_blocks_are_carried_with_their_deltas() {
     ]
     .concat();
     let c = assemble(&events).message["content"].clone();
-    assert_eq!(c[0], json!({"type":"redacted_thinking","data":"EmwKAhgBEgy3va=="}));
+    assert_eq!(
+        c[0],
+        json!({"type":"redacted_thinking","data":"EmwKAhgBEgy3va=="})
+    );
     assert_eq!(
         c[1],
         json!({"type":"server_tool_use","id":"srvtoolu_1","name":"web_search","input":{"query":"e"}})
@@ -145,10 +165,16 @@ fn a_mid_stream_error_and_a_cut_stream_are_not_complete() {
         json!({"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}),
     ));
     let r = assemble(&events);
-    assert_eq!(r.error, Some(json!({"type":"overloaded_error","message":"Overloaded"})));
+    assert_eq!(
+        r.error,
+        Some(json!({"type":"overloaded_error","message":"Overloaded"}))
+    );
     assert!(!r.complete);
     events.extend(message_end("end_turn", 2));
-    assert!(!assemble(&events).complete, "an error then message_stop is still cut short");
+    assert!(
+        !assemble(&events).complete,
+        "an error then message_stop is still cut short"
+    );
 }
 
 #[test]
@@ -158,9 +184,15 @@ fn whole_json_bodies() {
         "stop_reason":"end_turn","stop_sequence":null,
         "usage":{"input_tokens":10,"cache_read_input_tokens":5,"cache_creation_input_tokens":1,"output_tokens":2}});
     let r = from_body(body.to_string().as_bytes());
-    assert_eq!(r.message, json!({"role":"assistant","content": body["content"]}));
+    assert_eq!(
+        r.message,
+        json!({"role":"assistant","content": body["content"]})
+    );
     assert_eq!(r.finish_reason.as_deref(), Some("end_turn"));
-    assert_eq!((r.id.as_deref(), r.prompt_tokens()), (Some("msg_9"), Some(16)));
+    assert_eq!(
+        (r.id.as_deref(), r.prompt_tokens()),
+        (Some("msg_9"), Some(16))
+    );
     assert!(r.complete);
     let err = json!({"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 3 tokens > 2 maximum"}});
     let r = from_body(err.to_string().as_bytes());

@@ -70,7 +70,10 @@ pub fn tool_block(i: u64, id: &str, name: &str, json_pieces: &[&str]) -> Vec<Sse
         i,
         json!({"type":"tool_use","id":id,"name":name,"input":{}}),
     )];
-    v.push(delta(i, json!({"type":"input_json_delta","partial_json":""})));
+    v.push(delta(
+        i,
+        json!({"type":"input_json_delta","partial_json":""}),
+    ));
     v.extend(
         json_pieces
             .iter()
@@ -82,8 +85,10 @@ pub fn tool_block(i: u64, id: &str, name: &str, json_pieces: &[&str]) -> Vec<Sse
 
 pub fn message_end(stop_reason: &str, output_tokens: u64) -> Vec<SseEvent> {
     vec![
-        ev(json!({"type":"message_delta","delta":{"stop_reason":stop_reason,"stop_sequence":null},
-                  "usage":{"output_tokens":output_tokens}})),
+        ev(
+            json!({"type":"message_delta","delta":{"stop_reason":stop_reason,"stop_sequence":null},
+                  "usage":{"output_tokens":output_tokens}}),
+        ),
         ev(json!({"type":"message_stop"})),
     ]
 }
