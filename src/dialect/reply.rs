@@ -29,9 +29,23 @@ pub struct AssembledReply {
 }
 
 impl AssembledReply {
-    /// `usage.prompt_tokens`, when reported.
+    /// `usage.prompt_tokens`, when reported; else Anthropic's whole prompt: `input_tokens` plus
+    /// `cache_read_input_tokens` and `cache_creation_input_tokens`.
     pub fn prompt_tokens(&self) -> Option<u64> {
-        self.usage.as_ref()?.get("prompt_tokens")?.as_u64()
+        let u = self.usage.as_ref()?;
+        if let Some(n) = u.get("prompt_tokens") {
+            return n.as_u64();
+        }
+        let parts = [
+            "input_tokens",
+            "cache_read_input_tokens",
+            "cache_creation_input_tokens",
+        ]
+        .map(|k| u.get(k).and_then(Value::as_u64));
+        parts
+            .iter()
+            .any(Option::is_some)
+            .then(|| parts.iter().flatten().sum())
     }
 
     /// The message says nothing: no text, no tool or function call, no refusal (e.g. a bare `[DONE]`).
@@ -50,9 +64,12 @@ impl AssembledReply {
             .any(said)
     }
 
-    /// `usage.completion_tokens`, when reported.
+    /// `usage.completion_tokens`, when reported; else Anthropic's `output_tokens`.
     pub fn completion_tokens(&self) -> Option<u64> {
-        self.usage.as_ref()?.get("completion_tokens")?.as_u64()
+        let u = self.usage.as_ref()?;
+        u.get("completion_tokens")
+            .or_else(|| u.get("output_tokens"))?
+            .as_u64()
     }
 }
 

@@ -384,6 +384,30 @@ mod tests {
     }
 
     #[test]
+    fn anthropic_usage_counts_the_cached_prompt_too() {
+        let reply = |usage: Value| AssembledReply {
+            usage: Some(usage),
+            ..Default::default()
+        };
+        let r = reply(json!({"input_tokens":12,"cache_read_input_tokens":3000,
+            "cache_creation_input_tokens":400,"output_tokens":7}));
+        assert_eq!(r.prompt_tokens(), Some(3412));
+        assert_eq!(r.completion_tokens(), Some(7));
+        let r = reply(json!({"input_tokens":12,"cache_read_input_tokens":null,"output_tokens":1}));
+        assert_eq!(r.prompt_tokens(), Some(12));
+        // chat's own fields win, and a usage with neither says nothing
+        let r = reply(
+            json!({"prompt_tokens":5,"input_tokens":9,"completion_tokens":2,"output_tokens":8}),
+        );
+        assert_eq!(
+            (r.prompt_tokens(), r.completion_tokens()),
+            (Some(5), Some(2))
+        );
+        let r = reply(json!({"total_tokens":5}));
+        assert_eq!((r.prompt_tokens(), r.completion_tokens()), (None, None));
+    }
+
+    #[test]
     fn whole_body() {
         let body = json!({"id":"x","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3}});
         let r = MessageAssembler::from_completion_body(body.to_string().as_bytes());
