@@ -244,7 +244,7 @@ impl Rounds {
                 for b in events.iter().flat_map(|ev| splicer.on_event(ev)) {
                     bytes += b.len() as u64;
                     if tx.send(Ok(b)).await.is_err() {
-                        return self.gone(&*splicer, bytes, first_byte_at).await;
+                        return self.gone(splicer.reply(), bytes, first_byte_at).await;
                     }
                 }
             }
@@ -259,7 +259,8 @@ impl Rounds {
             match splicer.end_round(rounds_left) {
                 SpliceEnd::Continue { assistant, calls } => {
                     self.answer(round, assistant, &calls);
-                    match self.follow_up(&*splicer, &tx, &mut bytes).await {
+                    let next = keep_alive(self.send(), splicer.keepalive(), &tx, &mut bytes);
+                    match next.await {
                         Ok(r) if r.status().is_success() => resp = r,
                         Ok(r) => {
                             tracing::warn!(
@@ -284,32 +285,6 @@ impl Rounds {
         }
     }
 
-    /// Sends the next round, keeping the client's stream alive (the dialect's keep-alive event, at once and every
-    /// few seconds) while the upstream has not answered.
-    async fn follow_up(
-        &self,
-        splicer: &dyn Splice,
-        tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
-        bytes: &mut u64,
-    ) -> Result<reqwest::Response, GatewayError> {
-        let send = self.send();
-        tokio::pin!(send);
-        let Some(ping) = splicer.keepalive() else {
-            return send.await;
-        };
-        let mut every = tokio::time::interval(KEEPALIVE_EVERY);
-        loop {
-            tokio::select! {
-                r = &mut send => return r,
-                _ = every.tick() => {
-                    *bytes += ping.len() as u64;
-                    // A client gone away is noticed by the next send of the answer itself.
-                    let _ = tx.send(Ok(ping.clone())).await;
-                }
-            }
-        }
-    }
-
     /// Sends the last bytes, records the reply, then the stream's end (or, when the upstream broke the stream, an
     /// error event: the client's stream is re-serialised by the splicer, so it always stops between events).
     async fn end(
@@ -324,7 +299,7 @@ impl Rounds {
         for b in tail {
             bytes += b.len() as u64;
             if tx.send(Ok(b)).await.is_err() {
-                return self.gone(&*splicer, bytes, first_byte_at).await;
+                return self.gone(splicer.reply(), bytes, first_byte_at).await;
             }
         }
         let mut reply = splicer.reply();
@@ -341,8 +316,33 @@ impl Rounds {
         }
     }
 
-    async fn gone(self, splicer: &dyn Splice, bytes: u64, first_byte_at: Option<Instant>) {
-        (self.finisher)(outcome(splicer.reply(), true, None, bytes, first_byte_at)).await;
+    async fn gone(self, reply: AssembledReply, bytes: u64, first_byte_at: Option<Instant>) {
+        (self.finisher)(outcome(reply, true, None, bytes, first_byte_at)).await;
+    }
+}
+
+/// Awaits the next round's response, keeping the client's stream alive with `ping` (the dialect's keep-alive
+/// event, at once and every few seconds) while the upstream has not answered.
+async fn keep_alive(
+    send: impl std::future::Future<Output = Result<reqwest::Response, GatewayError>>,
+    ping: Option<Bytes>,
+    tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
+    bytes: &mut u64,
+) -> Result<reqwest::Response, GatewayError> {
+    tokio::pin!(send);
+    let Some(ping) = ping else {
+        return send.await;
+    };
+    let mut every = tokio::time::interval(KEEPALIVE_EVERY);
+    loop {
+        tokio::select! {
+            r = &mut send => return r,
+            _ = every.tick() => {
+                *bytes += ping.len() as u64;
+                // A client gone away is noticed by the next send of the answer itself.
+                let _ = tx.send(Ok(ping.clone())).await;
+            }
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! Assembles the native assistant message of an Anthropic Messages answer, from its SSE events or a whole JSON body.
 
-use crate::sse::{AssembledReply, SseEvent, MAX_ASSEMBLED_BYTES};
+use crate::dialect::{AssembledReply, MAX_ASSEMBLED_BYTES};
+use crate::sse::SseEvent;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 

@@ -6,7 +6,7 @@ mod stream;
 
 pub use stream::{RoundEnd, StreamSplicer};
 
-use crate::recall::InjectedNames;
+use crate::dialect::InjectedNames;
 use serde_json::{json, Value};
 
 /// True when `block` is a `tool_use` block calling one of ctxgate's tools.
@@ -101,12 +101,50 @@ pub fn strip_injected(body: &mut Value, names: &InjectedNames) -> usize {
     removed
 }
 
-/// Adds the numbers of a usage object `u` into `acc` (nested ones such as `cache_creation` or `server_tool_use`
-/// too); a field `acc` lacks, or holds as `null`, is taken from `u`; other values keep their first form.
+/// The prompt-side usage fields: what a round's request held. A later round's request holds the earlier rounds
+/// whole, so the client is told the last round's figures (Claude Code sizes its context, and decides when to
+/// compact, from them); summing them would report a context several times its real size.
+const PROMPT_FIELDS: [&str; 4] = [
+    "input_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+    "cache_creation",
+];
+
+/// Adds a later round's usage `u` into `acc`: the prompt-side fields ([`PROMPT_FIELDS`]) are the later round's,
+/// every other number is summed (nested ones such as `server_tool_use` too); a field `acc` lacks, or holds as
+/// `null`, is taken from `u`; other values keep their first form.
 pub fn add_usage(acc: &mut Option<Value>, u: &Value) {
     match acc {
         None => *acc = Some(u.clone()),
-        Some(a) => add_numbers(a, u),
+        Some(a) => {
+            if let (Value::Object(a), Value::Object(b)) = (&mut *a, u) {
+                for k in PROMPT_FIELDS {
+                    if let Some(v) = b.get(k).filter(|v| !v.is_null()) {
+                        a.insert(k.to_string(), v.clone());
+                    }
+                }
+                let rest: serde_json::Map<String, Value> = b
+                    .iter()
+                    .filter(|(k, _)| !PROMPT_FIELDS.contains(&k.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                add_numbers_into(a, &rest);
+                return;
+            }
+            add_numbers(a, u)
+        }
+    }
+}
+
+fn add_numbers_into(a: &mut serde_json::Map<String, Value>, b: &serde_json::Map<String, Value>) {
+    for (k, bv) in b {
+        match a.get_mut(k) {
+            Some(av) => add_numbers(av, bv),
+            None => {
+                a.insert(k.clone(), bv.clone());
+            }
+        }
     }
 }
 

@@ -86,8 +86,9 @@ fn strip_the_json_answer_and_sum_usage() {
         &json!({"input_tokens":12,"cache_read_input_tokens":7,"output_tokens":2,
         "cache_creation":{"ephemeral_5m_input_tokens":1},"service_tier":"standard"}),
     );
-    let summed = json!({"input_tokens":22,"cache_read_input_tokens":7,"output_tokens":5,
-        "cache_creation":{"ephemeral_5m_input_tokens":5},"service_tier":"standard"});
+    // the prompt side is the last round's (it holds the earlier rounds), the output is summed
+    let summed = json!({"input_tokens":12,"cache_read_input_tokens":7,"output_tokens":5,
+        "cache_creation":{"ephemeral_5m_input_tokens":1},"service_tier":"standard"});
     assert_eq!(u, Some(summed.clone()));
     let last = json!({"id":"msg_2b","content":[ours],"stop_reason":"tool_use","usage":{"input_tokens":12}});
     let out = finalize_body(last, &n, u, Some(json!("msg_1")));
@@ -212,9 +213,10 @@ fn two_rounds_make_one_stream_without_our_tool() {
     assert!(sig < stop0);
     let delta = evs.iter().find(|v| v["type"] == "message_delta").unwrap();
     assert_eq!(delta["delta"]["stop_reason"], "end_turn");
-    assert_eq!(delta["usage"]["input_tokens"], 2200);
+    // the last round's prompt (it holds the first round whole), the rounds' output summed
+    assert_eq!(delta["usage"]["input_tokens"], 1200);
     assert_eq!(delta["usage"]["output_tokens"], 80);
-    assert_eq!(delta["usage"]["cache_read_input_tokens"], 200);
+    assert_eq!(delta["usage"]["cache_read_input_tokens"], 100);
     // the event names match their data, and the client's reply is what it saw
     for e in parse(&out.concat()) {
         let v: Value = serde_json::from_str(&e.data).unwrap();
@@ -228,8 +230,8 @@ fn two_rounds_make_one_stream_without_our_tool() {
             {"type":"text","text":"The build passed."}]})
     );
     assert!(r.complete && s.ended());
-    assert_eq!(r.prompt_tokens(), Some(2400));
-    assert_eq!(s.usage().unwrap()["input_tokens"], 2200);
+    assert_eq!(r.prompt_tokens(), Some(1300));
+    assert_eq!(s.usage().unwrap()["input_tokens"], 1200);
 }
 
 #[test]

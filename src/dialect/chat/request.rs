@@ -134,7 +134,7 @@ mod tests {
             assert_eq!(e.status().as_u16(), 400);
             assert!(e.to_string().contains("`model`"), "{e}");
         }
-        let absent = parse(Bytes::from_static(br#"{"messages":[]}"#)).unwrap();
+        let absent = super::parse(Bytes::from_static(br#"{"messages":[]}"#)).unwrap();
         assert_eq!(absent.model, "");
     }
 

@@ -3,8 +3,9 @@
 
 use super::{add_usage, injected_calls, is_injected_call, round_assistant};
 use crate::dialect::anthropic::assemble::{overlay, Assembler};
-use crate::recall::InjectedNames;
-use crate::sse::{AssembledReply, SseEvent};
+use crate::dialect::InjectedNames;
+use crate::dialect::AssembledReply;
+use crate::sse::SseEvent;
 use bytes::Bytes;
 use serde_json::{json, Value};
 use std::collections::HashMap;
