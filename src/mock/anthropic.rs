@@ -56,9 +56,16 @@ impl AnthropicError {
         }
     }
 
-    /// The error body.
+    /// The error event of a stream: `{"type":"error","error":{"type","message"}}`.
+    pub fn event(&self) -> Value {
+        json!({"type": "error", "error": {"type": self.kind, "message": self.message}})
+    }
+
+    /// The body of an error answer: the event's fields and a `request_id`.
     pub fn body(&self) -> Value {
-        json!({"type": "error", "error": {"type": self.kind, "message": self.message}, "request_id": "req_mock"})
+        let mut body = self.event();
+        body["request_id"] = json!("req_mock");
+        body
     }
 
     /// The error as a whole HTTP answer (with the `request-id` header the API sends).
@@ -223,14 +230,14 @@ impl AnthropicReply {
         for (index, block) in self.content.iter().enumerate() {
             if let Some((after, e)) = &self.stream_error {
                 if *after == index {
-                    events.push(("error", e.body()));
+                    events.push(("error", e.event()));
                     return sse(events, self.delay);
                 }
             }
             block_events(index, block, &mut events);
         }
         if let Some((_, e)) = &self.stream_error {
-            events.push(("error", e.body()));
+            events.push(("error", e.event()));
             return sse(events, self.delay);
         }
         let usage = self.usage(request);

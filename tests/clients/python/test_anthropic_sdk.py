@@ -1,18 +1,28 @@
 """The official `anthropic` Python SDK through ctxgate: create (plain and beta), a stream with thinking, a tool round
 trip, count_tokens against the usage of the same request, an Anthropic-shaped rate limit and a mid-stream error.
-Besides what the client saw, each test checks what the mock upstream received: the SDK's bytes and its
-`x-api-key`, `anthropic-version` and `anthropic-beta` headers, byte for byte."""
+Besides what the client saw, each test checks what the mock upstream received: the SDK's bytes and its credential
+(`Authorization: Bearer`, as this SDK sends `api_key`; `x-api-key` when set), `anthropic-version` and
+`anthropic-beta` headers, byte for byte."""
 
 from __future__ import annotations
 
 import anthropic
 import pytest
 from anthropic import Anthropic
-from ctxtest import Gateway, a_blocks, a_text, a_tool_use, no_extras, validate_event_stream, validate_message
+from ctxtest import (
+    Gateway,
+    a_blocks,
+    a_text,
+    a_tool_use,
+    no_extras,
+    sse_events,
+    validate_event_stream,
+    validate_message,
+)
 
 MODEL = "claude-mock-4"
 KEY = "sk-ant-client-test"
-FORWARDED = ("x-api-key", "anthropic-version", "anthropic-beta")
+FORWARDED = ("authorization", "x-api-key", "anthropic-version", "anthropic-beta")
 
 
 @pytest.fixture
@@ -26,7 +36,7 @@ def upstream_saw_the_clients_request(gw: Gateway, up: dict, i: int = 0) -> None:
     assert up["raw"] == ex.request.decode()
     for name in FORWARDED:
         assert up["headers"].get(name) == ex.request_headers.get(name), name
-    assert up["headers"]["x-api-key"] == KEY
+    assert KEY in (up["headers"].get("x-api-key"), up["headers"].get("authorization", "").removeprefix("Bearer "))
 
 
 def test_create(gw: Gateway, client: Anthropic):
@@ -42,7 +52,6 @@ def test_create(gw: Gateway, client: Anthropic):
     (up,) = gw.mock.requests()
     assert up["uri"] == "/v1/messages"
     upstream_saw_the_clients_request(gw, up)
-    assert up["headers"]["anthropic-version"] == "2023-06-01"
     # needs the Anthropic pipeline (passthrough does not name sessions)
     assert raw.headers.get("x-ctxgate-session"), "ctxgate names the session on every answer"
 
@@ -54,7 +63,8 @@ def test_beta_create_keeps_the_query_and_the_beta_header(gw: Gateway, client: An
         max_tokens=100,
         messages=[{"role": "user", "content": "hello"}],
         betas=betas,
-        extra_headers={"x-custom-thing": "kept"},
+        extra_query={"beta": "true"},  # as Claude Code sends its beta calls
+        extra_headers={"x-custom-thing": "kept", "x-api-key": "sk-ant-api03-Key_With.Odd~Bytes"},
     )
     assert msg.content[0].text == "mock reply", "the mock's default answer"
     (up,) = gw.mock.requests()
@@ -62,6 +72,7 @@ def test_beta_create_keeps_the_query_and_the_beta_header(gw: Gateway, client: An
     upstream_saw_the_clients_request(gw, up)
     assert up["headers"]["anthropic-beta"] == ",".join(betas)
     assert up["headers"]["x-custom-thing"] == "kept"
+    assert up["headers"]["x-api-key"] == "sk-ant-api03-Key_With.Odd~Bytes"
     assert gw.tap.exchanges[0].session, "x-ctxgate-session (needs the Anthropic pipeline)"
 
 
@@ -190,5 +201,6 @@ def test_mid_stream_error_reaches_the_client(gw: Gateway, client: Anthropic):
                 seen.append(piece)
     assert "".join(seen) == "Partial answer"
     assert "Overloaded" in str(err.value)
-    body = bytes(gw.tap.exchanges[0].body).decode()
-    assert body.rstrip().endswith('"message":"Overloaded"}}') and "message_stop" not in body
+    events = sse_events(bytes(gw.tap.exchanges[0].body))
+    assert events[-1] == ("error", {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+    assert "message_stop" not in [name for name, _ in events]
