@@ -26,7 +26,8 @@ pub struct AnthropicReply {
     pub output_tokens: Option<u64>,
     /// `model`; unset: the request's.
     pub model: Option<String>,
-    /// The message id; unset: `msg_mock`.
+    /// The message id; unset: `msg_mock_` and a hash of the request (clients such as Claude Code merge the
+    /// blocks of answers that share an id into one message).
     pub id: Option<String>,
     /// In a stream, an `error` event sent after this many content blocks, ending the stream (no `message_delta`
     /// or `message_stop`); a JSON request gets the error as an HTTP error instead.
@@ -278,10 +279,22 @@ impl AnthropicReply {
                     .map(String::from)
             })
             .unwrap_or_else(|| "mock-model".into());
-        json!({"id": self.id.as_deref().unwrap_or("msg_mock"), "type": "message", "role": "assistant",
+        let id = self.id.clone().unwrap_or_else(|| message_id(request));
+        json!({"id": id, "type": "message", "role": "assistant",
                "model": model, "content": content, "stop_reason": self.stop_reason(), "stop_sequence": null,
                "usage": self.usage(request)})
     }
+}
+
+/// `msg_mock_` and the FNV-1a hash of the request: the same for the same request, different for the next turn.
+fn message_id(request: &Value) -> String {
+    let hash = request
+        .to_string()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+    format!("msg_mock_{hash:016x}")
 }
 
 /// A block must be an object with a string `type`; the common types must have their fields.
@@ -487,6 +500,16 @@ mod tests {
         let body: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(body["content"], json!([{"type": "text", "text": "hello"}]));
         assert_eq!(body["stop_reason"], "end_turn");
+        let other = json!({"model": "m", "messages": [{"role": "user", "content": "y"}]});
+        let MockReply::Json { body: again, .. } = reply.render(&other) else {
+            panic!()
+        };
+        let again: Value = serde_json::from_slice(&again).unwrap();
+        assert!(body["id"].as_str().unwrap().starts_with("msg_mock_"));
+        assert_ne!(
+            body["id"], again["id"],
+            "each turn's message has its own id"
+        );
         assert!(
             body["usage"]["input_tokens"].as_u64().unwrap() >= 100,
             "the request's size"
