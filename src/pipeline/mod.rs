@@ -13,6 +13,7 @@ pub use request::{read_body, ChatRequest};
 use respond::own_error;
 
 use crate::app::{AppState, TurnEvent};
+use crate::dialect::Dialect;
 use crate::error::GatewayError;
 use crate::metrics::{RejectReason, RequestTimer, Route};
 use crate::recall::HistorySource;
@@ -80,7 +81,13 @@ async fn handle(
         Err(e) => return own_error(e, None, started, chat.stream, &chat.model),
     };
     // 3. Identify the conversation (namespaced by the caller's credentials); `None`: no history is kept.
-    let session = identify(&parts.headers, &cfg.session, &state.tenant_key, &chat.body);
+    let session = identify(
+        &parts.headers,
+        &cfg.session,
+        &state.tenant_key,
+        Dialect::Chat,
+        &chat.body,
+    );
     // 3b. Reconcile with the stored history; new messages are queued for writing, not awaited. A store failure
     //     only costs this turn its recording.
     let mark = reconcile(&state, session.as_ref(), &chat).await;
