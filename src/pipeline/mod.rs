@@ -86,7 +86,13 @@ async fn handle(
         Err(e) => return own_error(dialect, e, None, started, chat.stream, &chat.model),
     };
     // 3. Identify the conversation (namespaced by the caller's credentials); `None`: no history is kept.
-    let session = identify(&parts.headers, &cfg.session, &state.tenant_key, &chat.body);
+    let session = identify(
+        &parts.headers,
+        &cfg.session,
+        &state.tenant_key,
+        dialect,
+        &chat.body,
+    );
     // 3b. Reconcile with the stored history; new messages are queued for writing, not awaited. A store failure
     //     only costs this turn its recording.
     let mark = reconcile(&state, session.as_ref(), &chat).await;

@@ -14,6 +14,7 @@ pub use super::entry::SessionEntry;
 use super::identity::SessionIdentity;
 use super::registry::Registry;
 use super::tree::{NodeId, Tree};
+use crate::dialect::Dialect;
 use crate::context::runloop::run_loops;
 use crate::message::message_text;
 use crate::metrics::{CacheResult, SessionMetrics, StoreMetrics, StoreOp};
@@ -173,7 +174,8 @@ fn entry_from_stored(s: StoredSession) -> SessionEntry {
     for i in s.internal {
         st.push_record(Record::Internal(i));
     }
-    SessionEntry::new(s.meta.id, s.meta.tenant, s.meta.created_at, st)
+    let dialect = Dialect::parse(&s.meta.dialect).as_str();
+    SessionEntry::new(s.meta.id, s.meta.tenant, dialect, s.meta.created_at, st)
 }
 
 /// Sessions: cache over store.
@@ -395,6 +397,7 @@ impl Sessions {
             SessionEntry::new(
                 ident.id.clone(),
                 ident.tenant.clone(),
+                ident.dialect.as_str(),
                 now,
                 EntryState::new(Tree::new(), now, false),
             )
