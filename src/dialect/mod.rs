@@ -49,7 +49,7 @@ impl Dialect {
     }
 
     /// The dialect named `name` (as [`Dialect::as_str`] writes it); `chat` for anything else.
-    pub fn parse(name: &str) -> Dialect {
+    pub fn named(name: &str) -> Dialect {
         match name {
             "anthropic" => Dialect::Anthropic,
             _ => Dialect::Chat,

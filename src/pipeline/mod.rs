@@ -99,9 +99,8 @@ async fn handle(
 
     // 4. Plan: count the request against its model's window; over budget, rewrite what goes upstream. Without a
     //    rewrite the client's own bytes go upstream, untouched.
-    let credentials = plan::credentials(&parts.headers);
     let outgoing =
-        match plan_request(&state, strategy, &chat, mark.as_ref(), &credentials, now_secs()).await {
+        match plan_request(&state, strategy, &chat, mark.as_ref(), &parts.headers, now_secs()).await {
             Ok(o) => o,
             Err(e) => {
                 measure::plan_failed(&state, strategy, &chat.model, &e);

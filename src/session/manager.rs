@@ -174,7 +174,7 @@ fn entry_from_stored(s: StoredSession) -> SessionEntry {
     for i in s.internal {
         st.push_record(Record::Internal(i));
     }
-    let dialect = Dialect::parse(&s.meta.dialect).as_str();
+    let dialect = Dialect::named(&s.meta.dialect).as_str();
     SessionEntry::new(s.meta.id, s.meta.tenant, dialect, s.meta.created_at, st)
 }
 
