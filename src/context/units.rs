@@ -131,9 +131,16 @@ mod tests {
         let u: Vec<(usize, usize)> = units(&m).iter().map(|u| (u.start, u.end)).collect();
         assert_eq!(u, [(0, 1), (1, 2), (2, 5), (5, 6)]);
         let mut cont = m.clone();
-        cont.insert(5, json!({"role":"user","content":"also","ctxgate_continues":true}));
+        cont.insert(
+            5,
+            json!({"role":"user","content":"also","ctxgate_continues":true}),
+        );
         let u: Vec<(usize, usize)> = units(&cont).iter().map(|u| (u.start, u.end)).collect();
-        assert_eq!(u, [(0, 1), (1, 2), (2, 6), (6, 7)], "text sent with results goes with them");
+        assert_eq!(
+            u,
+            [(0, 1), (1, 2), (2, 6), (6, 7)],
+            "text sent with results goes with them"
+        );
         assert_eq!(check_sequence(&m), Ok(()));
         assert_eq!(newest_user(&m), Some(1));
     }

@@ -110,7 +110,10 @@ pub fn to_neutral(system: Option<&Value>, messages: &[Value]) -> Neutral {
             }
             (r, _) => {
                 let r = if r == "system" { "system" } else { "user" };
-                n.push(json!({"role":r,"content":user_content(content)}), Origin::Whole(i));
+                n.push(
+                    json!({"role":r,"content":user_content(content)}),
+                    Origin::Whole(i),
+                );
             }
         }
     }
@@ -300,7 +303,10 @@ pub fn from_neutral<'a>(
                 if group.as_ref().is_some_and(|(g, _)| *g != i) {
                     flush(&mut group, &mut rendered);
                 }
-                group.get_or_insert_with(|| (i, Vec::new())).1.push((j, m.as_ref()));
+                group
+                    .get_or_insert_with(|| (i, Vec::new()))
+                    .1
+                    .push((j, m.as_ref()));
             }
             _ => {
                 flush(&mut group, &mut rendered);

@@ -64,32 +64,73 @@ fn neutral_shapes() {
     let system = json!([{"type":"text","text":"You code."},{"type":"text","text":"Be brief.","cache_control":{"type":"ephemeral"}}]);
     let native = vec![
         json!({"role":"user","content":"fix it"}),
-        asst(vec![think("1"), text("reading"), tool_use("a"), tool_use("b"),
+        asst(vec![
+            think("1"),
+            text("reading"),
+            tool_use("a"),
+            tool_use("b"),
             json!({"type":"server_tool_use","id":"srv_1","name":"web_search","input":{"query":"rust borrow"}}),
-            json!({"type":"web_search_tool_result","tool_use_id":"srv_1","content":[{"type":"web_search_result","title":"Borrowing","url":"https://x","encrypted_content":"QUFBQUFB"}]})]),
-        user(vec![result("a", "A"), json!({"type":"tool_result","tool_use_id":"b","content":[text("B1"), {"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBOR"}}]}), text("and also")]),
+            json!({"type":"web_search_tool_result","tool_use_id":"srv_1","content":[{"type":"web_search_result","title":"Borrowing","url":"https://x","encrypted_content":"QUFBQUFB"}]}),
+        ]),
+        user(vec![
+            result("a", "A"),
+            json!({"type":"tool_result","tool_use_id":"b","content":[text("B1"), {"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBOR"}}]}),
+            text("and also"),
+        ]),
         json!({"role":"system","content":"mid"}),
-        user(vec![text("look"), json!({"type":"image","source":{"type":"base64","media_type":"image/png","data":"QUJD"}}),
+        user(vec![
+            text("look"),
+            json!({"type":"image","source":{"type":"base64","media_type":"image/png","data":"QUJD"}}),
             json!({"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"A".repeat(9000)}}),
-            json!({"type":"document","source":{"type":"text","media_type":"text/plain","data":"plain doc"}})]),
+            json!({"type":"document","source":{"type":"text","media_type":"text/plain","data":"plain doc"}}),
+        ]),
     ];
     let n = to_neutral(Some(&system), &native);
     assert_eq!(
         n.origins,
-        [Origin::System, Origin::Whole(0), Origin::Whole(1), Origin::ToolResult(2, 0), Origin::ToolResult(2, 1),
-            Origin::Rest(2), Origin::Whole(3), Origin::Whole(4)]
+        [
+            Origin::System,
+            Origin::Whole(0),
+            Origin::Whole(1),
+            Origin::ToolResult(2, 0),
+            Origin::ToolResult(2, 1),
+            Origin::Rest(2),
+            Origin::Whole(3),
+            Origin::Whole(4)
+        ]
     );
     let m = &n.messages;
-    assert_eq!(m[0], json!({"role":"system","content":"You code.\nBe brief."}));
+    assert_eq!(
+        m[0],
+        json!({"role":"system","content":"You code.\nBe brief."})
+    );
     assert_eq!(m[1], json!({"role":"user","content":"fix it"}));
     assert_eq!(m[2]["content"], "reading");
-    assert_eq!(m[2]["tool_calls"][1], json!({"id":"b","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"b.rs\"}"}}));
+    assert_eq!(
+        m[2]["tool_calls"][1],
+        json!({"id":"b","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"b.rs\"}"}})
+    );
     let opaque = m[2][OPAQUE].as_str().unwrap();
-    assert!(opaque.contains("rust borrow") && opaque.contains("Borrowing"), "{opaque}");
-    assert!(!opaque.contains("QUFB") && !opaque.contains("sig1") && !opaque.contains("let me think"), "{opaque}");
-    assert_eq!(m[3], json!({"role":"tool","tool_call_id":"a","content":"A"}));
-    assert_eq!(m[4]["content"], json!([{"type":"text","text":"B1"},{"type":"image"}]));
-    assert_eq!(m[5], json!({"role":"user","content":[{"type":"text","text":"and also"}],CONTINUES:true}));
+    assert!(
+        opaque.contains("rust borrow") && opaque.contains("Borrowing"),
+        "{opaque}"
+    );
+    assert!(
+        !opaque.contains("QUFB") && !opaque.contains("sig1") && !opaque.contains("let me think"),
+        "{opaque}"
+    );
+    assert_eq!(
+        m[3],
+        json!({"role":"tool","tool_call_id":"a","content":"A"})
+    );
+    assert_eq!(
+        m[4]["content"],
+        json!([{"type":"text","text":"B1"},{"type":"image"}])
+    );
+    assert_eq!(
+        m[5],
+        json!({"role":"user","content":[{"type":"text","text":"and also"}],CONTINUES:true})
+    );
     assert_eq!(m[6], json!({"role":"system","content":"mid"}));
     let parts = m[7]["content"].as_array().unwrap();
     // text, image, 9000 base64 chars = 3 image parts, text document.
@@ -111,10 +152,15 @@ fn unchanged_messages_are_borrowed_and_byte_identical() {
     let (out, src) = identity(&n);
     let r = from_neutral(&native, &n, &out, &src);
     assert!(r.iter().all(|m| matches!(m, Cow::Borrowed(_))));
-    assert_eq!(serde_json::to_string(&r).unwrap(), serde_json::to_string(&native).unwrap());
+    assert_eq!(
+        serde_json::to_string(&r).unwrap(),
+        serde_json::to_string(&native).unwrap()
+    );
     // Equal but owned copies count as unchanged too.
     let (out, src) = edited(&n, &[]);
-    assert!(from_neutral(&native, &n, &out, &src).iter().all(|m| matches!(m, Cow::Borrowed(_))));
+    assert!(from_neutral(&native, &n, &out, &src)
+        .iter()
+        .all(|m| matches!(m, Cow::Borrowed(_))));
 }
 
 #[test]
@@ -134,14 +180,33 @@ fn a_cleared_result_becomes_a_placeholder_inside_its_tool_result() {
     let (out, src) = edited(&n, &[(2, Some(cleared))]);
     let r = from_neutral(&native, &n, &out, &src);
     assert_eq!(r.len(), 4);
-    assert!(matches!(r[1], Cow::Borrowed(_)), "the call is kept as it was");
+    assert!(
+        matches!(r[1], Cow::Borrowed(_)),
+        "the call is kept as it was"
+    );
     let blocks = r[2]["content"].as_array().unwrap();
     assert_eq!(blocks.len(), 2, "parallel results stay in one message");
     let a = &blocks[0];
-    assert!(a["content"].as_str().unwrap().starts_with(PLACEHOLDER_PREFIX));
+    assert!(a["content"]
+        .as_str()
+        .unwrap()
+        .starts_with(PLACEHOLDER_PREFIX));
     let keys: Vec<&String> = a.as_object().unwrap().keys().collect();
-    assert_eq!(keys, ["type", "tool_use_id", "content", "is_error", "cache_control", "x_unknown"]);
-    assert_eq!(blocks[1], native[2]["content"][1], "the other result untouched");
+    assert_eq!(
+        keys,
+        [
+            "type",
+            "tool_use_id",
+            "content",
+            "is_error",
+            "cache_control",
+            "x_unknown"
+        ]
+    );
+    assert_eq!(
+        blocks[1], native[2]["content"][1],
+        "the other result untouched"
+    );
     check_sequence(&owned(&r)).unwrap();
     let body = |m: Vec<Value>| json!({"model":"m","messages":m});
     check_rewrite(&body(native.clone()), &body(owned(&r))).unwrap();
@@ -150,11 +215,17 @@ fn a_cleared_result_becomes_a_placeholder_inside_its_tool_result() {
 #[test]
 fn text_after_results_is_rewritten_or_dropped_on_its_own() {
     let cc = json!({"type":"ephemeral","ttl":"5m"});
-    let img = json!({"type":"image","source":{"type":"base64","media_type":"image/png","data":"QUJD"}});
+    let img =
+        json!({"type":"image","source":{"type":"base64","media_type":"image/png","data":"QUJD"}});
     let native = vec![
         json!({"role":"user","content":"go"}),
         asst(vec![tool_use("a")]),
-        user(vec![result("a", "A"), text(&"x".repeat(50)), img.clone(), json!({"type":"text","text":"tail","cache_control":cc})]),
+        user(vec![
+            result("a", "A"),
+            text(&"x".repeat(50)),
+            img.clone(),
+            json!({"type":"text","text":"tail","cache_control":cc}),
+        ]),
         asst(vec![text("ok")]),
         json!({"role":"user","content":"next"}),
     ];
@@ -164,8 +235,14 @@ fn text_after_results_is_rewritten_or_dropped_on_its_own() {
     let (out, src) = edited(&n, &[(3, Some(cut))]);
     let r = from_neutral(&native, &n, &out, &src);
     let blocks = r[2]["content"].as_array().unwrap();
-    assert_eq!(blocks[0], native[2]["content"][0], "the result is unchanged");
-    assert_eq!(blocks[1], json!({"type":"text","text":"xxxxxxxxxx…[truncated]","cache_control":cc}));
+    assert_eq!(
+        blocks[0], native[2]["content"][0],
+        "the result is unchanged"
+    );
+    assert_eq!(
+        blocks[1],
+        json!({"type":"text","text":"xxxxxxxxxx…[truncated]","cache_control":cc})
+    );
     assert_eq!(blocks[2], img, "the image is carried");
     assert_eq!(blocks.len(), 3);
     // The results gone (with their call), the text stays as a user message of its own.
@@ -180,10 +257,18 @@ fn text_after_results_is_rewritten_or_dropped_on_its_own() {
 #[test]
 fn a_rebuilt_assistant_keeps_thinking_and_its_live_calls() {
     let redacted = json!({"type":"redacted_thinking","data":"RUVF"});
-    let srv = json!({"type":"server_tool_use","id":"srv_1","name":"web_search","input":{"query":"q"}});
+    let srv =
+        json!({"type":"server_tool_use","id":"srv_1","name":"web_search","input":{"query":"q"}});
     let native = vec![
         json!({"role":"user","content":"go"}),
-        asst(vec![think("1"), redacted.clone(), text("first part"), srv.clone(), text("second"), tool_use("a")]),
+        asst(vec![
+            think("1"),
+            redacted.clone(),
+            text("first part"),
+            srv.clone(),
+            text("second"),
+            tool_use("a"),
+        ]),
         user(vec![result("a", "A")]),
     ];
     let n = to_neutral(None, &native);
@@ -198,7 +283,12 @@ fn a_rebuilt_assistant_keeps_thinking_and_its_live_calls() {
     let mut bare = n.messages[1].clone();
     bare["content"] = Value::Null;
     bare.as_object_mut().unwrap().remove("tool_calls");
-    let native2 = vec![native[0].clone(), asst(vec![think("2"), text("t"), tool_use("a")]), native[2].clone(), json!({"role":"user","content":"next"})];
+    let native2 = vec![
+        native[0].clone(),
+        asst(vec![think("2"), text("t"), tool_use("a")]),
+        native[2].clone(),
+        json!({"role":"user","content":"next"}),
+    ];
     let n2 = to_neutral(None, &native2);
     let (out, src) = edited(&n2, &[(1, Some(bare)), (2, None)]);
     let r = from_neutral(&native2, &n2, &out, &src);
@@ -215,17 +305,35 @@ fn added_messages_and_a_leading_assistant() {
     ];
     let n = to_neutral(Some(&json!("sys")), &native);
     // System kept (not rendered), the first user message left out: an assistant would come first.
-    let out: Vec<Cow<'_, Value>> = [0, 2, 3, 4].iter().map(|&j| Cow::Borrowed(&n.messages[j])).collect();
+    let out: Vec<Cow<'_, Value>> = [0, 2, 3, 4]
+        .iter()
+        .map(|&j| Cow::Borrowed(&n.messages[j]))
+        .collect();
     let src: Vec<Source> = [0, 2, 3, 4].into_iter().map(Source::Client).collect();
     let r = from_neutral(&native, &n, &out, &src);
     assert_eq!(r[0]["content"][0]["text"], TURN_NOTE);
     assert_eq!(owned(&r[1..]), native[1..].to_vec());
     // A summary in place of the first two messages.
     let summary = json!({"role":"system","content":"Summary: they asked, we answered."});
-    let out = vec![Cow::Borrowed(&n.messages[0]), Cow::Borrowed(&summary), Cow::Borrowed(&n.messages[3]), Cow::Borrowed(&n.messages[4])];
-    let src = vec![Source::Client(0), Source::Added, Source::Client(3), Source::Client(4)];
+    let out = vec![
+        Cow::Borrowed(&n.messages[0]),
+        Cow::Borrowed(&summary),
+        Cow::Borrowed(&n.messages[3]),
+        Cow::Borrowed(&n.messages[4]),
+    ];
+    let src = vec![
+        Source::Client(0),
+        Source::Added,
+        Source::Client(3),
+        Source::Client(4),
+    ];
     let r = from_neutral(&native, &n, &out, &src);
-    assert_eq!(r[0], Cow::<Value>::Owned(json!({"role":"user","content":[{"type":"text","text":"Summary: they asked, we answered."}]})));
+    assert_eq!(
+        r[0],
+        Cow::<Value>::Owned(
+            json!({"role":"user","content":[{"type":"text","text":"Summary: they asked, we answered."}]})
+        )
+    );
     assert_eq!(owned(&r[1..]), native[2..].to_vec());
 }
 
@@ -239,23 +347,78 @@ fn invalid_sequences_are_named() {
         (vec![json!({"role":"user","content":""})], "content"),
         (vec![user(vec![])], "content"),
         (vec![user(vec![text("")])], "empty text"),
-        (vec![go.clone(), asst(vec![tool_use("a")])], "no tool_result"),
-        (vec![go.clone(), asst(vec![tool_use("a")]), json!({"role":"system","content":"s"}), user(vec![result("a", "A")])], "no tool_result"),
-        (vec![go.clone(), asst(vec![tool_use("a"), tool_use("b")]), user(vec![result("a", "A")])], "\"b\""),
-        (vec![go.clone(), asst(vec![tool_use("a")]), user(vec![text("t"), result("a", "A")])], "come first"),
-        (vec![go.clone(), asst(vec![tool_use("a")]), user(vec![result("a", "A"), result("a", "A")])], "twice"),
-        (vec![go.clone(), user(vec![result("a", "A")])], "previous message"),
-        (vec![go.clone(), asst(vec![tool_use("a")]), user(vec![result("a", "A")]), asst(vec![tool_use("a")]), user(vec![result("a", "A")])], "not unique"),
-        (vec![go.clone(), asst(vec![result("a", "A")])], "tool_result in a assistant"),
+        (
+            vec![go.clone(), asst(vec![tool_use("a")])],
+            "no tool_result",
+        ),
+        (
+            vec![
+                go.clone(),
+                asst(vec![tool_use("a")]),
+                json!({"role":"system","content":"s"}),
+                user(vec![result("a", "A")]),
+            ],
+            "no tool_result",
+        ),
+        (
+            vec![
+                go.clone(),
+                asst(vec![tool_use("a"), tool_use("b")]),
+                user(vec![result("a", "A")]),
+            ],
+            "\"b\"",
+        ),
+        (
+            vec![
+                go.clone(),
+                asst(vec![tool_use("a")]),
+                user(vec![text("t"), result("a", "A")]),
+            ],
+            "come first",
+        ),
+        (
+            vec![
+                go.clone(),
+                asst(vec![tool_use("a")]),
+                user(vec![result("a", "A"), result("a", "A")]),
+            ],
+            "twice",
+        ),
+        (
+            vec![go.clone(), user(vec![result("a", "A")])],
+            "previous message",
+        ),
+        (
+            vec![
+                go.clone(),
+                asst(vec![tool_use("a")]),
+                user(vec![result("a", "A")]),
+                asst(vec![tool_use("a")]),
+                user(vec![result("a", "A")]),
+            ],
+            "not unique",
+        ),
+        (
+            vec![go.clone(), asst(vec![result("a", "A")])],
+            "tool_result in a assistant",
+        ),
     ];
     for (msgs, want) in cases {
         let e = check_sequence(&msgs).unwrap_err();
         assert!(e.contains(want), "{e} (wanted {want})");
     }
-    let ok = vec![json!({"role":"system","content":"s"}), go, asst(vec![think("1"), tool_use("a"), tool_use("b")]),
-        user(vec![result("b", "B"), result("a", "A"), text("t")]), asst(vec![text("done")])];
+    let ok = vec![
+        json!({"role":"system","content":"s"}),
+        go,
+        asst(vec![think("1"), tool_use("a"), tool_use("b")]),
+        user(vec![result("b", "B"), result("a", "A"), text("t")]),
+        asst(vec![text("done")]),
+    ];
     check_sequence(&ok).unwrap();
 }
+
+/// A change made to a body in a test.
+type Edit = dyn Fn(&mut Value);
 
 #[test]
 fn rewrites_that_break_the_rules_are_named() {
@@ -276,24 +439,56 @@ fn rewrites_that_break_the_rules_are_named() {
         check_rewrite(&client, &s)
     };
     with(&|_| {}).unwrap();
-    with(&|s| s["tools"].as_array_mut().unwrap().push(json!({"name":"recall"}))).unwrap();
+    with(&|s| {
+        s["tools"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name":"recall"}))
+    })
+    .unwrap();
     // The marked text rewritten (marker kept on its replacement): allowed.
     with(&|s| s["messages"][0] = user(vec![marked("q1 cut")])).unwrap();
-    let cases: Vec<(&dyn Fn(&mut Value), &str)> = vec![
+    let cases: Vec<(&Edit, &str)> = vec![
         (&|s| s["system"] = json!("other"), "`system`"),
-        (&|s| s["context_management"] = json!({"edits":[{"type":"clear_thinking_20251015"}]}), "`context_management`"),
+        (
+            &|s| s["context_management"] = json!({"edits":[{"type":"clear_thinking_20251015"}]}),
+            "`context_management`",
+        ),
         (&|s| s["temperature"] = json!(1), "added"),
-        (&|s| s["tools"] = json!([{"name":"recall"},{"name":"t"}]), "`tools`"),
-        (&|s| s["messages"][2]["content"][0]["cache_control"] = json!({"type":"ephemeral"}), "marker"),
-        (&|s| s["messages"][1]["content"][0]["signature"] = json!("forged"), "thinking"),
-        (&|s| { s["messages"].as_array_mut().unwrap().remove(3); }, "system message"),
-        (&|s| s["messages"][5]["content"][0]["content"] = json!("cleared"), "newest"),
-        (&|s| s["messages"][4]["content"] = json!([tool_use("b")]), "last assistant"),
-        (&|s| {
-            let o = s.as_object_mut().unwrap();
-            let model = o.shift_remove("model").unwrap();
-            o.insert("model".into(), model);
-        }, "reordered"),
+        (
+            &|s| s["tools"] = json!([{"name":"recall"},{"name":"t"}]),
+            "`tools`",
+        ),
+        (
+            &|s| s["messages"][2]["content"][0]["cache_control"] = json!({"type":"ephemeral"}),
+            "marker",
+        ),
+        (
+            &|s| s["messages"][1]["content"][0]["signature"] = json!("forged"),
+            "thinking",
+        ),
+        (
+            &|s| {
+                s["messages"].as_array_mut().unwrap().remove(3);
+            },
+            "system message",
+        ),
+        (
+            &|s| s["messages"][5]["content"][0]["content"] = json!("cleared"),
+            "newest",
+        ),
+        (
+            &|s| s["messages"][4]["content"] = json!([tool_use("b")]),
+            "last assistant",
+        ),
+        (
+            &|s| {
+                let o = s.as_object_mut().unwrap();
+                let model = o.shift_remove("model").unwrap();
+                o.insert("model".into(), model);
+            },
+            "reordered",
+        ),
     ];
     for (f, want) in cases {
         let e = with(f).unwrap_err();

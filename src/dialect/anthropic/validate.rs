@@ -51,7 +51,9 @@ pub fn check_sequence(messages: &[Value]) -> Result<(), String> {
         if r != "system" && !opened {
             opened = true;
             if r != "user" {
-                return Err(format!("messages.{i}: the first message must be a user message"));
+                return Err(format!(
+                    "messages.{i}: the first message must be a user message"
+                ));
             }
         }
         let uses = ids(m, "tool_use", "id");
@@ -116,14 +118,19 @@ fn check_content(i: usize, m: &Value) -> Result<(), String> {
                     return Err(format!("messages.{i}.content.{b}: a block without a type"));
                 }
                 if block_type(block) == "text"
-                    && block.get("text").and_then(Value::as_str).is_none_or(str::is_empty)
+                    && block
+                        .get("text")
+                        .and_then(Value::as_str)
+                        .is_none_or(str::is_empty)
                 {
                     return Err(format!("messages.{i}.content.{b}: empty text block"));
                 }
             }
             Ok(())
         }
-        _ => Err(format!("messages.{i}: content is empty or not a string or array")),
+        _ => Err(format!(
+            "messages.{i}: content is empty or not a string or array"
+        )),
     }
 }
 
@@ -146,7 +153,9 @@ pub fn check_rewrite(client: &Value, sent: &Value) -> Result<(), String> {
     let mut rest = sm.iter();
     for (i, m) in cm.iter().enumerate().filter(|(_, m)| role(m) == "system") {
         if !rest.any(|x| x == m) {
-            return Err(format!("the client's system message messages.{i} is missing or changed"));
+            return Err(format!(
+                "the client's system message messages.{i} is missing or changed"
+            ));
         }
     }
     if cm.last() != sm.last() {
@@ -194,7 +203,12 @@ fn marked(messages: &[Value]) -> Vec<(&str, &Value)> {
                 out.push((role(m), b));
             }
             if let Some(inner) = b.get("content").and_then(Value::as_array) {
-                out.extend(inner.iter().filter(|x| x.get("cache_control").is_some()).map(|x| (role(m), x)));
+                out.extend(
+                    inner
+                        .iter()
+                        .filter(|x| x.get("cache_control").is_some())
+                        .map(|x| (role(m), x)),
+                );
             }
         }
     }
@@ -202,7 +216,12 @@ fn marked(messages: &[Value]) -> Vec<(&str, &Value)> {
 }
 
 fn count_outside(o: &Map<String, Value>) -> usize {
-    let list = |k: &str| o.get(k).and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let list = |k: &str| {
+        o.get(k)
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+    };
     let marked = |v: &&Value| v.get("cache_control").is_some();
     list("system").iter().filter(marked).count() + list("tools").iter().filter(marked).count()
 }
@@ -216,12 +235,17 @@ fn check_markers(
     let (cmk, smk) = (marked(cm), marked(sm));
     let (client_total, sent_total) = (count_outside(c) + cmk.len(), count_outside(s) + smk.len());
     if sent_total > MAX_CACHE_MARKERS && sent_total > client_total {
-        return Err(format!("{sent_total} cache_control markers sent (at most {MAX_CACHE_MARKERS})"));
+        return Err(format!(
+            "{sent_total} cache_control markers sent (at most {MAX_CACHE_MARKERS})"
+        ));
     }
     let mut free: Vec<Option<(&str, &Value)>> = cmk.into_iter().map(Some).collect();
     let mut rewritten = Vec::new();
     for (r, b) in smk {
-        match free.iter_mut().find(|f| f.is_some_and(|(fr, fb)| fr == r && fb == b)) {
+        match free
+            .iter_mut()
+            .find(|f| f.is_some_and(|(fr, fb)| fr == r && fb == b))
+        {
             Some(slot) => *slot = None,
             None => rewritten.push((r, b)),
         }
@@ -253,8 +277,13 @@ fn check_thinking(cm: &[Value], sm: &[Value]) -> Result<(), String> {
         .map(Value::to_string)
         .collect();
     for (i, m) in sm.iter().enumerate() {
-        if blocks(m).iter().any(|b| is_thinking(b) && !client.contains(&b.to_string())) {
-            return Err(format!("messages.{i}: a thinking block not sent by the client as it is"));
+        if blocks(m)
+            .iter()
+            .any(|b| is_thinking(b) && !client.contains(&b.to_string()))
+        {
+            return Err(format!(
+                "messages.{i}: a thinking block not sent by the client as it is"
+            ));
         }
     }
     let Some(li) = cm.iter().rposition(|m| role(m) == "assistant") else {

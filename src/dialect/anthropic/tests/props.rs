@@ -42,28 +42,41 @@ struct Conv {
 }
 
 fn round() -> impl Strategy<Value = Round> {
-    (1..=3usize, 0..3u8, any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
-        |(calls, thinking, text, rest_text, long, blocks, server)| Round {
-            calls,
-            thinking,
-            text,
-            rest_text,
-            long,
-            blocks,
-            server,
-        },
+    (
+        1..=3usize,
+        0..3u8,
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
     )
+        .prop_map(
+            |(calls, thinking, text, rest_text, long, blocks, server)| Round {
+                calls,
+                thinking,
+                text,
+                rest_text,
+                long,
+                blocks,
+                server,
+            },
+        )
 }
 
 fn turn() -> impl Strategy<Value = Turn> {
-    (any::<bool>(), 0..3u8, prop::collection::vec(round(), 0..4), 0..3u8).prop_map(
-        |(mid_system, opener, rounds, final_thinking)| Turn {
+    (
+        any::<bool>(),
+        0..3u8,
+        prop::collection::vec(round(), 0..4),
+        0..3u8,
+    )
+        .prop_map(|(mid_system, opener, rounds, final_thinking)| Turn {
             mid_system,
             opener,
             rounds,
             final_thinking,
-        },
-    )
+        })
 }
 
 fn conv() -> impl Strategy<Value = Conv> {
@@ -84,12 +97,17 @@ fn conv() -> impl Strategy<Value = Conv> {
 }
 
 fn words(tag: &str, n: usize) -> String {
-    (0..n).map(|w| format!("{tag}{w}")).collect::<Vec<_>>().join(" ")
+    (0..n)
+        .map(|w| format!("{tag}{w}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn thinking(kind: u8, tag: &str) -> Option<Value> {
     match kind {
-        1 => Some(json!({"type":"thinking","thinking":format!("thinking about {tag}"),"signature":format!("EqQBCkYI{tag}sig==")})),
+        1 => Some(
+            json!({"type":"thinking","thinking":format!("thinking about {tag}"),"signature":format!("EqQBCkYI{tag}sig==")}),
+        ),
         2 => Some(json!({"type":"redacted_thinking","data":format!("RWNyeXB0ZWQ{tag}")})),
         _ => None,
     }
@@ -123,7 +141,9 @@ fn build(c: &Conv) -> Value {
                 blocks.push(json!({"type":"web_search_tool_result","tool_use_id":format!("srvtoolu_{tag}"),
                     "content":[{"type":"web_search_result","title":format!("Result {tag}"),"url":"https://example.com","encrypted_content":"RW5jcnlwdGVk"}]}));
             }
-            let ids: Vec<String> = (0..round.calls).map(|k| format!("toolu_{tag}_{k}")).collect();
+            let ids: Vec<String> = (0..round.calls)
+                .map(|k| format!("toolu_{tag}_{k}"))
+                .collect();
             for id in &ids {
                 blocks.push(json!({"type":"tool_use","id":id,"name":"read_file","input":{"path":format!("src/{id}.rs")}}));
             }
@@ -148,8 +168,12 @@ fn build(c: &Conv) -> Value {
         }
         let in_flight = t == last_turn && c.end_in_loop && !turn.rounds.is_empty();
         if !in_flight {
-            let mut blocks: Vec<Value> = thinking(turn.final_thinking, &format!("{t}_f")).into_iter().collect();
-            blocks.push(json!({"type":"text","text":format!("answer {t} {}", words("a", c.words / 4))}));
+            let mut blocks: Vec<Value> = thinking(turn.final_thinking, &format!("{t}_f"))
+                .into_iter()
+                .collect();
+            blocks.push(
+                json!({"type":"text","text":format!("answer {t} {}", words("a", c.words / 4))}),
+            );
             msgs.push(json!({"role":"assistant","content":blocks}));
             if t == last_turn {
                 msgs.push(json!({"role":"user","content":"thanks, and next?"}));
@@ -160,12 +184,20 @@ fn build(c: &Conv) -> Value {
     let mut slots = Vec::new();
     for (i, m) in msgs.iter().enumerate() {
         for (b, block) in m["content"].as_array().into_iter().flatten().enumerate() {
-            if !matches!(block["type"].as_str(), Some("thinking" | "redacted_thinking")) {
+            if !matches!(
+                block["type"].as_str(),
+                Some("thinking" | "redacted_thinking")
+            ) {
                 slots.push((i, b));
             }
         }
     }
-    let mut picked: Vec<(usize, usize)> = c.markers.iter().filter(|_| !slots.is_empty()).map(|k| slots[k % slots.len()]).collect();
+    let mut picked: Vec<(usize, usize)> = c
+        .markers
+        .iter()
+        .filter(|_| !slots.is_empty())
+        .map(|k| slots[k % slots.len()])
+        .collect();
     picked.sort_unstable();
     picked.dedup();
     for (i, b) in picked {
@@ -174,7 +206,9 @@ fn build(c: &Conv) -> Value {
     let system = match c.system {
         0 => Value::Null,
         1 => json!("You are a coding agent."),
-        _ => json!([{"type":"text","text":"You are Claude Code."},{"type":"text","text":"Work carefully.","cache_control":{"type":"ephemeral"}}]),
+        _ => {
+            json!([{"type":"text","text":"You are Claude Code."},{"type":"text","text":"Work carefully.","cache_control":{"type":"ephemeral"}}])
+        }
     };
     let mut body = json!({"model":"claude-sonnet-4-5","max_tokens":4096});
     if !system.is_null() {
@@ -196,12 +230,26 @@ fn strategy(k: u8) -> Rewriting {
 
 /// The client's body as sent upstream after planning with a window of `frac` of its estimated size: `None` when
 /// the planner forwards or refuses.
-fn rewritten(client: &Value, frac: f64, strat: u8, counter: &TokenCounter) -> Option<(Value, bool)> {
+fn rewritten(
+    client: &Value,
+    frac: f64,
+    strat: u8,
+    counter: &TokenCounter,
+) -> Option<(Value, bool)> {
     let native = client["messages"].as_array()?;
     let neutral = to_neutral(client.get("system"), native);
-    let total: u64 = neutral.messages.iter().map(|m| counter.message_tokens(Encoding::O200k, m)).sum();
+    let total: u64 = neutral
+        .messages
+        .iter()
+        .map(|m| counter.message_tokens(Encoding::O200k, m))
+        .sum();
     let ready: Vec<(usize, Value)> = (1..=neutral.messages.len())
-        .map(|u| (u, json!({"role":"system","content":format!("Summary of the first {u} messages.")})))
+        .map(|u| {
+            (
+                u,
+                json!({"role":"system","content":format!("Summary of the first {u} messages.")}),
+            )
+        })
         .collect();
     let input = PlanInput {
         messages: &neutral.messages,
@@ -214,10 +262,19 @@ fn rewritten(client: &Value, frac: f64, strat: u8, counter: &TokenCounter) -> Op
         window: ((total as f64 * frac) as u64).max(200),
         recall_tool: Some("recall_tool_call"),
         reserve: 0,
-        summaries: Some(Summaries { keep_recent: 4, max_tokens: 50, ready: &ready }),
+        summaries: Some(Summaries {
+            keep_recent: 4,
+            max_tokens: 50,
+            ready: &ready,
+        }),
         precompute_at: 0.6,
     };
-    let Plan::Rewrite(rw) = plan(&input, &ContextConfig::default(), &PruneConfig::default(), counter) else {
+    let Plan::Rewrite(rw) = plan(
+        &input,
+        &ContextConfig::default(),
+        &PruneConfig::default(),
+        counter,
+    ) else {
         return None;
     };
     let summarized = rw.sources.contains(&Source::Added);
