@@ -93,7 +93,7 @@ pub fn to_neutral(system: Option<&Value>, messages: &[Value]) -> Neutral {
             ("user", Some(Value::Array(blocks))) if blocks.iter().any(is_tool_result) => {
                 for (b, block) in blocks.iter().enumerate().filter(|(_, b)| is_tool_result(b)) {
                     let id = block.get("tool_use_id").cloned().unwrap_or(Value::Null);
-                    let content = tool_content(block.get("content"));
+                    let content = user_content(block.get("content"));
                     n.push(
                         json!({"role":"tool","tool_call_id":id,"content":content}),
                         Origin::ToolResult(i, b),
@@ -144,6 +144,7 @@ fn plain_text(v: &Value) -> String {
     }
 }
 
+/// Neutral content of a user, system or tool result message: its string, or parts.
 fn user_content(content: Option<&Value>) -> Value {
     match content {
         Some(Value::String(s)) => Value::String(s.clone()),
@@ -151,11 +152,6 @@ fn user_content(content: Option<&Value>) -> Value {
         Some(other) => Value::String(opaque_text(other)),
         None => Value::String(String::new()),
     }
-}
-
-/// A tool result's content: its string, or parts.
-fn tool_content(content: Option<&Value>) -> Value {
-    user_content(content)
 }
 
 /// Neutral content parts of user-side blocks.
