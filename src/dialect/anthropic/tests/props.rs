@@ -7,7 +7,7 @@ use super::super::validate::{check_rewrite, check_sequence};
 use crate::config::{ContextConfig, PruneConfig, Strategy as Rewriting};
 use crate::context::plan::{plan, Plan, PlanInput, Summaries};
 use crate::context::tokens::{Encoding, TokenCounter};
-use crate::message::Source;
+use crate::message::{is_system, Source};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use serde_json::{json, Value};
@@ -26,7 +26,7 @@ struct Round {
 
 #[derive(Debug, Clone)]
 struct Turn {
-    mid_system: bool,
+    mid_system: u8,
     opener: u8,
     rounds: Vec<Round>,
     final_thinking: u8,
@@ -66,8 +66,8 @@ fn round() -> impl Strategy<Value = Round> {
 
 fn turn() -> impl Strategy<Value = Turn> {
     (
-        any::<bool>(),
         0..3u8,
+        0..4u8,
         prop::collection::vec(round(), 0..4),
         0..3u8,
     )
@@ -120,15 +120,23 @@ fn build(c: &Conv) -> Value {
     let mut msgs: Vec<Value> = Vec::new();
     let last_turn = c.turns.len() - 1;
     for (t, turn) in c.turns.iter().enumerate() {
-        if turn.mid_system && t > 0 {
-            msgs.push(json!({"role":"system","content":format!("Reminder {t}: stay on task.")}));
+        let reminder = format!("Reminder {t}: stay on task.");
+        match turn.mid_system {
+            1 if t > 0 => msgs.push(json!({"role":"system","content":reminder})),
+            2 if t > 0 => {
+                msgs.push(json!({"role":"system","content":[{"type":"text","text":reminder}]}))
+            }
+            _ => {}
         }
         let q = format!("question {t} {}", words("q", c.words / 8));
         msgs.push(match turn.opener {
             0 => json!({"role":"user","content":q}),
             1 => json!({"role":"user","content":[{"type":"text","text":q}]}),
-            _ => json!({"role":"user","content":[{"type":"text","text":q},
+            2 => json!({"role":"user","content":[{"type":"text","text":q},
                 {"type":"image","source":{"type":"base64","media_type":"image/png","data":IMAGE}}]}),
+            _ => json!({"role":"user","content":[
+                {"type":"document","source":{"type":"base64","media_type":"application/pdf","data":IMAGE.repeat(40)}},
+                {"type":"text","text":q}]}),
         });
         for (r, round) in turn.rounds.iter().enumerate() {
             let tag = format!("{t}_{r}");
@@ -278,7 +286,13 @@ fn rewritten(
         return None;
     };
     let summarized = rw.sources.contains(&Source::Added);
-    let msgs = from_neutral(native, &neutral, &rw.messages, &rw.sources);
+    // The recall note, where the gateway puts it for Anthropic: a message after the leading system messages.
+    let (mut out, mut sources) = (rw.messages.clone(), rw.sources.clone());
+    let at = out.iter().position(|m| !is_system(m)).unwrap_or(out.len());
+    let note = json!({"role":"system","content":"Results of earlier tool calls were left out; recall them."});
+    out.insert(at, Cow::Owned(note));
+    sources.insert(at, Source::Added);
+    let msgs = from_neutral(native, &neutral, &out, &sources);
     let mut sent = client.clone();
     sent["messages"] = serde_json::to_value(&msgs).ok()?;
     Some((sent, summarized))
