@@ -65,18 +65,14 @@ fn round() -> impl Strategy<Value = Round> {
 }
 
 fn turn() -> impl Strategy<Value = Turn> {
-    (
-        0..3u8,
-        0..4u8,
-        prop::collection::vec(round(), 0..4),
-        0..3u8,
-    )
-        .prop_map(|(mid_system, opener, rounds, final_thinking)| Turn {
+    (0..3u8, 0..4u8, prop::collection::vec(round(), 0..4), 0..3u8).prop_map(
+        |(mid_system, opener, rounds, final_thinking)| Turn {
             mid_system,
             opener,
             rounds,
             final_thinking,
-        })
+        },
+    )
 }
 
 fn conv() -> impl Strategy<Value = Conv> {
