@@ -479,7 +479,12 @@ fn rewrites_that_break_the_rules_are_named() {
         ),
         (
             &|s| s["messages"][4]["content"] = json!([tool_use("b")]),
-            "last assistant",
+            "thinking blocks",
+        ),
+        // An older turn may lose its thinking only with the whole message.
+        (
+            &|s| s["messages"][1]["content"] = json!([tool_use("a")]),
+            "not kept with it",
         ),
         (
             &|s| {

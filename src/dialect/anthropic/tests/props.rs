@@ -30,6 +30,7 @@ struct Turn {
     opener: u8,
     rounds: Vec<Round>,
     final_thinking: u8,
+    long: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -65,12 +66,14 @@ fn round() -> impl Strategy<Value = Round> {
 }
 
 fn turn() -> impl Strategy<Value = Turn> {
-    (0..3u8, 0..4u8, prop::collection::vec(round(), 0..4), 0..3u8).prop_map(
-        |(mid_system, opener, rounds, final_thinking)| Turn {
+    let rounds = prop::collection::vec(round(), 0..4);
+    (0..3u8, 0..4u8, rounds, 0..3u8, any::<bool>()).prop_map(
+        |(mid_system, opener, rounds, final_thinking, long)| Turn {
             mid_system,
             opener,
             rounds,
             final_thinking,
+            long,
         },
     )
 }
@@ -124,7 +127,9 @@ fn build(c: &Conv) -> Value {
             }
             _ => {}
         }
-        let q = format!("question {t} {}", words("q", c.words / 8));
+        // Long texts (over `prune.max_message_length`) are cut when their run loop is pruned.
+        let size = |n: usize| if turn.long { 500 } else { n };
+        let q = format!("question {t} {}", words("q", size(c.words / 8)));
         msgs.push(match turn.opener {
             0 => json!({"role":"user","content":q}),
             1 => json!({"role":"user","content":[{"type":"text","text":q}]}),
@@ -176,7 +181,7 @@ fn build(c: &Conv) -> Value {
                 .into_iter()
                 .collect();
             blocks.push(
-                json!({"type":"text","text":format!("answer {t} {}", words("a", c.words / 4))}),
+                json!({"type":"text","text":format!("answer {t} {}", words("a", size(c.words / 4)))}),
             );
             msgs.push(json!({"role":"assistant","content":blocks}));
             if t == last_turn {
