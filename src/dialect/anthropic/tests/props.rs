@@ -330,22 +330,39 @@ proptest! {
     }
 }
 
-/// The property test's generator does reach rewrites of every kind (so the test above checks something).
+/// The property test's generator does reach rewrites of every kind (so the test above checks something): summaries,
+/// cleared results, and rebuilt assistant messages carrying thinking.
 #[test]
-fn the_generator_reaches_rewrites_and_summaries() {
+fn the_generator_reaches_rewrites_of_every_kind() {
     let counter = TokenCounter::new();
-    let (mut rewrites, mut summaries) = (0, 0);
+    let (mut rewrites, mut summaries, mut cleared, mut thinking) = (0, 0, 0, 0);
     let mut runner = proptest::test_runner::TestRunner::deterministic();
     for _ in 0..40 {
         let c = conv().new_tree(&mut runner).unwrap().current();
         let client = build(&c);
-        for strat in 0..3 {
-            if let Some((_, s)) = rewritten(&client, 0.4, strat, &counter) {
-                rewrites += 1;
-                summaries += usize::from(s);
+        let native = client["messages"].as_array().unwrap();
+        for (strat, frac) in [(0, 0.4), (0, 0.8), (1, 0.4), (2, 0.4)] {
+            let Some((sent, s)) = rewritten(&client, frac, strat, &counter) else {
+                continue;
+            };
+            rewrites += 1;
+            summaries += usize::from(s);
+            for m in sent["messages"].as_array().unwrap() {
+                if native.contains(m) {
+                    continue;
+                }
+                let blocks = m["content"].as_array().into_iter().flatten();
+                let types: Vec<&str> = blocks.filter_map(|b| b["type"].as_str()).collect();
+                cleared += usize::from(types.contains(&"tool_result"));
+                thinking += usize::from(m["role"] == "assistant" && types.contains(&"thinking"));
             }
         }
     }
-    assert!(rewrites >= 20, "{rewrites} rewrites");
+    assert!(rewrites >= 40, "{rewrites} rewrites");
     assert!(summaries >= 5, "{summaries} summarized");
+    assert!(cleared >= 5, "{cleared} messages with cleared results");
+    assert!(
+        thinking >= 1,
+        "{thinking} rebuilt assistant messages with thinking"
+    );
 }
