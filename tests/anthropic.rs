@@ -182,6 +182,8 @@ async fn recall_round_trip(stream: bool) {
             .map(|v| v["delta"]["text"].as_str().unwrap().to_string())
             .collect();
         assert_eq!(said, "The first step printed line0-0.");
+        // the mock pings once per answer; ctxgate pings while its follow-up round is in flight
+        assert!(text.matches("event: ping").count() >= 3, "{text}");
         assert!(text.contains("\"index\":1"), "blocks numbered on: {text}");
         assert!(!text.contains("\"index\":2"), "no gap for our hidden block: {text}");
     } else {

@@ -127,7 +127,7 @@ pub async fn plan_request(
     let (first_pairs, later_pairs);
     first_pairs = pairs(&ready);
     let mut decision = plan_with(&first_pairs);
-    let wanted = decide::wanted_summary(&decision).and_then(|n| native_boundary(chat, n));
+    let wanted = decide::wanted_summary(&decision).and_then(|n| chat.summary_boundary(n));
     if let (Some((s, m)), Some((upto, native_upto))) = (summarizer, wanted) {
         // A summary is wanted: have it written in the background. A request that is being pruned for want of it
         // may wait `summary.wait_ms` for it.
@@ -199,19 +199,6 @@ fn ready_summaries(chat: &Request, mark: &RequestMark) -> Vec<(usize, Value, Str
     ready
 }
 
-/// The summary of the first `n` neutral messages as `(n, client messages covered)`, when `n` ends on a client
-/// message's boundary (a summary covers whole client messages).
-fn native_boundary(chat: &Request, n: usize) -> Option<(usize, usize)> {
-    if n == 0 {
-        return None;
-    }
-    let native = match chat.native_index(n) {
-        Some(k) => k,
-        None if n >= chat.messages().len() => chat.native().len(),
-        None => return None,
-    };
-    (native > 0 && chat.neutral_start(native) == n).then_some((n, native))
-}
 
 /// The client's credential headers (`authorization`, `x-api-key`), for summary requests made on its behalf.
 pub fn credentials(headers: &HeaderMap) -> HeaderMap {
