@@ -38,7 +38,7 @@ pub async fn chat(state: Arc<AppState>, req: Request) -> Response {
     let started = Instant::now();
     // Counts the request in flight; the turn takes it over when the upstream answers, otherwise it records the
     // error answered here (or 499 when the client went away first).
-    let mut timer = Some(state.metrics.start(Route::Chat, started));
+    let mut timer = Some(state.metrics.start(Route::Chat, Dialect::Chat, started));
     let resp = handle(state, req, started, &mut timer).await;
     if let Some(t) = timer.as_mut() {
         t.set_status(resp.status().as_u16());
@@ -63,7 +63,7 @@ async fn handle(
             if matches!(e, GatewayError::RequestTimeout { .. }) {
                 state
                     .metrics
-                    .rejected(Route::Chat, RejectReason::BodyTimeout);
+                    .rejected(Route::Chat, Dialect::Chat, RejectReason::BodyTimeout);
             }
             return own_error(e, None, started, false, "");
         }
@@ -99,12 +99,12 @@ async fn handle(
         match plan_request(&state, strategy, &chat, mark.as_ref(), auth, now_secs()).await {
             Ok(o) => o,
             Err(e) => {
-                measure::plan_failed(&state, strategy, &chat.model, &e);
+                measure::plan_failed(&state, Dialect::Chat, strategy, &chat.model, &e);
                 return own_error(e, session.as_ref(), started, chat.stream, &chat.model);
             }
         };
     if let Some(rw) = &outgoing.rewrite {
-        measure::rewrite(&state, strategy, &chat.model, &rw.record);
+        measure::rewrite(&state, Dialect::Chat, strategy, &chat.model, &rw.record);
     }
     if let (Some(rw), Some(mark)) = (&outgoing.rewrite, &mark) {
         record_compression(&state, mark, rw, &chat.model);
@@ -130,7 +130,7 @@ async fn handle(
     {
         Ok(r) => r,
         Err(e) => {
-            measure::send_failed(&state, timer, &e);
+            measure::send_failed(&state, Dialect::Chat, timer, &e);
             return own_error(e, session.as_ref(), started, chat.stream, &chat.model);
         }
     };
@@ -262,7 +262,14 @@ impl Turn {
                 if let (Some(est), Some(actual)) = (estimate, outcome.reply.prompt_tokens()) {
                     state.counter.observe(&self.model, est, actual);
                 }
-                measure::turn(state, &self.model, self.status, self.planned, &outcome);
+                measure::turn(
+                    state,
+                    Dialect::Chat,
+                    &self.model,
+                    self.status,
+                    self.planned,
+                    &outcome,
+                );
                 log_turn(
                     self.status.as_u16(),
                     &self.model,

@@ -4,6 +4,7 @@
 
 use crate::app::AppState;
 use crate::context::splice_messages;
+use crate::dialect::Dialect;
 use crate::error::GatewayError;
 use crate::metrics::{RecallOutcome, RecallTool};
 use crate::recall::{
@@ -55,7 +56,7 @@ impl Rounds {
     fn answer(&mut self, round: u32, assistant: Value, calls: &[Value]) {
         let names = self.names();
         let metrics = &self.state.metrics;
-        metrics.recall_round();
+        metrics.recall_round(Dialect::Chat);
         let results: Vec<Value> = calls
             .iter()
             .map(|c| {
@@ -64,6 +65,7 @@ impl Rounds {
                 let search = c.pointer("/function/name").and_then(Value::as_str)
                     == Some(names.search.as_str());
                 metrics.recall_call(
+                    Dialect::Chat,
                     if search {
                         RecallTool::Search
                     } else {
