@@ -5,8 +5,8 @@
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use ctxgate::context::models::ModelTable;
 use ctxgate::metrics::{
-    CacheResult, Metrics, RecallOutcome, RecallTool, RewriteOutcome, RewriteStrategy, Route,
-    StoreBackend, StoreOp, TokenCounts, UpstreamErrorClass,
+    CacheResult, DialectLabel, Metrics, RecallOutcome, RecallTool, RewriteOutcome, RewriteStrategy,
+    Route, StoreBackend, StoreOp, TokenCounts, UpstreamErrorClass,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -35,7 +35,7 @@ fn chat_turn_with(
     status: u16,
     started: Instant,
 ) {
-    let mut t = m.start(Route::Chat, started);
+    let mut t = m.start(Route::Chat, DialectLabel::Chat, started);
     t.set_stream(stream);
     sessions.lookup(CacheResult::Hit);
     store.observe(StoreOp::Write, started, true);
@@ -47,10 +47,11 @@ fn chat_turn_with(
     t.upstream_ended();
     t.set_status(status);
     if let Some(class) = UpstreamErrorClass::of_status(status) {
-        m.upstream_error(Route::Chat, class);
+        m.upstream_error(Route::Chat, DialectLabel::Chat, class);
     }
     m.tokens(
         model,
+        DialectLabel::Chat,
         &TokenCounts {
             client_prompt: Some(1200),
             upstream_prompt: Some(1200),
@@ -99,20 +100,25 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             let model = black_box("gpt-4o-2024-08-06");
             m.rewrite(
+                DialectLabel::Chat,
                 RewriteStrategy::Hybrid,
                 RewriteOutcome::Pruned,
                 model,
                 40_000,
             );
-            m.recall_round();
-            m.recall_call(RecallTool::Recall, RecallOutcome::Found);
-            m.recall_call(RecallTool::Search, RecallOutcome::NotFound);
+            m.recall_round(DialectLabel::Chat);
+            m.recall_call(DialectLabel::Chat, RecallTool::Recall, RecallOutcome::Found);
+            m.recall_call(
+                DialectLabel::Chat,
+                RecallTool::Search,
+                RecallOutcome::NotFound,
+            );
             chat_turn_with(&m, &sessions, &store, model, true, 200, Instant::now())
         })
     });
     c.bench_function("record/passthrough", |b| {
         b.iter(|| {
-            let mut t = m.start(Route::Passthrough, Instant::now());
+            let mut t = m.start(Route::Passthrough, DialectLabel::NoDialect, Instant::now());
             t.upstream_sent();
             t.set_status(200);
             drop(t);

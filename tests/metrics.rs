@@ -253,6 +253,21 @@ async fn scripted_traffic_moves_every_family() {
     assert_eq!(req("admin", "4xx", "false"), 1.0);
     assert_eq!(sum(&m, names::REQUESTS_IN_FLIGHT, &[]), 0.0);
     assert_eq!(sum(&m, names::ACTIVE_STREAMS, &[]), 0.0);
+    // dialects: chat completions are `chat`; passthrough and admin are outside any dialect
+    for (route, dialect) in [("chat", "chat"), ("passthrough", "none"), ("admin", "none")] {
+        let all = sum(&m, names::REQUESTS_TOTAL, &[("route", route)]);
+        let labelled = sum(
+            &m,
+            names::REQUESTS_TOTAL,
+            &[("route", route), ("dialect", dialect)],
+        );
+        assert!(all > 0.0 && labelled == all, "{route}: {labelled} of {all}");
+    }
+    assert!(has(&m, names::REQUESTS_TOTAL, &[("dialect", "anthropic")]));
+    assert_eq!(
+        sum(&m, names::REQUESTS_TOTAL, &[("dialect", "anthropic")]),
+        0.0
+    );
     // latency: every chat request has a duration; the five that went upstream an upstream wait and an overhead
     let count = |name: &str, route| sum(&m, &format!("{name}_count"), &[("route", route)]);
     assert_eq!(count(names::REQUEST_DURATION_SECONDS, "chat"), 7.0);
@@ -297,6 +312,12 @@ async fn scripted_traffic_moves_every_family() {
     let saved = sum(&m, names::SAVED_TOKENS_TOTAL, &model);
     assert!(client > 920.0 + 6_400.0, "client tokens {client}");
     assert!(saved > 0.0 && saved < client, "saved {saved} of {client}");
+    let chat_model = [("model", LABEL), ("dialect", "chat")];
+    assert_eq!(sum(&m, names::SAVED_TOKENS_TOTAL, &chat_model), saved);
+    assert_eq!(
+        sum(&m, names::CLIENT_PROMPT_TOKENS_TOTAL, &chat_model),
+        client
+    );
     assert!(has(&m, names::TOKEN_ESTIMATE_RATIO, &model));
     // compression and recall
     assert_eq!(
@@ -692,7 +713,8 @@ fn substitute(expr: &str) -> String {
     let out = expr
         .replace("$__rate_interval", "1m")
         .replace("$__range", "1m")
-        .replace("$instance", ".*");
+        .replace("$instance", ".*")
+        .replace("$dialect", ".*");
     assert!(!out.contains('$'), "unknown variable in {expr}");
     out
 }
@@ -1035,6 +1057,9 @@ async fn a_real_prometheus_answers_the_dashboard_queries() {
     let main = [
         "Requests / s",
         "Requests / s by route",
+        "Requests / s by dialect",
+        "Tokens saved / s by dialect",
+        "Rewrites / s by dialect",
         "Overhead added by ctxgate (chat)",
         "Upstream wait (chat)",
         "Time to first byte (streams)",

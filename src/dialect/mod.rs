@@ -197,3 +197,33 @@ impl Assemble for chat::MessageAssembler {
         chat::MessageAssembler::finish(self)
     }
 }
+
+/// A dialect's `dialect` metric label: its own name (the metrics module knows nothing of dialects).
+impl From<Dialect> for crate::metrics::DialectLabel {
+    fn from(d: Dialect) -> Self {
+        match d {
+            Dialect::Chat => crate::metrics::DialectLabel::Chat,
+            Dialect::Anthropic => crate::metrics::DialectLabel::Anthropic,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::DialectLabel;
+
+    #[test]
+    fn every_dialect_is_labelled_by_its_name() {
+        for d in [Dialect::Chat, Dialect::Anthropic] {
+            assert_eq!(DialectLabel::from(d).as_str(), d.as_str());
+        }
+        // `none` is no dialect's name
+        assert!(DialectLabel::ALL
+            .iter()
+            .filter(|l| [Dialect::Chat, Dialect::Anthropic]
+                .iter()
+                .all(|d| DialectLabel::from(*d) != **l))
+            .all(|l| *l == DialectLabel::NoDialect));
+    }
+}

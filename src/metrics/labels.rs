@@ -42,6 +42,20 @@ label_enum! {
 }
 
 label_enum! {
+    /// The wire format a request was handled in (`dialect`): the conversation dialects by their names
+    /// (`crate::dialect::Dialect::as_str`, which converts into this), `none` for requests outside any dialect
+    /// (passthrough, admin, `/metrics`).
+    pub enum DialectLabel {
+        /// OpenAI chat completions.
+        Chat => "chat",
+        /// Anthropic Messages.
+        Anthropic => "anthropic",
+        /// No dialect: the request was not handled as a conversation.
+        NoDialect => "none",
+    }
+}
+
+label_enum! {
     /// Why ctxgate refused a request before handling it (`reason`).
     pub enum RejectReason {
         /// Beyond `server.max_in_flight`: 503 with `retry-after`.
@@ -253,6 +267,9 @@ mod tests {
         }
         for (i, o) in UpstreamErrorClass::ALL.iter().enumerate() {
             assert_eq!(o.idx(), i);
+        }
+        for (i, d) in DialectLabel::ALL.iter().enumerate() {
+            assert_eq!(d.idx(), i);
         }
         assert_eq!(RewriteOutcome::ALL.len(), 5);
     }

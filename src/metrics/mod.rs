@@ -9,8 +9,8 @@ mod models;
 pub mod names;
 
 pub use labels::{
-    CacheResult, RecallOutcome, RecallTool, RejectReason, RewriteOutcome, RewriteStrategy, Route,
-    StatusClass, StoreBackend, StoreOp, SummaryOutcome, UpstreamErrorClass,
+    CacheResult, DialectLabel, RecallOutcome, RecallTool, RejectReason, RewriteOutcome,
+    RewriteStrategy, Route, StatusClass, StoreBackend, StoreOp, SummaryOutcome, UpstreamErrorClass,
 };
 pub use models::{ModelResolver, OTHER};
 
@@ -40,34 +40,43 @@ pub const CLIENT_CLOSED: u16 = 499;
 /// The registry and a pre-resolved handle for every series.
 pub struct Metrics {
     registry: Registry,
-    /// route × status class × stream flag.
+    /// route × dialect × status class × stream flag.
     requests: Vec<IntCounter>,
+    /// route × dialect (so are the three latency histograms).
     in_flight: Vec<IntGauge>,
     active_streams: IntGauge,
-    /// route × reason.
+    /// route × dialect × reason.
     rejected: Vec<IntCounter>,
     duration: Vec<Histogram>,
     upstream: Vec<Histogram>,
     overhead: Vec<Histogram>,
-    first_byte: Histogram,
+    /// dialect.
+    first_byte: Vec<Histogram>,
     models: ModelLabels,
     calibration: GaugeVec,
-    /// strategy × outcome.
+    /// dialect × strategy × outcome.
     rewrites: Vec<IntCounter>,
     summary_calls: Vec<IntCounter>,
     summary_duration: Histogram,
     precompactions_started: IntCounter,
     precompactions_finished: IntCounter,
-    /// tool × outcome.
+    /// dialect × tool × outcome.
     recall_calls: Vec<IntCounter>,
-    recall_rounds: IntCounter,
+    /// dialect.
+    recall_rounds: Vec<IntCounter>,
     sessions_cached: IntGauge,
     session_cache_bytes: IntGauge,
     session_lookups: Arc<Vec<IntCounter>>,
     store_duration: HistogramVec,
     store_errors: IntCounterVec,
-    /// route × class.
+    /// route × dialect × class.
     upstream_errors: Vec<IntCounter>,
+}
+
+/// The position of a series in a list resolved by [`resolve`]: `dims` are (value index, value count) per label,
+/// in the lists' order (row-major, the last varies fastest).
+fn at(dims: &[(usize, usize)]) -> usize {
+    dims.iter().fold(0, |acc, &(i, n)| acc * n + i)
 }
 
 fn register<C: Collector + Clone + 'static>(r: &Registry, c: C) -> prometheus::Result<C> {
@@ -97,6 +106,11 @@ fn histograms(
 fn histogram(r: &Registry, name: &str, help: &str) -> prometheus::Result<Histogram> {
     let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
     register(r, Histogram::with_opts(opts)?)
+}
+
+/// A dialect's position among the `dialect` label's values.
+fn d(dialect: DialectLabel) -> (usize, usize) {
+    (dialect.idx(), DialectLabel::ALL.len())
 }
 
 fn gauge(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
@@ -141,12 +155,13 @@ impl Metrics {
         let outcomes = values(RewriteOutcome::ALL, RewriteOutcome::as_str);
         let up_classes = values(UpstreamErrorClass::ALL, UpstreamErrorClass::as_str);
         let reasons = values(RejectReason::ALL, RejectReason::as_str);
+        let dialects = values(DialectLabel::ALL, DialectLabel::as_str);
 
         let requests = counters(
             &r,
             REQUESTS_TOTAL,
-            "Finished requests by route class (chat, passthrough, admin), status class and stream flag.",
-            &["route", "status", "stream"],
+            "Finished requests by route class (chat, passthrough, admin), dialect (chat, anthropic; none outside a conversation), status class and stream flag.",
+            &["route", "dialect", "status", "stream"],
         )?;
         let in_flight = register(
             &r,
@@ -155,28 +170,28 @@ impl Metrics {
                     REQUESTS_IN_FLIGHT,
                     "Requests being handled, streams included until their last byte.",
                 ),
-                &["route"],
+                &["route", "dialect"],
             )?,
         )?;
         let duration = histograms(
             &r,
             REQUEST_DURATION_SECONDS,
             "Time from a request's arrival to the end of its response.",
-            &["route"],
+            &["route", "dialect"],
         )?;
         let upstream = histograms(
             &r,
             UPSTREAM_DURATION_SECONDS,
             "Time spent waiting on the upstream, from sending the request to its last byte (all recall rounds).",
-            &["route"],
+            &["route", "dialect"],
         )?;
         let overhead = histograms(
             &r,
             OVERHEAD_SECONDS,
             "Time ctxgate itself added to a request that went upstream: total duration minus upstream wait.",
-            &["route"],
+            &["route", "dialect"],
         )?;
-        let token = |name, help| counters(&r, name, help, &["model"]);
+        let token = |name, help| counters(&r, name, help, &["model", "dialect"]);
         let families = TokenFamilies {
             client_prompt: token(
                 CLIENT_PROMPT_TOKENS_TOTAL,
@@ -198,8 +213,8 @@ impl Metrics {
         let rewrites = counters(
             &r,
             REWRITES_TOTAL,
-            "Rewritten or refused chat requests by strategy and outcome (the deepest stage needed, or rejected).",
-            &["strategy", "outcome"],
+            "Rewritten or refused conversation requests by dialect, strategy and outcome (the deepest stage needed, or rejected).",
+            &["dialect", "strategy", "outcome"],
         )?;
         let summary_calls = counters(
             &r,
@@ -210,8 +225,8 @@ impl Metrics {
         let recall_calls = counters(
             &r,
             RECALL_CALLS_TOTAL,
-            "Recall and search calls answered by ctxgate, by tool and outcome.",
-            &["tool", "outcome"],
+            "Recall and search calls answered by ctxgate, by dialect, tool and outcome.",
+            &["dialect", "tool", "outcome"],
         )?;
         let session_lookups = counters(
             &r,
@@ -222,14 +237,14 @@ impl Metrics {
         let upstream_errors = counters(
             &r,
             UPSTREAM_ERRORS_TOTAL,
-            "Upstream failures by route and class (4xx, 5xx, unreachable, timeout, interrupted).",
-            &["route", "class"],
+            "Upstream failures by route, dialect and class (4xx, 5xx, unreachable, timeout, interrupted).",
+            &["route", "dialect", "class"],
         )?;
         let rejected = counters(
             &r,
             REQUESTS_REJECTED_TOTAL,
-            "Requests refused before being handled, by route and reason (overloaded: beyond server.max_in_flight, 503; body_timeout: body not received within server.body_read_timeout_secs, 408).",
-            &["route", "reason"],
+            "Requests refused before being handled, by route, dialect and reason (overloaded: beyond server.max_in_flight, 503; body_timeout: body not received within server.body_read_timeout_secs, 408).",
+            &["route", "dialect", "reason"],
         )?;
         let build = register(
             &r,
@@ -243,22 +258,32 @@ impl Metrics {
         )?;
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
 
+        let first_byte = histograms(
+            &r,
+            STREAM_FIRST_BYTE_SECONDS,
+            "Time from a streamed conversation request's arrival to the first byte of the upstream's answer, by dialect.",
+            &["dialect"],
+        )?;
+        let recall_rounds = counters(
+            &r,
+            RECALL_ROUNDS_TOTAL,
+            "Extra upstream round trips made to answer recall and search calls, by dialect.",
+            &["dialect"],
+        )?;
         let stream_flags: &[&'static str] = &["false", "true"];
         Ok(Metrics {
-            requests: resolve(&[&routes, &classes, stream_flags], |l| {
+            requests: resolve(&[&routes, &dialects, &classes, stream_flags], |l| {
                 requests.with_label_values(l)
             }),
-            in_flight: resolve(&[&routes], |l| in_flight.with_label_values(l)),
+            in_flight: resolve(&[&routes, &dialects], |l| in_flight.with_label_values(l)),
             active_streams: gauge(&r, ACTIVE_STREAMS, "Chat responses being streamed (SSE) to clients.")?,
-            rejected: resolve(&[&routes, &reasons], |l| rejected.with_label_values(l)),
-            duration: resolve(&[&routes], |l| duration.with_label_values(l)),
-            upstream: resolve(&[&routes], |l| upstream.with_label_values(l)),
-            overhead: resolve(&[&routes], |l| overhead.with_label_values(l)),
-            first_byte: histogram(
-                &r,
-                STREAM_FIRST_BYTE_SECONDS,
-                "Time from a streamed chat request's arrival to the first byte of the upstream's answer.",
-            )?,
+            rejected: resolve(&[&routes, &dialects, &reasons], |l| {
+                rejected.with_label_values(l)
+            }),
+            duration: resolve(&[&routes, &dialects], |l| duration.with_label_values(l)),
+            upstream: resolve(&[&routes, &dialects], |l| upstream.with_label_values(l)),
+            overhead: resolve(&[&routes, &dialects], |l| overhead.with_label_values(l)),
+            first_byte: resolve(&[&dialects], |l| first_byte.with_label_values(l)),
             models: ModelLabels::new(models, families),
             calibration: register(
                 &r,
@@ -270,7 +295,9 @@ impl Metrics {
                     &["model"],
                 )?,
             )?,
-            rewrites: resolve(&[&strategies, &outcomes], |l| rewrites.with_label_values(l)),
+            rewrites: resolve(&[&dialects, &strategies, &outcomes], |l| {
+                rewrites.with_label_values(l)
+            }),
             summary_calls: resolve(&[&values(SummaryOutcome::ALL, SummaryOutcome::as_str)], |l| {
                 summary_calls.with_label_values(l)
             }),
@@ -291,16 +318,13 @@ impl Metrics {
             )?,
             recall_calls: resolve(
                 &[
+                    &dialects,
                     &values(RecallTool::ALL, RecallTool::as_str),
                     &values(RecallOutcome::ALL, RecallOutcome::as_str),
                 ],
                 |l| recall_calls.with_label_values(l),
             ),
-            recall_rounds: counter(
-                &r,
-                RECALL_ROUNDS_TOTAL,
-                "Extra upstream round trips made to answer recall and search calls.",
-            )?,
+            recall_rounds: resolve(&[&dialects], |l| recall_rounds.with_label_values(l)),
             sessions_cached: gauge(&r, SESSIONS_CACHED, "Sessions in the in-memory cache.")?,
             session_cache_bytes: gauge(
                 &r,
@@ -323,7 +347,7 @@ impl Metrics {
                 "Failed store operations by backend and operation.",
                 &["backend", "operation"],
             )?,
-            upstream_errors: resolve(&[&routes, &up_classes], |l| {
+            upstream_errors: resolve(&[&routes, &dialects, &up_classes], |l| {
                 upstream_errors.with_label_values(l)
             }),
             registry: r,
@@ -345,11 +369,19 @@ impl Metrics {
     }
 
     /// Starts timing a request: counts it in flight until the returned timer is dropped, which records it.
-    pub fn start(self: &Arc<Self>, route: Route, started: Instant) -> RequestTimer {
-        self.in_flight[route.idx()].inc();
+    /// `dialect`: a `crate::dialect::Dialect`, or [`DialectLabel::NoDialect`] outside a conversation.
+    pub fn start(
+        self: &Arc<Self>,
+        route: Route,
+        dialect: impl Into<DialectLabel>,
+        started: Instant,
+    ) -> RequestTimer {
+        let dialect = dialect.into();
+        self.in_flight[at(&[(route.idx(), Route::ALL.len()), d(dialect)])].inc();
         RequestTimer {
             metrics: self.clone(),
             route,
+            dialect,
             started,
             status: CLIENT_CLOSED,
             stream: false,
@@ -361,29 +393,45 @@ impl Metrics {
     }
 
     /// Counts a request refused before it was handled (it is still recorded by its timer, with its status).
-    pub fn rejected(&self, route: Route, reason: RejectReason) {
-        self.rejected[route.idx() * RejectReason::ALL.len() + reason.idx()].inc();
+    pub fn rejected(&self, route: Route, dialect: impl Into<DialectLabel>, reason: RejectReason) {
+        let i = at(&[
+            (route.idx(), Route::ALL.len()),
+            d(dialect.into()),
+            (reason.idx(), RejectReason::ALL.len()),
+        ]);
+        self.rejected[i].inc();
     }
 
     /// Counts an upstream failure.
-    pub fn upstream_error(&self, route: Route, class: UpstreamErrorClass) {
-        self.upstream_errors[route.idx() * UpstreamErrorClass::ALL.len() + class.idx()].inc();
+    pub fn upstream_error(
+        &self,
+        route: Route,
+        dialect: impl Into<DialectLabel>,
+        class: UpstreamErrorClass,
+    ) {
+        let i = at(&[
+            (route.idx(), Route::ALL.len()),
+            d(dialect.into()),
+            (class.idx(), UpstreamErrorClass::ALL.len()),
+        ]);
+        self.upstream_errors[i].inc();
     }
 
-    /// Adds a finished chat turn's tokens to its model's counters.
-    pub fn tokens(&self, model: &str, t: &TokenCounts) {
+    /// Adds a finished conversation turn's tokens to its model's counters.
+    pub fn tokens(&self, model: &str, dialect: impl Into<DialectLabel>, t: &TokenCounts) {
         if t.client_prompt.is_none() && t.upstream_prompt.is_none() && t.completion.is_none() {
             return;
         }
+        let di = dialect.into().idx();
         self.models.with(model, |s| {
             if let Some(n) = t.client_prompt {
-                s.client_prompt.inc_by(n);
+                s.client_prompt[di].inc_by(n);
             }
             if let Some(n) = t.upstream_prompt {
-                s.upstream_prompt.inc_by(n);
+                s.upstream_prompt[di].inc_by(n);
             }
             if let Some(n) = t.completion {
-                s.completion.inc_by(n);
+                s.completion[di].inc_by(n);
             }
         });
     }
@@ -391,14 +439,22 @@ impl Metrics {
     /// Counts a rewrite (or a refusal) and the tokens it removed.
     pub fn rewrite(
         &self,
+        dialect: impl Into<DialectLabel>,
         strategy: RewriteStrategy,
         outcome: RewriteOutcome,
         model: &str,
         saved_tokens: u64,
     ) {
-        self.rewrites[strategy.idx() * RewriteOutcome::ALL.len() + outcome.idx()].inc();
+        let dialect = dialect.into();
+        let i = at(&[
+            d(dialect),
+            (strategy.idx(), RewriteStrategy::ALL.len()),
+            (outcome.idx(), RewriteOutcome::ALL.len()),
+        ]);
+        self.rewrites[i].inc();
         if saved_tokens > 0 {
-            self.models.with(model, |s| s.saved.inc_by(saved_tokens));
+            self.models
+                .with(model, |s| s.saved[dialect.idx()].inc_by(saved_tokens));
         }
     }
 
@@ -419,13 +475,23 @@ impl Metrics {
     }
 
     /// Counts one answered recall or search call.
-    pub fn recall_call(&self, tool: RecallTool, outcome: RecallOutcome) {
-        self.recall_calls[tool.idx() * RecallOutcome::ALL.len() + outcome.idx()].inc();
+    pub fn recall_call(
+        &self,
+        dialect: impl Into<DialectLabel>,
+        tool: RecallTool,
+        outcome: RecallOutcome,
+    ) {
+        let i = at(&[
+            d(dialect.into()),
+            (tool.idx(), RecallTool::ALL.len()),
+            (outcome.idx(), RecallOutcome::ALL.len()),
+        ]);
+        self.recall_calls[i].inc();
     }
 
     /// Counts one extra upstream round trip for recall.
-    pub fn recall_round(&self) {
-        self.recall_rounds.inc();
+    pub fn recall_round(&self, dialect: impl Into<DialectLabel>) {
+        self.recall_rounds[dialect.into().idx()].inc();
     }
 
     /// The handles the session cache records its lookups with.
@@ -494,6 +560,7 @@ pub struct TokenCounts {
 pub struct RequestTimer {
     metrics: Arc<Metrics>,
     route: Route,
+    dialect: DialectLabel,
     started: Instant,
     status: u16,
     stream: bool,
@@ -544,7 +611,7 @@ impl RequestTimer {
 impl Drop for RequestTimer {
     fn drop(&mut self) {
         let m = &*self.metrics;
-        let r = self.route.idx();
+        let r = at(&[(self.route.idx(), Route::ALL.len()), d(self.dialect)]);
         let now = Instant::now();
         let total = now.saturating_duration_since(self.started);
         m.in_flight[r].dec();
@@ -552,7 +619,12 @@ impl Drop for RequestTimer {
             m.active_streams.dec();
         }
         let class = StatusClass::of(self.status).idx();
-        m.requests[(r * StatusClass::ALL.len() + class) * 2 + usize::from(self.stream)].inc();
+        let i = at(&[
+            (r, Route::ALL.len() * DialectLabel::ALL.len()),
+            (class, StatusClass::ALL.len()),
+            (usize::from(self.stream), 2),
+        ]);
+        m.requests[i].inc();
         m.duration[r].observe(total.as_secs_f64());
         let upstream = self
             .upstream_time
@@ -561,9 +633,9 @@ impl Drop for RequestTimer {
             m.upstream[r].observe(up.as_secs_f64());
             m.overhead[r].observe(total.saturating_sub(up).as_secs_f64());
         }
-        if let (true, Some(at)) = (self.stream, self.first_byte) {
-            m.first_byte
-                .observe(at.saturating_duration_since(self.started).as_secs_f64());
+        if let (true, Some(first)) = (self.stream, self.first_byte) {
+            m.first_byte[self.dialect.idx()]
+                .observe(first.saturating_duration_since(self.started).as_secs_f64());
         }
     }
 }

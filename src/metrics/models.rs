@@ -2,6 +2,7 @@
 //! matches (`gpt-4o*`), anything else `other`. Resolved once per model name and cached (bounded), with the
 //! series of each label resolved once too, so recording costs one hash lookup.
 
+use super::labels::DialectLabel;
 use parking_lot::{Mutex, RwLock};
 use prometheus::{IntCounter, IntCounterVec};
 use std::collections::HashMap;
@@ -18,17 +19,17 @@ const MAX_NAMES: usize = 1024;
 /// Longer names are never looked up: they are `other`.
 const MAX_NAME_LEN: usize = 256;
 
-/// The per-model token counters of one label.
+/// The per-model token counters of one label, one per dialect (indexed by `DialectLabel::idx`).
 pub(crate) struct ModelSeries {
     /// The label value.
     pub label: Arc<str>,
-    pub client_prompt: IntCounter,
-    pub upstream_prompt: IntCounter,
-    pub completion: IntCounter,
-    pub saved: IntCounter,
+    pub client_prompt: Vec<IntCounter>,
+    pub upstream_prompt: Vec<IntCounter>,
+    pub completion: Vec<IntCounter>,
+    pub saved: Vec<IntCounter>,
 }
 
-/// The four per-model counter families.
+/// The four per-model counter families (labels `model`, `dialect`).
 pub(crate) struct TokenFamilies {
     pub client_prompt: IntCounterVec,
     pub upstream_prompt: IntCounterVec,
@@ -100,12 +101,17 @@ impl ModelLabels {
 }
 
 fn series(f: &TokenFamilies, label: Arc<str>) -> ModelSeries {
-    let l = [&*label];
+    let per_dialect = |family: &IntCounterVec| {
+        DialectLabel::ALL
+            .iter()
+            .map(|d| family.with_label_values(&[&*label, d.as_str()]))
+            .collect()
+    };
     ModelSeries {
-        client_prompt: f.client_prompt.with_label_values(&l),
-        upstream_prompt: f.upstream_prompt.with_label_values(&l),
-        completion: f.completion.with_label_values(&l),
-        saved: f.saved.with_label_values(&l),
+        client_prompt: per_dialect(&f.client_prompt),
+        upstream_prompt: per_dialect(&f.upstream_prompt),
+        completion: per_dialect(&f.completion),
+        saved: per_dialect(&f.saved),
         label,
     }
 }

@@ -19,6 +19,7 @@ fn every_name_is_exported_with_help() {
     let m = metrics();
     m.tokens(
         "gpt-4o",
+        DialectLabel::Chat,
         &TokenCounts {
             client_prompt: Some(1),
             ..Default::default()
@@ -43,15 +44,25 @@ fn a_timer_records_the_request_when_dropped() {
     let m = metrics();
     let started = Instant::now();
     {
-        let mut t = m.start(Route::Chat, started);
+        let mut t = m.start(Route::Chat, DialectLabel::Anthropic, started);
         t.set_stream(true);
         t.streaming();
         t.upstream_sent();
         t.first_byte(Instant::now());
         let text = m.render();
         assert_eq!(
-            value(&text, "ctxgate_requests_in_flight{route=\"chat\"}"),
+            value(
+                &text,
+                "ctxgate_requests_in_flight{dialect=\"anthropic\",route=\"chat\"}"
+            ),
             Some(1.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                "ctxgate_requests_in_flight{dialect=\"chat\",route=\"chat\"}"
+            ),
+            Some(0.0)
         );
         assert_eq!(value(&text, "ctxgate_active_streams"), Some(1.0));
         t.upstream_ended();
@@ -59,43 +70,59 @@ fn a_timer_records_the_request_when_dropped() {
     }
     {
         // Dropped without a status: the client went away.
-        let _t = m.start(Route::Passthrough, Instant::now());
+        let _t = m.start(Route::Passthrough, DialectLabel::NoDialect, Instant::now());
     }
     let text = m.render();
     assert_eq!(
-        value(&text, "ctxgate_requests_in_flight{route=\"chat\"}"),
+        value(
+            &text,
+            "ctxgate_requests_in_flight{dialect=\"anthropic\",route=\"chat\"}"
+        ),
         Some(0.0)
     );
     assert_eq!(value(&text, "ctxgate_active_streams"), Some(0.0));
     assert_eq!(
         value(
             &text,
-            "ctxgate_requests_total{route=\"chat\",status=\"2xx\",stream=\"true\"}"
+            "ctxgate_requests_total{dialect=\"anthropic\",route=\"chat\",status=\"2xx\",stream=\"true\"}"
         ),
         Some(1.0)
     );
     assert_eq!(
         value(
             &text,
-            "ctxgate_requests_total{route=\"passthrough\",status=\"4xx\",stream=\"false\"}"
+            "ctxgate_requests_total{dialect=\"none\",route=\"passthrough\",status=\"4xx\",stream=\"false\"}"
         ),
         Some(1.0)
     );
     assert_eq!(
-        value(&text, "ctxgate_overhead_seconds_count{route=\"chat\"}"),
+        value(
+            &text,
+            "ctxgate_overhead_seconds_count{dialect=\"anthropic\",route=\"chat\"}"
+        ),
         Some(1.0)
     );
     // No upstream: no overhead sample.
     assert_eq!(
         value(
             &text,
-            "ctxgate_overhead_seconds_count{route=\"passthrough\"}"
+            "ctxgate_overhead_seconds_count{dialect=\"none\",route=\"passthrough\"}"
         ),
         Some(0.0)
     );
     assert_eq!(
-        value(&text, "ctxgate_stream_first_byte_seconds_count"),
+        value(
+            &text,
+            "ctxgate_stream_first_byte_seconds_count{dialect=\"anthropic\"}"
+        ),
         Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            "ctxgate_stream_first_byte_seconds_count{dialect=\"chat\"}"
+        ),
+        Some(0.0)
     );
 }
 
@@ -109,6 +136,7 @@ fn models_outside_the_allowlist_are_other() {
     for i in 0..3000 {
         m.tokens(
             &format!("random-{i}"),
+            DialectLabel::Chat,
             &TokenCounts {
                 completion: Some(1),
                 ..Default::default()
@@ -116,6 +144,7 @@ fn models_outside_the_allowlist_are_other() {
         );
     }
     m.rewrite(
+        DialectLabel::Chat,
         RewriteStrategy::Hybrid,
         RewriteOutcome::Cleared,
         "gpt-4o",
@@ -125,19 +154,22 @@ fn models_outside_the_allowlist_are_other() {
     assert_eq!(
         value(
             &text,
-            "ctxgate_upstream_completion_tokens_total{model=\"other\"}"
+            "ctxgate_upstream_completion_tokens_total{dialect=\"chat\",model=\"other\"}"
         ),
         Some(3000.0)
     );
     assert_eq!(
-        value(&text, "ctxgate_saved_tokens_total{model=\"gpt-4o*\"}"),
+        value(
+            &text,
+            "ctxgate_saved_tokens_total{dialect=\"chat\",model=\"gpt-4o*\"}"
+        ),
         Some(70.0)
     );
     assert!(!text.contains("random-"));
     assert_eq!(
         value(
             &text,
-            "ctxgate_rewrites_total{outcome=\"cleared\",strategy=\"hybrid\"}"
+            "ctxgate_rewrites_total{dialect=\"chat\",outcome=\"cleared\",strategy=\"hybrid\"}"
         ),
         Some(1.0)
     );
@@ -209,9 +241,17 @@ fn summary_recall_and_errors() {
     m.summary_call(SummaryOutcome::Timeout, Duration::from_millis(30));
     m.precompaction_started();
     m.precompaction_finished();
-    m.recall_call(RecallTool::Search, RecallOutcome::NotFound);
-    m.recall_round();
-    m.upstream_error(Route::Chat, UpstreamErrorClass::Interrupted);
+    m.recall_call(
+        DialectLabel::Chat,
+        RecallTool::Search,
+        RecallOutcome::NotFound,
+    );
+    m.recall_round(DialectLabel::Chat);
+    m.upstream_error(
+        Route::Chat,
+        DialectLabel::Chat,
+        UpstreamErrorClass::Interrupted,
+    );
     let text = m.render();
     assert_eq!(
         value(&text, "ctxgate_summarizer_calls_total{outcome=\"timeout\"}"),
@@ -232,15 +272,18 @@ fn summary_recall_and_errors() {
     assert_eq!(
         value(
             &text,
-            "ctxgate_recall_calls_total{outcome=\"not_found\",tool=\"search\"}"
+            "ctxgate_recall_calls_total{dialect=\"chat\",outcome=\"not_found\",tool=\"search\"}"
         ),
         Some(1.0)
     );
-    assert_eq!(value(&text, "ctxgate_recall_rounds_total"), Some(1.0));
+    assert_eq!(
+        value(&text, "ctxgate_recall_rounds_total{dialect=\"chat\"}"),
+        Some(1.0)
+    );
     assert_eq!(
         value(
             &text,
-            "ctxgate_upstream_errors_total{class=\"interrupted\",route=\"chat\"}"
+            "ctxgate_upstream_errors_total{class=\"interrupted\",dialect=\"chat\",route=\"chat\"}"
         ),
         Some(1.0)
     );
@@ -255,26 +298,135 @@ fn latency_buckets_cover_overhead_and_long_calls() {
 }
 
 #[test]
-fn rejections_are_counted_by_route_and_reason() {
+fn rejections_are_counted_by_route_dialect_and_reason() {
     let m = metrics();
     // A different count for every series, so that a mixed-up index shows.
-    for (i, route) in Route::ALL.iter().enumerate() {
-        for (j, reason) in RejectReason::ALL.iter().enumerate() {
-            for _ in 0..(i * RejectReason::ALL.len() + j + 1) {
-                m.rejected(*route, *reason);
+    let mut n = 0;
+    for route in Route::ALL {
+        for dialect in DialectLabel::ALL {
+            for reason in RejectReason::ALL {
+                n += 1;
+                for _ in 0..n {
+                    m.rejected(*route, *dialect, *reason);
+                }
             }
         }
     }
     let text = m.render();
-    for (i, route) in Route::ALL.iter().enumerate() {
-        for (j, reason) in RejectReason::ALL.iter().enumerate() {
-            let series = format!(
-                "ctxgate_requests_rejected_total{{reason=\"{}\",route=\"{}\"}}",
-                reason.as_str(),
-                route.as_str()
+    let mut n = 0;
+    for route in Route::ALL {
+        for dialect in DialectLabel::ALL {
+            for reason in RejectReason::ALL {
+                n += 1;
+                let series = format!(
+                    "ctxgate_requests_rejected_total{{dialect=\"{}\",reason=\"{}\",route=\"{}\"}}",
+                    dialect.as_str(),
+                    reason.as_str(),
+                    route.as_str()
+                );
+                assert_eq!(
+                    value(&text, &series),
+                    Some(f64::from(n)),
+                    "{series}:\n{text}"
+                );
+            }
+        }
+    }
+}
+
+/// Every per-request family keeps the dialects apart: a different count per dialect shows a mixed-up index.
+#[test]
+fn per_request_series_are_split_by_dialect() {
+    let m = metrics();
+    for (k, dialect) in DialectLabel::ALL.iter().enumerate() {
+        let times = k as u64 + 1;
+        for _ in 0..times {
+            let mut t = m.start(Route::Chat, *dialect, Instant::now());
+            t.set_status(200);
+            t.set_stream(true);
+            t.upstream_sent();
+            t.first_byte(Instant::now());
+            drop(t);
+            m.rewrite(
+                *dialect,
+                RewriteStrategy::Prune,
+                RewriteOutcome::Pruned,
+                "gpt-4o",
+                10,
             );
-            let want = (i * RejectReason::ALL.len() + j + 1) as f64;
-            assert_eq!(value(&text, &series), Some(want), "{series}:\n{text}");
+            m.recall_call(*dialect, RecallTool::Recall, RecallOutcome::Found);
+            m.recall_round(*dialect);
+            m.upstream_error(Route::Chat, *dialect, UpstreamErrorClass::Timeout);
+            m.tokens(
+                "gpt-4o",
+                *dialect,
+                &TokenCounts {
+                    client_prompt: Some(100),
+                    upstream_prompt: Some(90),
+                    completion: Some(5),
+                },
+            );
+        }
+    }
+    let text = m.render();
+    for (k, dialect) in DialectLabel::ALL.iter().enumerate() {
+        let times = (k + 1) as f64;
+        let d = dialect.as_str();
+        for (series, want) in [
+            (
+                format!("ctxgate_requests_total{{dialect=\"{d}\",route=\"chat\",status=\"2xx\",stream=\"true\"}}"),
+                times,
+            ),
+            (
+                format!("ctxgate_request_duration_seconds_count{{dialect=\"{d}\",route=\"chat\"}}"),
+                times,
+            ),
+            (
+                format!("ctxgate_upstream_duration_seconds_count{{dialect=\"{d}\",route=\"chat\"}}"),
+                times,
+            ),
+            (
+                format!("ctxgate_stream_first_byte_seconds_count{{dialect=\"{d}\"}}"),
+                times,
+            ),
+            (
+                format!("ctxgate_rewrites_total{{dialect=\"{d}\",outcome=\"pruned\",strategy=\"prune\"}}"),
+                times,
+            ),
+            (
+                format!("ctxgate_saved_tokens_total{{dialect=\"{d}\",model=\"gpt-4o*\"}}"),
+                10.0 * times,
+            ),
+            (
+                format!("ctxgate_recall_calls_total{{dialect=\"{d}\",outcome=\"found\",tool=\"recall\"}}"),
+                times,
+            ),
+            (
+                format!("ctxgate_recall_rounds_total{{dialect=\"{d}\"}}"),
+                times,
+            ),
+            (
+                format!("ctxgate_upstream_errors_total{{class=\"timeout\",dialect=\"{d}\",route=\"chat\"}}"),
+                times,
+            ),
+            (
+                format!("ctxgate_client_prompt_tokens_total{{dialect=\"{d}\",model=\"gpt-4o*\"}}"),
+                100.0 * times,
+            ),
+            (
+                format!("ctxgate_upstream_prompt_tokens_total{{dialect=\"{d}\",model=\"gpt-4o*\"}}"),
+                90.0 * times,
+            ),
+            (
+                format!("ctxgate_upstream_completion_tokens_total{{dialect=\"{d}\",model=\"gpt-4o*\"}}"),
+                5.0 * times,
+            ),
+            (
+                format!("ctxgate_requests_in_flight{{dialect=\"{d}\",route=\"chat\"}}"),
+                0.0,
+            ),
+        ] {
+            assert_eq!(value(&text, &series), Some(want), "{series}");
         }
     }
 }

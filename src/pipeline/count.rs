@@ -8,7 +8,7 @@ use super::{plan, plan_request, read_body};
 use crate::app::AppState;
 use crate::dialect::Dialect;
 use crate::error::GatewayError;
-use crate::metrics::Route;
+use crate::metrics::{DialectLabel, Route};
 use crate::relay;
 use crate::session::manager::now_secs;
 use crate::upstream::strip_hop_by_hop;
@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
     let dialect = Dialect::Anthropic;
     let started = Instant::now();
-    let mut timer = state.metrics.start(Route::Passthrough, started);
+    let mut timer = state
+        .metrics
+        .start(Route::Passthrough, DialectLabel::from(dialect), started);
     let (parts, body) = req.into_parts();
     let cfg = &state.config;
     let fail = |e: GatewayError, timer: &mut crate::metrics::RequestTimer| {

@@ -4,6 +4,7 @@
 use crate::app::AppState;
 use crate::config::Strategy;
 use crate::context::CompressionRecord;
+use crate::dialect::Dialect;
 use crate::error::GatewayError;
 use crate::metrics::{
     RequestTimer, RewriteOutcome, RewriteStrategy, Route, TokenCounts, UpstreamErrorClass,
@@ -20,26 +21,44 @@ fn strategy_label(s: Strategy) -> RewriteStrategy {
 }
 
 /// A rewrite happened: counted under its deepest stage, with the tokens it removed.
-pub(super) fn rewrite(state: &AppState, strategy: Strategy, model: &str, r: &CompressionRecord) {
+pub(super) fn rewrite(
+    state: &AppState,
+    dialect: Dialect,
+    strategy: Strategy,
+    model: &str,
+    r: &CompressionRecord,
+) {
     if let Some(outcome) = RewriteOutcome::deepest(r.stages.iter().copied()) {
         let saved = r.tokens_before.saturating_sub(r.tokens_after);
         state
             .metrics
-            .rewrite(strategy_label(strategy), outcome, model, saved);
+            .rewrite(dialect, strategy_label(strategy), outcome, model, saved);
     }
 }
 
 /// The plan stage failed; a refusal (`context_length_exceeded`) is a rewrite outcome.
-pub(super) fn plan_failed(state: &AppState, strategy: Strategy, model: &str, e: &GatewayError) {
+pub(super) fn plan_failed(
+    state: &AppState,
+    dialect: Dialect,
+    strategy: Strategy,
+    model: &str,
+    e: &GatewayError,
+) {
     if matches!(e, GatewayError::ContextLengthExceeded { .. }) {
+        let strategy = strategy_label(strategy);
         state
             .metrics
-            .rewrite(strategy_label(strategy), RewriteOutcome::Rejected, model, 0);
+            .rewrite(dialect, strategy, RewriteOutcome::Rejected, model, 0);
     }
 }
 
 /// Sending upstream failed before any response.
-pub(super) fn send_failed(state: &AppState, timer: &mut Option<RequestTimer>, e: &GatewayError) {
+pub(super) fn send_failed(
+    state: &AppState,
+    dialect: Dialect,
+    timer: &mut Option<RequestTimer>,
+    e: &GatewayError,
+) {
     if let Some(t) = timer.as_mut() {
         t.upstream_ended();
     }
@@ -47,7 +66,7 @@ pub(super) fn send_failed(state: &AppState, timer: &mut Option<RequestTimer>, e:
         GatewayError::UpstreamTimeout(_) => UpstreamErrorClass::Timeout,
         _ => UpstreamErrorClass::Unreachable,
     };
-    state.metrics.upstream_error(Route::Chat, class);
+    state.metrics.upstream_error(Route::Chat, dialect, class);
 }
 
 /// What the pipeline knew about a turn's prompt tokens before it went upstream.
@@ -62,6 +81,7 @@ pub(super) struct PlannedTokens {
 /// A turn ended: its tokens (successful answers only) and upstream failures.
 pub(super) fn turn(
     state: &AppState,
+    dialect: Dialect,
     model: &str,
     status: http::StatusCode,
     planned: PlannedTokens,
@@ -69,10 +89,10 @@ pub(super) fn turn(
 ) {
     let m = &state.metrics;
     if let Some(class) = UpstreamErrorClass::of_status(status.as_u16()) {
-        m.upstream_error(Route::Chat, class);
+        m.upstream_error(Route::Chat, dialect, class);
     }
     if outcome.upstream_error.is_some() {
-        m.upstream_error(Route::Chat, UpstreamErrorClass::Interrupted);
+        m.upstream_error(Route::Chat, dialect, UpstreamErrorClass::Interrupted);
     }
     if !status.is_success() {
         return;
@@ -85,6 +105,7 @@ pub(super) fn turn(
     });
     m.tokens(
         model,
+        dialect,
         &TokenCounts {
             client_prompt: planned.rewritten_from.or(sent),
             upstream_prompt: sent,

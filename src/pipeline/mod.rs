@@ -41,7 +41,7 @@ pub async fn conversation(state: Arc<AppState>, req: Request, dialect: Dialect) 
     let started = Instant::now();
     // Counts the request in flight; the turn takes it over when the upstream answers, otherwise it records the
     // error answered here (or 499 when the client went away first).
-    let mut timer = Some(state.metrics.start(Route::Chat, started));
+    let mut timer = Some(state.metrics.start(Route::Chat, dialect, started));
     let resp = handle(state, req, dialect, started, &mut timer).await;
     if let Some(t) = timer.as_mut() {
         t.set_status(resp.status().as_u16());
@@ -67,7 +67,7 @@ async fn handle(
             if matches!(e, GatewayError::RequestTimeout { .. }) {
                 state
                     .metrics
-                    .rejected(Route::Chat, RejectReason::BodyTimeout);
+                    .rejected(Route::Chat, dialect, RejectReason::BodyTimeout);
             }
             return own_error(dialect, e, None, started, false, "");
         }
@@ -103,12 +103,12 @@ async fn handle(
         match plan_request(&state, strategy, &chat, mark.as_ref(), &parts.headers, now_secs()).await {
             Ok(o) => o,
             Err(e) => {
-                measure::plan_failed(&state, strategy, &chat.model, &e);
+                measure::plan_failed(&state, dialect, strategy, &chat.model, &e);
                 return own_error(dialect, e, session.as_ref(), started, chat.stream, &chat.model);
             }
         };
     if let Some(rw) = &outgoing.rewrite {
-        measure::rewrite(&state, strategy, &chat.model, &rw.record);
+        measure::rewrite(&state, dialect, strategy, &chat.model, &rw.record);
     }
     if let (Some(rw), Some(mark)) = (&outgoing.rewrite, &mark) {
         record_compression(&state, mark, rw, &chat.model);
@@ -139,7 +139,7 @@ async fn handle(
     {
         Ok(r) => r,
         Err(e) => {
-            measure::send_failed(&state, timer, &e);
+            measure::send_failed(&state, dialect, timer, &e);
             return own_error(dialect, e, session.as_ref(), started, chat.stream, &chat.model);
         }
     };
@@ -273,7 +273,14 @@ impl Turn {
                 if let (Some(est), Some(actual)) = (estimate, outcome.reply.prompt_tokens()) {
                     state.counter.observe(&self.model, est, actual);
                 }
-                measure::turn(state, &self.model, self.status, self.planned, &outcome);
+                measure::turn(
+                    state,
+                    self.dialect,
+                    &self.model,
+                    self.status,
+                    self.planned,
+                    &outcome,
+                );
                 log_turn(
                     self.dialect,
                     self.status.as_u16(),

@@ -57,7 +57,7 @@ impl Rounds {
     fn answer(&mut self, round: u32, assistant: Value, calls: &[Value]) {
         let names = self.names();
         let metrics = &self.state.metrics;
-        metrics.recall_round();
+        metrics.recall_round(self.dialect);
         let results: Vec<String> = calls
             .iter()
             .map(|c| {
@@ -66,6 +66,7 @@ impl Rounds {
                 let search = c.pointer("/function/name").and_then(Value::as_str)
                     == Some(names.search.as_str());
                 metrics.recall_call(
+                    self.dialect,
                     if search {
                         RecallTool::Search
                     } else {

@@ -2,8 +2,9 @@
 //! body is read; a response holds its slot until its body has been sent (a stream counts until it ends).
 
 use crate::app::AppState;
+use crate::dialect::Dialect;
 use crate::error::GatewayError;
-use crate::metrics::{RejectReason, Route};
+use crate::metrics::{DialectLabel, RejectReason, Route};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -49,13 +50,19 @@ pub async fn limit(
     let Ok(permit) = slots.clone().try_acquire_owned() else {
         // Counted like any answered request (route and status class), and as a rejection (the overload panel
         // and alert).
-        let route = if req.uri().path() == "/v1/chat/completions" && req.method() == Method::POST {
-            Route::Chat
-        } else {
-            Route::Passthrough
+        let conversation = match (req.method() == Method::POST, req.uri().path()) {
+            (true, "/v1/chat/completions") => Some(Dialect::Chat),
+            (true, "/v1/messages") => Some(Dialect::Anthropic),
+            _ => None,
         };
-        state.metrics.rejected(route, RejectReason::Overloaded);
-        let mut timer = state.metrics.start(route, Instant::now());
+        let (route, dialect) = match conversation {
+            Some(d) => (Route::Chat, DialectLabel::from(d)),
+            None => (Route::Passthrough, DialectLabel::NoDialect),
+        };
+        state
+            .metrics
+            .rejected(route, dialect, RejectReason::Overloaded);
+        let mut timer = state.metrics.start(route, dialect, Instant::now());
         timer.set_status(503);
         tracing::warn!(
             max_in_flight = in_flight.limit,

@@ -2,7 +2,7 @@
 //! optional separate metrics listener (`[metrics] listen`).
 
 use crate::app::AppState;
-use crate::metrics::{self, Route};
+use crate::metrics::{self, DialectLabel, Route};
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -26,7 +26,9 @@ pub async fn handle(State(state): State<Arc<AppState>>) -> Response {
 
 /// Middleware counting and timing `/admin/*` requests (rejected ones included).
 pub async fn count_admin(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let mut timer = state.metrics.start(Route::Admin, Instant::now());
+    let mut timer = state
+        .metrics
+        .start(Route::Admin, DialectLabel::NoDialect, Instant::now());
     let resp = next.run(req).await;
     timer.set_status(resp.status().as_u16());
     resp

@@ -2,7 +2,7 @@
 
 use crate::app::AppState;
 use crate::error::GatewayError;
-use crate::metrics::{Route, UpstreamErrorClass};
+use crate::metrics::{DialectLabel, Route, UpstreamErrorClass};
 use crate::relay;
 use crate::upstream::{strip_hop_by_hop, Api};
 use axum::body::Body;
@@ -18,7 +18,9 @@ use std::time::Instant;
 pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Response {
     let started = Instant::now();
     // Records the request when dropped: with the response body, once it is relayed (or the client went away).
-    let mut timer = state.metrics.start(Route::Passthrough, started);
+    let mut timer = state
+        .metrics
+        .start(Route::Passthrough, DialectLabel::NoDialect, started);
     let (parts, body) = req.into_parts();
     if has_dot_segment(parts.uri.path()) {
         let e = GatewayError::bad_request(
@@ -56,7 +58,9 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
                 GatewayError::UpstreamTimeout(_) => UpstreamErrorClass::Timeout,
                 _ => UpstreamErrorClass::Unreachable,
             };
-            state.metrics.upstream_error(Route::Passthrough, class);
+            state
+                .metrics
+                .upstream_error(Route::Passthrough, DialectLabel::NoDialect, class);
             timer.set_status(e.status().as_u16());
             return e.into_response();
         }
@@ -65,7 +69,9 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
     let status = resp.status().as_u16();
     timer.set_status(status);
     if let Some(class) = UpstreamErrorClass::of_status(status) {
-        state.metrics.upstream_error(Route::Passthrough, class);
+        state
+            .metrics
+            .upstream_error(Route::Passthrough, DialectLabel::NoDialect, class);
     }
     let sse = resp
         .headers()
@@ -82,7 +88,11 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
         move |chunk| {
             let _in_flight = &timer;
             if chunk.is_err() {
-                metrics.upstream_error(Route::Passthrough, UpstreamErrorClass::Interrupted);
+                metrics.upstream_error(
+                    Route::Passthrough,
+                    DialectLabel::NoDialect,
+                    UpstreamErrorClass::Interrupted,
+                );
             }
             chunk
         },

@@ -4,6 +4,7 @@
 pub mod assemble;
 pub mod convert;
 pub mod errors;
+pub mod from_chat;
 mod rebuild;
 pub mod request;
 pub mod rounds;
