@@ -3,6 +3,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ctxgate::config::{Config, LogFormat, Strategy};
+use ctxgate::dialect::Dialect;
 use ctxgate::replay::{ReplayOptions, ReplayReport, ReplayTotals};
 use serde::Serialize;
 use std::io::Write;
@@ -85,7 +86,19 @@ enum Command {
         /// Print the reports as JSON.
         #[arg(long)]
         json: bool,
+        /// The client's dialect: `chat` (the traces as recorded), or `anthropic` (each request converted to the
+        /// Anthropic Messages request it stands for and planned as the gateway plans one).
+        #[arg(long, value_parser = parse_dialect, value_name = "chat|anthropic", default_value = "chat")]
+        dialect: Dialect,
     },
+}
+
+fn parse_dialect(s: &str) -> Result<Dialect, String> {
+    match s {
+        "chat" => Ok(Dialect::Chat),
+        "anthropic" => Ok(Dialect::Anthropic),
+        _ => Err(format!("unknown dialect {s:?} (chat, anthropic)")),
+    }
 }
 
 fn parse_strategy(s: &str) -> Result<Strategy, String> {
@@ -320,12 +333,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             summaries,
             config,
             json,
+            dialect,
         } => {
             let opts = ReplayOptions {
                 window,
                 strategy,
                 model,
                 summaries,
+                dialect: Some(dialect),
             };
             replay_cmd(&traces, &opts, config, json)
         }

@@ -10,6 +10,8 @@ use crate::context::models::ModelTable;
 use crate::context::tokens::{Encoding, TokenCounter};
 use crate::context::units::{check_sequence, system_messages};
 use crate::context::Plan;
+use crate::dialect::anthropic::from_chat::chat_to_anthropic;
+use crate::dialect::anthropic::validate;
 use crate::dialect::Dialect;
 use crate::recall::Offer;
 use crate::summary::prompt::summary_message;
@@ -31,6 +33,9 @@ pub struct ReplayOptions {
     pub model: Option<String>,
     /// Simulate summaries (for `summarize` and `hybrid`) even when the config names no `summary.model`.
     pub summaries: bool,
+    /// The dialect the client speaks: traces are recorded as chat completions; for `Anthropic` every request is
+    /// converted (`dialect::anthropic::from_chat`) and planned as the gateway plans a Messages request.
+    pub dialect: Option<Dialect>,
 }
 
 /// What the planner decided for one step.
@@ -152,6 +157,8 @@ pub struct ReplayReport {
     pub id: String,
     /// The model name used for the encoding and the window.
     pub model: String,
+    /// The dialect the requests were planned in (`chat`, `anthropic`).
+    pub dialect: &'static str,
     /// The tokenizer.
     pub encoding: &'static str,
     /// The context window.
@@ -234,6 +241,7 @@ fn replay(
         }
     };
     let strategy = opts.strategy.unwrap_or(cfg.context.strategy);
+    let dialect = opts.dialect.unwrap_or(Dialect::Chat);
     let encoding = Encoding::for_model(&model);
     let counter = TokenCounter::new();
     let threshold_tokens = (cfg.context.threshold * window as f64) as u64;
@@ -245,12 +253,20 @@ fn replay(
         if m.get("role").and_then(Value::as_str) != Some("assistant") {
             continue;
         }
-        let sent = &messages[..k];
-        let body = client_body(&model, sent, tools);
+        let chat_body = client_body(&model, &messages[..k], tools);
+        let body = match dialect {
+            Dialect::Chat => chat_body,
+            Dialect::Anthropic => chat_to_anthropic(&chat_body),
+        };
         let raw = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
-        // as the gateway plans it
+        // as the gateway parses and plans it
+        let request = dialect
+            .parse(bytes::Bytes::from(raw.clone()))
+            .map_err(|e| format!("request {k}: {e}"))?;
+        let sent = request.messages();
+        let tools = request.body.get("tools").filter(|t| !t.is_null());
         let req = decide::Request {
-            body: &body,
+            body: &request.body,
             messages: sent,
             raw_len: raw.len(),
             encoding,
@@ -261,7 +277,7 @@ fn replay(
             now: NOW,
             summarizer,
         };
-        let offer = Offer::new(Dialect::Chat, &body, &cfg.recall);
+        let offer = Offer::new(dialect, &request.body, &cfg.recall);
         let client = counter.request_tokens(encoding, sent, tools);
         let plan = decide::plan_request(
             &req,
@@ -270,19 +286,27 @@ fn replay(
             &offer,
             &counter,
         );
-        let wanted = decide::wanted_summary(&plan);
+        // a summary covers whole client messages, as in the gateway
+        let wanted = decide::wanted_summary(&plan)
+            .and_then(|n| request.summary_boundary(n))
+            .map(|(n, _)| n);
         let rewritten = match &plan {
             Plan::Rewrite(rw) => Some(rw.owned_messages()),
             _ => None,
         };
-        let decision = decide::render(&req, plan, &offer, &counter, &|b| b.to_vec())
-            .map_err(|e| e.to_string())?;
+        let serialise = |b: &crate::context::RewrittenBody<'_>| dialect.render(&request, b);
+        let decision =
+            decide::render(&req, plan, &offer, &counter, &serialise).map_err(|e| e.to_string())?;
         let upstream_body = match &decision {
             Decision::Forward { .. } => Some(raw.clone()),
             Decision::Rewrite(rw) => Some(rw.body.clone()),
             Decision::Reject { .. } => None,
         };
         let mut s = step(k, client, decision, sent, rewritten.as_deref());
+        if let (Dialect::Anthropic, Some(up), None) = (dialect, &upstream_body, &s.problem) {
+            s.problem = anthropic_problem(&body, up);
+            s.valid = s.problem.is_none();
+        }
         s.wanted_summary = wanted;
         s.recounted_tokens = rewritten
             .as_ref()
@@ -310,6 +334,7 @@ fn replay(
             .unwrap_or("")
             .to_string(),
         model,
+        dialect: dialect.as_str(),
         encoding: encoding.as_str(),
         window,
         strategy: strategy.as_str(),
@@ -400,6 +425,23 @@ fn step(
     }
     s.valid = s.problem.is_none();
     s
+}
+
+/// What the Messages API would refuse in the body sent upstream for the client's `client` body, or what a rewrite
+/// may not change.
+fn anthropic_problem(client: &Map<String, Value>, sent: &[u8]) -> Option<String> {
+    let sent: Value = match serde_json::from_slice(sent) {
+        Ok(v) => v,
+        Err(e) => return Some(format!("the body sent is not JSON: {e}")),
+    };
+    let messages = sent
+        .get("messages")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    validate::check_sequence(messages)
+        .and_then(|()| validate::check_rewrite(&Value::Object(client.clone()), &sent))
+        .err()
 }
 
 /// A rewrite must be a valid sequence that keeps every system message (in order; a summary may come between)
@@ -625,6 +667,7 @@ mod tests {
             strategy: Some(Strategy::Off),
             model: Some("gpt-4".into()),
             summaries: false,
+            dialect: None,
         };
         let r = replay_trace(&trace(30, 40), &opts, &Config::default()).unwrap();
         assert_eq!((r.encoding, r.strategy), ("cl100k_base", "off"));

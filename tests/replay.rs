@@ -9,6 +9,7 @@
 )]
 
 use ctxgate::config::Config;
+use ctxgate::dialect::Dialect;
 use ctxgate::replay::{replay_trace, Outcome, ReplayOptions, ReplayReport, ReplayTotals};
 use std::path::{Path, PathBuf};
 
@@ -37,10 +38,17 @@ fn trace_files() -> Option<Vec<PathBuf>> {
 /// valid, none is refused, every request above the threshold is rewritten to fewer tokens, and the planner's
 /// estimate of a rewrite equals a recount of it.
 fn replay_all(summaries: bool) -> Option<Vec<ReplayReport>> {
+    replay_all_in(summaries, Dialect::Chat)
+}
+
+/// [`replay_all`] with every request converted to `dialect` (for Anthropic, a rewrite must also pass the Messages
+/// API's rules and keep what a rewrite may not touch: `dialect::anthropic::validate`).
+fn replay_all_in(summaries: bool, dialect: Dialect) -> Option<Vec<ReplayReport>> {
     let files = trace_files()?;
     let opts = ReplayOptions {
         window: Some(16_000),
         summaries,
+        dialect: Some(dialect),
         ..Default::default()
     };
     let cfg = Config::default();
@@ -96,6 +104,21 @@ fn replay_all(summaries: bool) -> Option<Vec<ReplayReport>> {
 fn every_trace_replays_validly_in_a_16k_window() {
     if let Some(all) = replay_all(false) {
         assert!(all.iter().all(|r| r.totals.summarized == 0 && !r.summaries));
+    }
+}
+
+#[test]
+fn every_trace_replays_validly_as_anthropic_messages() {
+    for summaries in [false, true] {
+        if let Some(all) = replay_all_in(summaries, Dialect::Anthropic) {
+            assert!(all.iter().all(|r| r.dialect == "anthropic"));
+            if summaries {
+                assert!(
+                    all.iter().any(|r| r.totals.summarized > 0),
+                    "summaries are used in the Anthropic dialect too"
+                );
+            }
+        }
     }
 }
 
