@@ -117,7 +117,10 @@ def test_bash_tool_loop(claude: Path, cc: Gateway, tmp_path: Path):
     final = "Done: the command printed ctxgate-ok."
     cc.mock.script(
         a_tool_use(
-            "toolu_cc_1", "Bash", {"command": "echo ctxgate-ok", "description": "Print a marker"}, text="Running it.",
+            "toolu_cc_1",
+            "Bash",
+            {"command": "echo ctxgate-ok", "description": "Print a marker"},
+            text="Running it.",
             model=MAIN,
         ),
         a_text(final, model=MAIN),
@@ -156,8 +159,12 @@ def test_long_session_crosses_the_threshold_and_goes_on(claude: Path, cc: Gatewa
     final = "All nine listings read; the session is still going."
     cc.mock.script(
         *[
-            a_tool_use(f"toolu_long_{i}", "Bash", {"command": big_output_command(i), "description": f"Listing {i}"},
-                       model=MAIN)
+            a_tool_use(
+                f"toolu_long_{i}",
+                "Bash",
+                {"command": big_output_command(i), "description": f"Listing {i}"},
+                model=MAIN,
+            )
             for i in range(TURNS)
         ],
         a_text(final, model=MAIN),
@@ -174,7 +181,7 @@ def test_long_session_crosses_the_threshold_and_goes_on(claude: Path, cc: Gatewa
         check_tool_pairs(msgs)
         (newest,) = tool_results(msgs[-1])
         assert newest["tool_use_id"] == f"toolu_long_{i}"
-        assert result_text(newest).startswith(f"MARKER-{i} filler line 1 "), "the newest result reaches the model whole"
+        assert result_text(newest).startswith(f"MARKER-{i} filler line 1 "), "the newest result arrives whole"
 
     # needs the Anthropic pipeline: once over the threshold, ctxgate cleared old results (the pairs stay) ...
     cleared = [
