@@ -168,7 +168,8 @@ def test_count_tokens_agrees_with_the_usage_of_the_same_request(gw: Gateway, cli
 
 def test_rate_limit_surfaces_as_rate_limit_error(gw: Gateway, client: Anthropic):
     message = "Number of requests has exceeded your rate limit."
-    gw.mock.script({"anthropic_error": {"type": "rate_limit_error", "message": message}, "headers": {"retry-after": "20"}})
+    error = {"type": "rate_limit_error", "message": message}
+    gw.mock.script({"anthropic_error": error, "headers": {"retry-after": "20"}})
     with pytest.raises(anthropic.RateLimitError) as err:
         client.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "again"}])
     assert err.value.status_code == 429
