@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 from conftest import REPO, Upstream, _stop
 from ctxtest import Gateway, Mock, a_text, a_tool_use
@@ -88,6 +90,23 @@ def main_requests(gw: Gateway) -> list[dict]:
     ]
 
 
+def session_ids(gw: Gateway) -> set[str]:
+    """The sessions ctxgate holds (its admin API, open to loopback peers without a token)."""
+    r = httpx.get(f"{gw.root}/admin/sessions", params={"limit": 1000}, timeout=10, trust_env=False)
+    r.raise_for_status()
+    return {s["id"] for s in r.json()["sessions"]}
+
+
+def session_view(gw: Gateway, id: str, holding: str) -> dict:
+    """The admin view of session `id`, once its history holds `holding` (turns are recorded as their answer ends)."""
+    deadline = time.monotonic() + 5
+    while True:
+        view = httpx.get(f"{gw.root}/admin/sessions/{id}", timeout=10, trust_env=False).json()
+        if holding in json.dumps(view["messages"]) or time.monotonic() > deadline:
+            return view
+        time.sleep(0.05)
+
+
 def tool_results(message: dict) -> list[dict]:
     content = message["content"]
     return [b for b in content if b.get("type") == "tool_result"] if isinstance(content, list) else []
@@ -125,6 +144,7 @@ def test_bash_tool_loop(claude: Path, cc: Gateway, tmp_path: Path):
         ),
         a_text(final, model=MAIN),
     )
+    before = session_ids(cc)
     out = run_claude(claude, cc, tmp_path, "Run `echo ctxgate-ok` with the Bash tool and report what it printed.")
     assert out["is_error"] is False and out["subtype"] == "success", out
     assert out["result"] == final
@@ -145,6 +165,13 @@ def test_bash_tool_loop(claude: Path, cc: Gateway, tmp_path: Path):
         assert h["x-claude-code-session-id"] == first["headers"]["x-claude-code-session-id"]
     # every request Claude Code made was answered with a success
     assert all(r["reply"]["status"] == 200 for r in cc.mock.requests())
+
+    # needs the Anthropic pipeline: the run is one ctxgate session, kept in Anthropic's shape
+    (session,) = session_ids(cc) - before
+    view = session_view(cc, session, final)
+    assert view.get("dialect") == "anthropic", {k: view[k] for k in view if k != "messages"}
+    history = json.dumps(view["messages"])
+    assert "toolu_cc_1" in history and "ctxgate-ok" in history and final in history
 
 
 TURNS = 9
