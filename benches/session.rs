@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use ctxgate::config::{SessionConfig, StoreBackend, StoreConfig};
+use ctxgate::dialect::Dialect;
 use ctxgate::session::tree::raw_message_hashes;
 use ctxgate::session::{identify, Sessions, TenantKey};
 use serde_json::{json, Value};
@@ -57,7 +58,7 @@ fn main() {
         let mut history: Vec<Value> = (0..500).map(message).collect();
         let body = |h: &[Value]| json!({"model":"gpt-4o","messages":h}).to_string();
         let opening = json!({"model":"gpt-4o","messages":history});
-        let ident = identify(&headers, &SessionConfig::default(), &TenantKey::from_bytes([0; 32]).unwrap(), opening.as_object().unwrap()).unwrap();
+        let ident = identify(&headers, &SessionConfig::default(), &TenantKey::from_bytes([0; 32]).unwrap(), Dialect::Chat, opening.as_object().unwrap()).unwrap();
         // warm: first sight of the 500 messages
         let raw = body(&history);
         let mark = sessions.record_request(&ident, &history, &raw_message_hashes(raw.as_bytes())).await.unwrap();
@@ -108,7 +109,7 @@ fn main() {
         for s in 0..1000 {
             let mut h = http::HeaderMap::new();
             h.insert("x-session-id", format!("mem-{s}").parse().unwrap());
-            let ident = identify(&h, &SessionConfig::default(), &TenantKey::from_bytes([0; 32]).unwrap(), &serde_json::Map::new()).unwrap();
+            let ident = identify(&h, &SessionConfig::default(), &TenantKey::from_bytes([0; 32]).unwrap(), Dialect::Chat, &serde_json::Map::new()).unwrap();
             sessions.record_request(&ident, &msgs, &hashes).await.unwrap();
         }
         sessions.flush().await.unwrap();

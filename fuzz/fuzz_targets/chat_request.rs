@@ -7,13 +7,13 @@
 #![no_main]
 
 use bytes::Bytes;
-use ctxgate::config::{ContextConfig, PruneConfig, Strategy};
+use ctxgate::config::{ContextConfig, PruneConfig, SessionConfig, Strategy};
 use ctxgate::context::tokens::{Encoding, TokenCounter};
 use ctxgate::context::units::check_sequence;
 use ctxgate::context::{plan, splice_messages, Plan, PlanInput, RewrittenBody};
 use ctxgate::dialect::Dialect;
-use ctxgate::session::identify;
-use ctxgate::session::identity::{canonical_json, fingerprint, model_family};
+use ctxgate::session::identity::{canonical_json, fingerprint, model_family, IdSource};
+use ctxgate::session::{identify, TenantKey};
 use ctxgate::context::runloop::run_loops;
 use ctxgate::message::message_text;
 use ctxgate::session::tree::{raw_message_hashes, Tree};
@@ -24,6 +24,9 @@ use serde_json::{json, Value};
 use std::sync::LazyLock;
 
 static COUNTER: LazyLock<TokenCounter> = LazyLock::new(TokenCounter::new);
+static KEY: LazyLock<TenantKey> = LazyLock::new(|| {
+    TenantKey::from_bytes([7; 32]).unwrap_or_else(|e| panic!("a fixed tenant key: {e:?}"))
+});
 
 fuzz_target!(|data: &[u8]| {
     let Ok(chat) = Dialect::Chat.parse(Bytes::copy_from_slice(data)) else {
@@ -41,8 +44,16 @@ fuzz_target!(|data: &[u8]| {
     // Identity: a fingerprint of the opening, namespaced by the credential.
     let mut headers = HeaderMap::new();
     headers.insert("authorization", HeaderValue::from_static("Bearer sk-fuzz"));
-    let id = identify(&headers, "x-session-id", &chat.body);
-    assert_eq!(id.id, identify(&headers, "x-session-id", &chat.body).id);
+    let cfg = SessionConfig::default();
+    let id = identify(&headers, &cfg, &KEY, Dialect::Chat, &chat.body);
+    let again = identify(&headers, &cfg, &KEY, Dialect::Chat, &chat.body);
+    assert_eq!(id, again);
+    let Some(id) = id else {
+        panic!("a caller with a credential always has a session");
+    };
+    assert_eq!(id.source, IdSource::Fingerprint);
+    let as_anthropic = identify(&headers, &cfg, &KEY, Dialect::Anthropic, &chat.body);
+    assert!(as_anthropic.is_some_and(|a| a.tenant == id.tenant));
     let _ = (fingerprint(&chat.body), model_family(&chat.model));
 
     // Run loops: ordered, disjoint, within the list; results point at tool messages.

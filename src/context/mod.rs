@@ -3,6 +3,7 @@
 
 pub mod body;
 pub mod decide;
+pub mod long_context;
 pub mod models;
 pub mod plan;
 mod pretokenize;

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Deserialize;
 
+use super::long_context::{strip_1m, SUFFIX_1M};
 use crate::config::ModelEntry;
 
 /// Longest model name that is looked up; longer names match nothing (the default window, no entry). Bounds the
@@ -29,10 +30,16 @@ struct Layer {
 }
 
 impl Layer {
-    fn new(entries: &BTreeMap<String, ModelEntry>) -> Layer {
+    /// The entries of one source: those for 1M windows (named with a `[1m]` suffix, kept here without it) when
+    /// `one_million`, the others otherwise.
+    fn new(entries: &BTreeMap<String, ModelEntry>, one_million: bool) -> Layer {
         let mut layer = Layer::default();
         for (name, entry) in entries {
-            let name = name.trim().to_lowercase();
+            let (name, long) = strip_1m(name);
+            if long != one_million {
+                continue;
+            }
+            let name = name.to_lowercase();
             if name.contains(['*', '?']) {
                 layer.globs.push((name, entry.context_window));
             } else {
@@ -49,34 +56,47 @@ impl Layer {
         layer
     }
 
-    fn exact(&self, names: &[&str]) -> Option<u64> {
-        names.iter().find_map(|n| self.exact.get(*n).copied())
+    fn exact(&self, names: &[&str]) -> Option<(&str, u64)> {
+        names
+            .iter()
+            .find_map(|n| self.exact.get_key_value(*n).map(|(k, w)| (k.as_str(), *w)))
     }
 
-    fn glob(&self, names: &[&str]) -> Option<u64> {
+    fn glob(&self, names: &[&str]) -> Option<(&str, u64)> {
         names.iter().find_map(|n| {
             self.globs
                 .iter()
                 .find(|(p, _)| glob_match(p, n))
-                .map(|(_, w)| *w)
+                .map(|(p, w)| (p.as_str(), *w))
         })
+    }
+
+    fn keys(&self) -> impl Iterator<Item = &String> {
+        self.exact.keys().chain(self.globs.iter().map(|(p, _)| p))
     }
 }
 
-/// Context windows by model name: user entries over the built-in table, with a default for unknown models.
+/// Context windows by model name: user entries over the built-in table, with a default for unknown models. Entries
+/// named with a `[1m]` suffix are the models' 1M windows (Anthropic's `context-1m` beta), see
+/// [`ModelTable::context_window_with`].
 #[derive(Debug)]
 pub struct ModelTable {
     user: Layer,
     shipped: Layer,
+    user_1m: Layer,
+    shipped_1m: Layer,
     default_window: u64,
 }
 
 impl ModelTable {
     /// A table of the user's `[models]` entries over the built-in ones; `Err` only if the embedded table is broken.
     pub fn new(user: &BTreeMap<String, ModelEntry>, default_window: u64) -> Result<Self, String> {
+        let shipped = Self::shipped()?;
         Ok(ModelTable {
-            user: Layer::new(user),
-            shipped: Layer::new(&Self::shipped()?),
+            user: Layer::new(user, false),
+            shipped: Layer::new(&shipped, false),
+            user_1m: Layer::new(user, true),
+            shipped_1m: Layer::new(&shipped, true),
             default_window,
         })
     }
@@ -90,33 +110,61 @@ impl ModelTable {
 
     /// The context window of `model`: exact user entry, exact built-in entry, user globs, built-in globs (most
     /// specific first), else the default. Case-insensitive; a provider prefix (`openai/gpt-4o`) is also tried
-    /// without the prefix.
+    /// without the prefix. A name with a `[1m]` suffix asks for the 1M window, as in
+    /// [`ModelTable::context_window_with`].
     pub fn context_window(&self, model: &str) -> u64 {
+        self.context_window_with(model, false)
+    }
+
+    /// The context window of `model`, with its 1M window when `one_million` (the request's `context-1m` beta, see
+    /// [`wants_1m`](super::long_context::wants_1m)) or a `[1m]` suffix on the name asks for it. The 1M window is
+    /// that of the `[1m]` entries (`[models."claude-sonnet-4*[1m]"]`, user over built-in, in the order of
+    /// [`ModelTable::context_window`]) matching the name without its suffix; a model without one keeps its
+    /// ordinary window (the upstream does not widen it either).
+    pub fn context_window_with(&self, model: &str, one_million: bool) -> u64 {
+        self.decide(model, one_million)
+            .map_or(self.default_window, |(_, w)| w)
+    }
+
+    /// The entry that decides `model`'s window and the window, in the order of [`ModelTable::context_window_with`]:
+    /// the `[1m]` entries first when asked for, then the others. `None`: the default applies.
+    fn decide(&self, model: &str, one_million: bool) -> Option<(String, u64)> {
         if model.len() > MAX_MODEL_LEN {
-            return self.default_window;
+            return None;
         }
-        let full = model.trim().to_lowercase();
+        let (full, suffixed) = strip_1m(model);
+        let full = full.to_lowercase();
         let bare = full.rsplit('/').next().unwrap_or_default();
         let names: &[&str] = if bare.len() < full.len() {
             &[&full, bare]
         } else {
             &[&full]
         };
-        self.user
-            .exact(names)
-            .or_else(|| self.shipped.exact(names))
-            .or_else(|| self.user.glob(names))
-            .or_else(|| self.shipped.glob(names))
-            .unwrap_or(self.default_window)
+        let in_order = |user: &Layer, shipped: &Layer| {
+            user.exact(names)
+                .or_else(|| shipped.exact(names))
+                .or_else(|| user.glob(names))
+                .or_else(|| shipped.glob(names))
+                .map(|(k, w)| (k.to_string(), w))
+        };
+        let long = (one_million || suffixed)
+            .then(|| in_order(&self.user_1m, &self.shipped_1m))
+            .flatten()
+            .map(|(k, w)| (format!("{k}{SUFFIX_1M}"), w));
+        long.or_else(|| in_order(&self.user, &self.shipped))
     }
 
-    /// Every configured name and pattern (user and built-in, lowercased, sorted, deduplicated): the allowlist for
-    /// metric labels.
+    /// Every configured name and pattern (user and built-in, lowercased, sorted, deduplicated; 1M entries with
+    /// their `[1m]` suffix): the allowlist for metric labels.
     pub fn known_models(&self) -> Vec<String> {
         let mut all: Vec<String> = [&self.user, &self.shipped]
             .iter()
-            .flat_map(|l| l.exact.keys().chain(l.globs.iter().map(|(p, _)| p)))
-            .cloned()
+            .flat_map(|l| l.keys().cloned())
+            .chain(
+                [&self.user_1m, &self.shipped_1m]
+                    .iter()
+                    .flat_map(|l| l.keys().map(|k| format!("{k}{SUFFIX_1M}"))),
+            )
             .collect();
         all.sort();
         all.dedup();
@@ -127,33 +175,13 @@ impl ModelTable {
     /// [`ModelTable::context_window`]; `None` when the default applies. Always one of
     /// [`ModelTable::known_models`]: it is the model's metric label.
     pub fn matching_entry(&self, model: &str) -> Option<String> {
-        if model.len() > MAX_MODEL_LEN {
-            return None;
-        }
-        let full = model.trim().to_lowercase();
-        let bare = full.rsplit('/').next().unwrap_or_default();
-        let names: &[&str] = if bare.len() < full.len() {
-            &[&full, bare]
-        } else {
-            &[&full]
-        };
-        let exact = |l: &Layer| {
-            names
-                .iter()
-                .find_map(|n| l.exact.get_key_value(*n).map(|(k, _)| k.clone()))
-        };
-        let glob = |l: &Layer| {
-            names.iter().find_map(|n| {
-                l.globs
-                    .iter()
-                    .find(|(p, _)| glob_match(p, n))
-                    .map(|(p, _)| p.clone())
-            })
-        };
-        exact(&self.user)
-            .or_else(|| exact(&self.shipped))
-            .or_else(|| glob(&self.user))
-            .or_else(|| glob(&self.shipped))
+        self.matching_entry_with(model, false)
+    }
+
+    /// [`ModelTable::matching_entry`] for a request that may ask for the 1M window (as in
+    /// [`ModelTable::context_window_with`]).
+    pub fn matching_entry_with(&self, model: &str, one_million: bool) -> Option<String> {
+        self.decide(model, one_million).map(|(k, _)| k)
     }
 }
 
@@ -229,6 +257,13 @@ mod tests {
             ("o3-mini", 200000),
             ("o4-mini-2025-04-16", 200000),
             ("claude-3-5-sonnet-20241022", 200000),
+            ("claude-sonnet-4-5-20250929", 200000),
+            ("claude-opus-4-1-20250805", 200000),
+            ("claude-haiku-4-5-20251001", 200000),
+            ("claude-sonnet-4-6", 200000),
+            ("claude-2.0", 100000),
+            ("claude-sonnet-5", 1000000),
+            ("claude-opus-5-5", 1000000),
             ("gemini-2.5-pro", 1048576),
             ("llama-3.1-70b-instruct", 128000),
             ("llama3-70b-8192", 8192),

@@ -49,17 +49,28 @@ const MAX_MODEL_NAME: usize = 256;
 pub enum Encoding {
     /// `o200k_base`: gpt-4o, gpt-4.1, gpt-5, the o-series, and the default for unknown models.
     O200k,
-    /// `cl100k_base`: gpt-4 (not 4o / 4.1) and gpt-3.5.
+    /// `cl100k_base`: gpt-4 (not 4o / 4.1) and gpt-3.5; the estimate for Claude models (see
+    /// [`Encoding::for_model`]).
     Cl100k,
 }
 
 impl Encoding {
-    /// The encoding a model uses, tolerating provider prefixes (`openai/gpt-4o`) and case; unknown → `O200k`.
+    /// The encoding a model uses, tolerating provider prefixes (`openai/gpt-4o`, `anthropic/claude-…`) and case;
+    /// unknown → `O200k`.
+    ///
+    /// `claude-*` models get an estimate: Anthropic publishes no tokenizer for Claude 3 and later (only
+    /// `/v1/messages/count_tokens`, a network call), and of the public encodings `cl100k_base` is the closer. Claude's
+    /// tokenizers split text into more tokens than OpenAI's (reported: roughly 1.1–1.3× `cl100k_base` on English
+    /// and code, more for the newer generations), and `o200k_base`, with its larger vocabulary, counts fewer still:
+    /// `cl100k_base` undercounts least, and an undercount is the costly error (a request the upstream refuses). The
+    /// rest of the gap is closed per model by [`TokenCounter::observe`], fed the usage the upstream reports.
     pub fn for_model(model: &str) -> Encoding {
         let lower = model.trim().to_ascii_lowercase();
         let name = lower.rsplit('/').next().unwrap_or_default();
         let starts = |prefixes: &[&str]| prefixes.iter().any(|p| name.starts_with(p));
-        if !starts(&["gpt-4o", "gpt-4."]) && starts(&["gpt-4", "gpt-3.5", "gpt-35", "text-embed"]) {
+        let openai_cl100k =
+            !starts(&["gpt-4o", "gpt-4."]) && starts(&["gpt-4", "gpt-3.5", "gpt-35", "text-embed"]);
+        if openai_cl100k || starts(&["claude"]) {
             Encoding::Cl100k
         } else {
             Encoding::O200k
@@ -437,16 +448,40 @@ mod tests {
         let o200k =
             "gpt-4o GPT-4o-mini openai/gpt-4o chatgpt-4o-latest gpt-4.1-nano gpt-5 o1-mini o3";
         let cl100k = "gpt-4 gpt-4-turbo-2024-04-09 azure/gpt-4-32k gpt-3.5-turbo Gpt-35-Turbo";
+        let claude = "claude-sonnet-4-5-20250929 claude-opus-4-1-20250805 claude-haiku-4-5-20251001 \
+                      claude-sonnet-4-5[1m] Claude-3-5-Sonnet-20241022 anthropic/claude-opus-4-6 claude-2.1";
         for (names, enc) in [
             (o200k, O200k),
-            ("o4-mini claude-3-5-sonnet llama3 ", O200k),
+            ("o4-mini llama3 mistral-large-latest ", O200k),
             (cl100k, Cl100k),
+            (claude, Cl100k),
         ] {
             for model in names.split(' ') {
                 assert_eq!(Encoding::for_model(model), enc, "{model}");
             }
         }
         assert_eq!(Cl100k.as_str(), "cl100k_base");
+    }
+
+    /// Why Claude's estimate uses `cl100k_base`: it never counts fewer tokens than `o200k_base` on the text agents
+    /// send (prose, code, JSON), so it undercounts Claude's larger counts least.
+    #[test]
+    fn cl100k_counts_at_least_o200k_on_agent_text() {
+        let samples = [
+            "The quick brown fox jumps over the lazy dog; it's 42 degrees outside.",
+            "fn main() {\n    let xs: Vec<u64> = (0..10).map(|x| x * 2).collect();\n    println!(\"{xs:?}\");\n}",
+            r#"{"type":"tool_result","tool_use_id":"toolu_01","content":"src/lib.rs:12: error[E0308]"}"#,
+            "Die Katze sitzt auf der Matte und schläft, während draußen der Regen fällt.",
+        ];
+        for text in samples {
+            let (cl, o) = (
+                count_text(Encoding::Cl100k, text),
+                count_text(Encoding::O200k, text),
+            );
+            assert!(cl >= o, "{cl} < {o}: {text}");
+        }
+        let all = samples.join("\n").repeat(20);
+        assert!(count_text(Encoding::Cl100k, &all) > count_text(Encoding::O200k, &all));
     }
 
     #[test]

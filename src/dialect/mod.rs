@@ -48,6 +48,14 @@ impl Dialect {
         }
     }
 
+    /// The dialect named `name` (as [`Dialect::as_str`] writes it); `chat` for anything else.
+    pub fn named(name: &str) -> Dialect {
+        match name {
+            "anthropic" => Dialect::Anthropic,
+            _ => Dialect::Chat,
+        }
+    }
+
     /// The API its requests go to.
     pub fn api(self) -> Api {
         match self {

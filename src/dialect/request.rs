@@ -74,6 +74,20 @@ impl Request {
         }
     }
 
+    /// A summary of the first `n` neutral messages as `(n, client messages covered)`, when `n` ends on a client
+    /// message's boundary (a summary covers whole client messages, the unit the session keeps).
+    pub fn summary_boundary(&self, n: usize) -> Option<(usize, usize)> {
+        if n == 0 {
+            return None;
+        }
+        let native = match self.native_index(n) {
+            Some(k) => k,
+            None if n >= self.messages().len() => self.native().len(),
+            None => return None,
+        };
+        (native > 0 && self.neutral_start(native) == n).then_some((n, native))
+    }
+
     /// Number of neutral messages before the client message `native` (its first neutral message's index; the
     /// neutral length for `native` = the number of client messages).
     pub fn neutral_start(&self, native: usize) -> usize {

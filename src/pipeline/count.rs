@@ -44,9 +44,8 @@ pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
         Ok(s) => s,
         Err(e) => return fail(e, &mut timer),
     };
-    let credentials = plan::credentials(&parts.headers);
     // A request ctxgate would refuse is counted whole: its true size is what tells the client to compact.
-    let body = match plan_request(&state, strategy, &request, None, &credentials, now_secs()).await {
+    let body = match plan_request(&state, strategy, &request, None, &parts.headers, now_secs()).await {
         Ok(outgoing) => outgoing.body,
         Err(_) => request.raw.clone(),
     };

@@ -86,16 +86,21 @@ async fn handle(
         Err(e) => return own_error(dialect, e, None, started, chat.stream, &chat.model),
     };
     // 3. Identify the conversation (namespaced by the caller's credentials); `None`: no history is kept.
-    let session = identify(&parts.headers, &cfg.session, &state.tenant_key, &chat.body);
+    let session = identify(
+        &parts.headers,
+        &cfg.session,
+        &state.tenant_key,
+        dialect,
+        &chat.body,
+    );
     // 3b. Reconcile with the stored history; new messages are queued for writing, not awaited. A store failure
     //     only costs this turn its recording.
     let mark = reconcile(&state, session.as_ref(), &chat).await;
 
     // 4. Plan: count the request against its model's window; over budget, rewrite what goes upstream. Without a
     //    rewrite the client's own bytes go upstream, untouched.
-    let credentials = plan::credentials(&parts.headers);
     let outgoing =
-        match plan_request(&state, strategy, &chat, mark.as_ref(), &credentials, now_secs()).await {
+        match plan_request(&state, strategy, &chat, mark.as_ref(), &parts.headers, now_secs()).await {
             Ok(o) => o,
             Err(e) => {
                 measure::plan_failed(&state, strategy, &chat.model, &e);

@@ -4,6 +4,7 @@
 use crate::app::AppState;
 use crate::config::Strategy;
 use crate::context::decide::{self, Decision};
+use crate::context::long_context::wants_1m;
 use crate::context::tokens::Encoding;
 use crate::context::{CompressionRecord, Plan, PrunedCall};
 use crate::dialect::Request;
@@ -57,15 +58,17 @@ pub fn strategy(headers: &HeaderMap, default: Strategy) -> Result<Strategy, Gate
 
 /// Plans the request (the pure part is [`decide`], shared with `ctxgate replay`): reads the summaries written for
 /// the session, has the one the plan wants written, and may wait for it. `mark` is where its messages landed in
-/// the session (for first-seen times and summaries).
+/// the session (for first-seen times and summaries); `headers` are the client's (the long-context beta, and the
+/// credentials summary requests may use).
 pub async fn plan_request(
     state: &Arc<AppState>,
     strategy: Strategy,
     chat: &Request,
     mark: Option<&RequestMark>,
-    credentials: &HeaderMap,
+    headers: &HeaderMap,
     now: i64,
 ) -> Result<Outgoing, GatewayError> {
+    let credentials = &credentials(headers);
     let cfg = &state.config;
     let messages = chat.messages();
     let aligned = mark.filter(|m| m.path.len() == chat.native().len());
@@ -84,7 +87,10 @@ pub async fn plan_request(
         messages,
         raw_len: chat.raw.len(),
         encoding: Encoding::for_model(&chat.model),
-        window: state.models.context_window(&chat.model),
+        // The `context-1m` beta widens the window of the models that have a 1M one.
+        window: state
+            .models
+            .context_window_with(&chat.model, wants_1m(headers)),
         ratio: state.counter.ratio(&chat.model),
         strategy,
         first_seen: first_seen.as_deref(),
@@ -121,7 +127,7 @@ pub async fn plan_request(
     let (first_pairs, later_pairs);
     first_pairs = pairs(&ready);
     let mut decision = plan_with(&first_pairs);
-    let wanted = decide::wanted_summary(&decision).and_then(|n| native_boundary(chat, n));
+    let wanted = decide::wanted_summary(&decision).and_then(|n| chat.summary_boundary(n));
     if let (Some((s, m)), Some((upto, native_upto))) = (summarizer, wanted) {
         // A summary is wanted: have it written in the background. A request that is being pruned for want of it
         // may wait `summary.wait_ms` for it.
@@ -193,19 +199,6 @@ fn ready_summaries(chat: &Request, mark: &RequestMark) -> Vec<(usize, Value, Str
     ready
 }
 
-/// The summary of the first `n` neutral messages as `(n, client messages covered)`, when `n` ends on a client
-/// message's boundary (a summary covers whole client messages).
-fn native_boundary(chat: &Request, n: usize) -> Option<(usize, usize)> {
-    if n == 0 {
-        return None;
-    }
-    let native = match chat.native_index(n) {
-        Some(k) => k,
-        None if n >= chat.messages().len() => chat.native().len(),
-        None => return None,
-    };
-    (native > 0 && chat.neutral_start(native) == n).then_some((n, native))
-}
 
 /// The client's credential headers (`authorization`, `x-api-key`), for summary requests made on its behalf.
 pub fn credentials(headers: &HeaderMap) -> HeaderMap {

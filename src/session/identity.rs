@@ -1,13 +1,15 @@
 //! Which conversation a request belongs to: explicit header, well-known agent headers, or a fingerprint of its
 //! opening; always namespaced by the caller's tenant, a keyed hash of its credentials (see [`super::tenant`]).
 
+use super::anthropic_id;
 use super::tenant::{TenantKey, ANONYMOUS};
 use crate::config::SessionConfig;
+use crate::dialect::Dialect;
 use http::HeaderMap;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-/// Agent headers honoured after `[session] header`, in this order.
+/// Agent headers honoured after `[session] header` in chat requests, in this order.
 pub const AGENT_HEADERS: &[&str] = &[
     "helicone-session-id",
     "x-conversation-id",
@@ -24,6 +26,8 @@ pub struct SessionIdentity {
     pub id: String,
     /// How the id was found.
     pub source: IdSource,
+    /// The wire format of the request.
+    pub dialect: Dialect,
 }
 
 /// Where a session id came from.
@@ -31,9 +35,11 @@ pub struct SessionIdentity {
 pub enum IdSource {
     /// The configured session header.
     Header,
-    /// One of [`AGENT_HEADERS`].
+    /// A client's own session header: one of [`AGENT_HEADERS`] (chat) or `x-claude-code-session-id` (Anthropic).
     AgentHeader,
-    /// A hash of model family, system prompt and first user message.
+    /// The `session_id` inside an Anthropic request's `metadata.user_id` (Claude Code).
+    Metadata,
+    /// A hash of model family, system prompt(s) and first user message.
     Fingerprint,
 }
 
@@ -47,12 +53,18 @@ fn id_prefix(tenant: &str) -> &str {
     tenant.get(..16).unwrap_or(tenant)
 }
 
-/// Resolves the session of a chat request. `None`: the request is proxied without history (an anonymous caller
-/// without a session header while `[session] anonymous_fingerprint` is off).
+/// Resolves the session of a request in `dialect`. `None`: the request is proxied without history (an anonymous
+/// caller without a session header while `[session] anonymous_fingerprint` is off).
+///
+/// The id comes from, in this order: the configured `[session] header`; the dialect's own keys (chat: one of
+/// [`AGENT_HEADERS`]; Anthropic: `x-claude-code-session-id`, then the `session_id` inside `metadata.user_id`, see
+/// [`super::anthropic_id`]); else a fingerprint of the conversation's opening ([`fingerprint`] for chat,
+/// [`super::anthropic_id::fingerprint`] for Anthropic). Always namespaced by the caller's tenant.
 pub fn identify(
     headers: &HeaderMap,
     cfg: &SessionConfig,
     key: &TenantKey,
+    dialect: Dialect,
     body: &Map<String, Value>,
 ) -> Option<SessionIdentity> {
     let tenant = key.tenant(headers);
@@ -65,29 +77,39 @@ pub fn identify(
             .filter(|v| !v.is_empty())
             .map(str::to_string)
     };
+    let named = |v: String, source: IdSource| SessionIdentity {
+        id: scoped_id(prefix, &v),
+        tenant: tenant.clone(),
+        source,
+        dialect,
+    };
     if let Some(v) = header_value(&cfg.header) {
-        return Some(SessionIdentity {
-            id: scoped_id(prefix, &v),
-            tenant,
-            source: IdSource::Header,
-        });
+        return Some(named(v, IdSource::Header));
     }
-    for h in AGENT_HEADERS {
-        if let Some(v) = header_value(h) {
-            return Some(SessionIdentity {
-                id: scoped_id(prefix, &v),
-                tenant,
-                source: IdSource::AgentHeader,
-            });
-        }
+    let client_key = match dialect {
+        Dialect::Chat => AGENT_HEADERS
+            .iter()
+            .find_map(|h| header_value(h))
+            .map(|v| (v, IdSource::AgentHeader)),
+        Dialect::Anthropic => header_value(anthropic_id::CLAUDE_CODE_SESSION_HEADER)
+            .map(|v| (v, IdSource::AgentHeader))
+            .or_else(|| anthropic_id::metadata_session(body).map(|v| (v, IdSource::Metadata))),
+    };
+    if let Some((v, source)) = client_key {
+        return Some(named(v, source));
     }
     if tenant == ANONYMOUS && !cfg.anonymous_fingerprint {
         return None;
     }
+    let fp = match dialect {
+        Dialect::Chat => fingerprint(body),
+        Dialect::Anthropic => anthropic_id::fingerprint(body),
+    };
     Some(SessionIdentity {
-        id: format!("{prefix}-fp{}", &fingerprint(body)[..24]),
+        id: format!("{prefix}-fp{}", &fp[..24]),
         tenant,
         source: IdSource::Fingerprint,
+        dialect,
     })
 }
 
@@ -200,7 +222,14 @@ mod tests {
 
     /// `identify` under a fixed key and the default config.
     fn ident(h: &HeaderMap, body: &Map<String, Value>) -> SessionIdentity {
-        identify(h, &cfg(), &TenantKey::from_bytes([9; 32]).unwrap(), body).unwrap()
+        identify(
+            h,
+            &cfg(),
+            &TenantKey::from_bytes([9; 32]).unwrap(),
+            Dialect::Chat,
+            body,
+        )
+        .unwrap()
     }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
@@ -299,11 +328,28 @@ mod tests {
             anonymous_fingerprint: false,
             ..SessionConfig::default()
         };
-        assert_eq!(identify(&headers(&[]), &off, &key, &body), None);
-        let named = identify(&headers(&[("x-session-id", "s1")]), &off, &key, &body).unwrap();
+        assert_eq!(
+            identify(&headers(&[]), &off, &key, Dialect::Chat, &body),
+            None
+        );
+        let named = identify(
+            &headers(&[("x-session-id", "s1")]),
+            &off,
+            &key,
+            Dialect::Chat,
+            &body,
+        )
+        .unwrap();
         assert_eq!(named.id, "anonymous-s1");
         // callers with a credential keep their fingerprints
-        let keyed = identify(&headers(&[("x-api-key", "k")]), &off, &key, &body).unwrap();
+        let keyed = identify(
+            &headers(&[("x-api-key", "k")]),
+            &off,
+            &key,
+            Dialect::Chat,
+            &body,
+        )
+        .unwrap();
         assert_eq!(keyed.source, IdSource::Fingerprint);
     }
 

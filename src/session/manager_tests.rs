@@ -16,6 +16,7 @@ fn ident(id: &str) -> SessionIdentity {
         tenant: "t".into(),
         id: id.into(),
         source: IdSource::Header,
+        dialect: crate::dialect::Dialect::Chat,
     }
 }
 
@@ -499,4 +500,92 @@ async fn racing_first_requests_share_one_entry_and_one_history() {
         assert_eq!(stored.meta.message_count, len as u64);
         assert_eq!(stored.meta.head, head);
     }
+}
+
+/// A client that compacts or clears its own history (Claude Code's auto-compact, `/clear`) keeps its session id but
+/// sends a history that does not extend the stored one: a new branch of the session tree, not an append, and
+/// nothing of the old history is lost or mixed into the new one.
+#[tokio::test]
+async fn a_history_that_is_not_an_extension_forks_the_session() {
+    let store = Arc::new(MemoryStore::new());
+    let sessions = Sessions::new(store.clone(), 1 << 20);
+    let id = ident("cc-session");
+    let long = vec![
+        json!({"role":"system","content":"You are Claude Code."}),
+        json!({"role":"user","content":"fix the bug"}),
+        json!({"role":"assistant","content":null,"tool_calls":[{"id":"t1","type":"function",
+            "function":{"name":"Read","arguments":"{\"path\":\"a.rs\"}"}}]}),
+        json!({"role":"tool","tool_call_id":"t1","content":"fn main() {}"}),
+    ];
+    let mark = sessions
+        .record_request(&id, &long, &raw(&long))
+        .await
+        .unwrap();
+    assert_eq!((mark.known, mark.created), (0, 4));
+    let reply = json!({"role":"assistant","content":"fixed"});
+    sessions.record_reply(&mark, reply, false).await.unwrap();
+
+    // Auto-compact: the same session, the system prompt kept, the history replaced by a summary.
+    let compacted = vec![
+        long[0].clone(),
+        json!({"role":"user","content":"This session is being continued: the bug in a.rs was fixed."}),
+        json!({"role":"user","content":"now add a test"}),
+    ];
+    let fork = sessions
+        .record_request(&id, &compacted, &raw(&compacted))
+        .await
+        .unwrap();
+    assert_eq!(fork.known, 1, "only the system prompt is shared");
+    assert_eq!(
+        fork.created, 2,
+        "the summary and the new question are new nodes"
+    );
+    assert_eq!(
+        fork.path.len(),
+        3,
+        "the request's own path, not the old history"
+    );
+    assert_eq!(fork.path[0], mark.path[0]);
+    assert!(fork.path[1..].iter().all(|n| !mark.path.contains(n)));
+    assert!(Arc::ptr_eq(&fork.entry, &mark.entry), "one session");
+
+    let view = sessions.view("cc-session").await.unwrap().unwrap();
+    assert_eq!(
+        view.messages, compacted,
+        "the history follows the newest request"
+    );
+    assert_eq!(view.message_count, 7, "nothing overwritten");
+    assert_eq!(view.branches.len(), 1);
+    let old = &view.branches[0];
+    assert_eq!((old.diverges_at, old.length), (1, 5));
+    assert_eq!(old.messages[0]["content"], "fix the bug");
+    assert_eq!(old.messages[3]["content"], "fixed");
+
+    // `/clear`: a fresh opening under the same id is one more branch, from the root.
+    let cleared = vec![json!({"role":"user","content":"start over"})];
+    let clear = sessions
+        .record_request(&id, &cleared, &raw(&cleared))
+        .await
+        .unwrap();
+    assert_eq!((clear.known, clear.created), (0, 1));
+    // The compacted branch grows by appends again.
+    let mut next = compacted.clone();
+    next.push(json!({"role":"assistant","content":"added"}));
+    next.push(json!({"role":"user","content":"thanks"}));
+    let grown = sessions
+        .record_request(&id, &next, &raw(&next))
+        .await
+        .unwrap();
+    assert_eq!((grown.known, grown.created), (3, 2));
+    assert_eq!(grown.path[..3], fork.path[..]);
+    sessions.flush().await.unwrap();
+    let stored = store.load("cc-session").await.unwrap().unwrap();
+    assert_eq!(stored.nodes.len(), 10);
+    let view = sessions.view("cc-session").await.unwrap().unwrap();
+    assert_eq!(view.messages, next);
+    assert_eq!(
+        view.branches.len(),
+        2,
+        "the compacted-away history and the cleared one"
+    );
 }

@@ -1,5 +1,6 @@
 //! Conversations: who a request belongs to, its history as a message tree, and the cache over the store.
 
+pub mod anthropic_id;
 mod entry;
 pub mod identity;
 pub mod manager;

@@ -6,6 +6,7 @@ pub mod prompt;
 
 use crate::config::{AnthropicConfig, Config, UpstreamConfig};
 use crate::context::tokens::{count_text, Encoding};
+use crate::dialect::Dialect;
 use crate::error::GatewayError;
 use crate::metrics::{Metrics, SummaryOutcome};
 use crate::session::manager::{now_secs, SessionEntry, Sessions};
@@ -369,12 +370,22 @@ pub fn manual_job(
             .map(|n| ((*n.message).clone(), n.id.to_string()))
             .unzip()
     });
-    let at = messages.len().saturating_sub(keep_recent);
-    let upto = crate::context::units::units(&messages)
+    // The cut is found on the neutral form (a unit keeps calls with their results) and must fall between two
+    // stored messages: a summary covers whole messages.
+    let converted = match Dialect::named(entry.dialect) {
+        Dialect::Chat => None,
+        Dialect::Anthropic => Some(crate::dialect::anthropic::Converted::new(None, &messages)),
+    };
+    let neutral: &[Value] = converted.as_ref().map_or(&messages, |c| c.messages());
+    let start_of = |native: usize| converted.as_ref().map_or(native, |c| c.neutral_start(native));
+    let at = start_of(messages.len().saturating_sub(keep_recent));
+    let boundaries: Vec<(usize, usize)> = (1..messages.len()).map(|k| (start_of(k), k)).collect();
+    let (upto, native_upto) = crate::context::units::units(neutral)
         .iter()
         .rev()
-        .find(|u| u.start <= at)
-        .map_or(0, |u| u.start);
+        .filter(|u| u.start <= at)
+        .find_map(|u| boundaries.iter().find(|(n, _)| *n == u.start).copied())
+        .unwrap_or((0, 0));
     if upto == 0 {
         return Err(format!(
             "nothing to summarize: the session has {} messages and the newest {keep_recent} are kept \
@@ -386,11 +397,12 @@ pub fn manual_job(
     Ok(Job {
         previous: ready
             .iter()
-            .filter(|(u, _, _)| *u < upto)
-            .max_by_key(|(u, _, _)| *u)
-            .map(|(u, _, t)| (*u, t.clone())),
-        upto_node: path[upto - 1].clone(),
-        messages: Arc::new(messages[..upto].to_vec()),
+            .map(|(u, _, t)| (start_of(*u), t))
+            .filter(|(u, _)| *u < upto)
+            .max_by_key(|(u, _)| *u)
+            .map(|(u, t)| (u, t.clone())),
+        upto_node: path[native_upto - 1].clone(),
+        messages: Arc::new(neutral[..upto].to_vec()),
         upto,
         entry,
         credentials: HeaderMap::new(),

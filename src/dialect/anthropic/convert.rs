@@ -93,7 +93,7 @@ pub fn to_neutral(system: Option<&Value>, messages: &[Value]) -> Neutral {
             ("user", Some(Value::Array(blocks))) if blocks.iter().any(is_tool_result) => {
                 for (b, block) in blocks.iter().enumerate().filter(|(_, b)| is_tool_result(b)) {
                     let id = block.get("tool_use_id").cloned().unwrap_or(Value::Null);
-                    let content = tool_content(block.get("content"));
+                    let content = user_content(block.get("content"));
                     n.push(
                         json!({"role":"tool","tool_call_id":id,"content":content}),
                         Origin::ToolResult(i, b),
@@ -110,7 +110,10 @@ pub fn to_neutral(system: Option<&Value>, messages: &[Value]) -> Neutral {
             }
             (r, _) => {
                 let r = if r == "system" { "system" } else { "user" };
-                n.push(json!({"role":r,"content":user_content(content)}), Origin::Whole(i));
+                n.push(
+                    json!({"role":r,"content":user_content(content)}),
+                    Origin::Whole(i),
+                );
             }
         }
     }
@@ -141,6 +144,7 @@ fn plain_text(v: &Value) -> String {
     }
 }
 
+/// Neutral content of a user, system or tool result message: its string, or parts.
 fn user_content(content: Option<&Value>) -> Value {
     match content {
         Some(Value::String(s)) => Value::String(s.clone()),
@@ -148,11 +152,6 @@ fn user_content(content: Option<&Value>) -> Value {
         Some(other) => Value::String(opaque_text(other)),
         None => Value::String(String::new()),
     }
-}
-
-/// A tool result's content: its string, or parts.
-fn tool_content(content: Option<&Value>) -> Value {
-    user_content(content)
 }
 
 /// Neutral content parts of user-side blocks.
@@ -300,7 +299,10 @@ pub fn from_neutral<'a>(
                 if group.as_ref().is_some_and(|(g, _)| *g != i) {
                     flush(&mut group, &mut rendered);
                 }
-                group.get_or_insert_with(|| (i, Vec::new())).1.push((j, m.as_ref()));
+                group
+                    .get_or_insert_with(|| (i, Vec::new()))
+                    .1
+                    .push((j, m.as_ref()));
             }
             _ => {
                 flush(&mut group, &mut rendered);

@@ -148,24 +148,53 @@ mod tests {
             (json!({"model":"m"}), "messages"),
             (json!({"model":"m","messages":{}}), "messages"),
             (json!({"model":"m","messages":["hi"]}), "messages"),
-            (json!({"model":"m","messages":[{"content":"x"}]}), "messages"),
-            (json!({"model":"m","messages":[{"role":"tool","content":"x"}]}), "messages"),
-            (json!({"model":"m","messages":[{"role":1,"content":"x"}]}), "messages"),
-            (json!({"model":"m","messages":[{"role":"user"}]}), "messages"),
-            (json!({"model":"m","messages":[{"role":"user","content":7}]}), "messages"),
-            (json!({"model":"m","messages":[{"role":"user","content":[{"text":"x"}]}]}), "messages"),
-            (json!({"model":"m","messages":[{"role":"user","content":["x"]}]}), "messages"),
-            (json!({"model":"m","messages":[],"system":{"text":"s"}}), "system"),
+            (
+                json!({"model":"m","messages":[{"content":"x"}]}),
+                "messages",
+            ),
+            (
+                json!({"model":"m","messages":[{"role":"tool","content":"x"}]}),
+                "messages",
+            ),
+            (
+                json!({"model":"m","messages":[{"role":1,"content":"x"}]}),
+                "messages",
+            ),
+            (
+                json!({"model":"m","messages":[{"role":"user"}]}),
+                "messages",
+            ),
+            (
+                json!({"model":"m","messages":[{"role":"user","content":7}]}),
+                "messages",
+            ),
+            (
+                json!({"model":"m","messages":[{"role":"user","content":[{"text":"x"}]}]}),
+                "messages",
+            ),
+            (
+                json!({"model":"m","messages":[{"role":"user","content":["x"]}]}),
+                "messages",
+            ),
+            (
+                json!({"model":"m","messages":[],"system":{"text":"s"}}),
+                "system",
+            ),
             (json!({"model":"m","messages":[],"stream":"yes"}), "stream"),
         ];
         for (b, param) in cases {
             let e = check(&body(b.clone())).unwrap_err();
             assert_eq!(e.status().as_u16(), 400, "{b}");
             assert_eq!(e.body()["error"]["param"], param, "{b}");
-            assert!(e.to_string().contains(&format!("`{param}`")) || param == "messages", "{e}");
+            assert!(
+                e.to_string().contains(&format!("`{param}`")) || param == "messages",
+                "{e}"
+            );
         }
-        let e = check(&body(json!({"model":"m","messages":[{"role":"user","content":"a"},{"role":"user"}]})))
-            .unwrap_err();
+        let e = check(&body(
+            json!({"model":"m","messages":[{"role":"user","content":"a"},{"role":"user"}]}),
+        ))
+        .unwrap_err();
         assert!(e.to_string().contains("messages[1]"), "{e}");
     }
 }

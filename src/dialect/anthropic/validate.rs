@@ -1,6 +1,7 @@
 //! What the Messages API requires of a conversation, and what a rewrite of a client's body must keep: the checks
 //! the property tests run on every rewritten request (and that a caller may run before sending one).
 
+use crate::context::shape::TRUNCATED_MARKER;
 use serde_json::{Map, Value};
 use std::collections::HashSet;
 
@@ -51,7 +52,9 @@ pub fn check_sequence(messages: &[Value]) -> Result<(), String> {
         if r != "system" && !opened {
             opened = true;
             if r != "user" {
-                return Err(format!("messages.{i}: the first message must be a user message"));
+                return Err(format!(
+                    "messages.{i}: the first message must be a user message"
+                ));
             }
         }
         let uses = ids(m, "tool_use", "id");
@@ -116,14 +119,19 @@ fn check_content(i: usize, m: &Value) -> Result<(), String> {
                     return Err(format!("messages.{i}.content.{b}: a block without a type"));
                 }
                 if block_type(block) == "text"
-                    && block.get("text").and_then(Value::as_str).is_none_or(str::is_empty)
+                    && block
+                        .get("text")
+                        .and_then(Value::as_str)
+                        .is_none_or(str::is_empty)
                 {
                     return Err(format!("messages.{i}.content.{b}: empty text block"));
                 }
             }
             Ok(())
         }
-        _ => Err(format!("messages.{i}: content is empty or not a string or array")),
+        _ => Err(format!(
+            "messages.{i}: content is empty or not a string or array"
+        )),
     }
 }
 
@@ -132,7 +140,8 @@ fn check_content(i: usize, m: &Value) -> Result<(), String> {
 /// among them); the client's `tools` an identical prefix of the sent ones (ctxgate may only append its own); at
 /// most [`MAX_CACHE_MARKERS`] `cache_control` markers, each on a client block that carries it as sent, or on the
 /// block that replaced a marked client block of the same role, type (and tool use); every thinking or redacted
-/// thinking block sent byte-identical to one of the client's; the thinking blocks of the client's last assistant
+/// thinking block sent byte-identical to one of the client's; an assistant message sent (as it was or rebuilt)
+/// with exactly the thinking blocks of the client's message it comes from; the thinking blocks of the client's last assistant
 /// message all sent, in order in one message, unless that message went as a whole and the conversation does not end
 /// in its tool loop; every mid-conversation `system` message kept in order; the client's newest message kept.
 pub fn check_rewrite(client: &Value, sent: &Value) -> Result<(), String> {
@@ -146,7 +155,9 @@ pub fn check_rewrite(client: &Value, sent: &Value) -> Result<(), String> {
     let mut rest = sm.iter();
     for (i, m) in cm.iter().enumerate().filter(|(_, m)| role(m) == "system") {
         if !rest.any(|x| x == m) {
-            return Err(format!("the client's system message messages.{i} is missing or changed"));
+            return Err(format!(
+                "the client's system message messages.{i} is missing or changed"
+            ));
         }
     }
     if cm.last() != sm.last() {
@@ -194,7 +205,12 @@ fn marked(messages: &[Value]) -> Vec<(&str, &Value)> {
                 out.push((role(m), b));
             }
             if let Some(inner) = b.get("content").and_then(Value::as_array) {
-                out.extend(inner.iter().filter(|x| x.get("cache_control").is_some()).map(|x| (role(m), x)));
+                out.extend(
+                    inner
+                        .iter()
+                        .filter(|x| x.get("cache_control").is_some())
+                        .map(|x| (role(m), x)),
+                );
             }
         }
     }
@@ -202,7 +218,12 @@ fn marked(messages: &[Value]) -> Vec<(&str, &Value)> {
 }
 
 fn count_outside(o: &Map<String, Value>) -> usize {
-    let list = |k: &str| o.get(k).and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let list = |k: &str| {
+        o.get(k)
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+    };
     let marked = |v: &&Value| v.get("cache_control").is_some();
     list("system").iter().filter(marked).count() + list("tools").iter().filter(marked).count()
 }
@@ -216,12 +237,17 @@ fn check_markers(
     let (cmk, smk) = (marked(cm), marked(sm));
     let (client_total, sent_total) = (count_outside(c) + cmk.len(), count_outside(s) + smk.len());
     if sent_total > MAX_CACHE_MARKERS && sent_total > client_total {
-        return Err(format!("{sent_total} cache_control markers sent (at most {MAX_CACHE_MARKERS})"));
+        return Err(format!(
+            "{sent_total} cache_control markers sent (at most {MAX_CACHE_MARKERS})"
+        ));
     }
     let mut free: Vec<Option<(&str, &Value)>> = cmk.into_iter().map(Some).collect();
     let mut rewritten = Vec::new();
     for (r, b) in smk {
-        match free.iter_mut().find(|f| f.is_some_and(|(fr, fb)| fr == r && fb == b)) {
+        match free
+            .iter_mut()
+            .find(|f| f.is_some_and(|(fr, fb)| fr == r && fb == b))
+        {
             Some(slot) => *slot = None,
             None => rewritten.push((r, b)),
         }
@@ -253,10 +279,16 @@ fn check_thinking(cm: &[Value], sm: &[Value]) -> Result<(), String> {
         .map(Value::to_string)
         .collect();
     for (i, m) in sm.iter().enumerate() {
-        if blocks(m).iter().any(|b| is_thinking(b) && !client.contains(&b.to_string())) {
-            return Err(format!("messages.{i}: a thinking block not sent by the client as it is"));
+        if blocks(m)
+            .iter()
+            .any(|b| is_thinking(b) && !client.contains(&b.to_string()))
+        {
+            return Err(format!(
+                "messages.{i}: a thinking block not sent by the client as it is"
+            ));
         }
     }
+    check_whole_turns(cm, sm)?;
     let Some(li) = cm.iter().rposition(|m| role(m) == "assistant") else {
         return Ok(());
     };
@@ -275,4 +307,70 @@ fn check_thinking(cm: &[Value], sm: &[Value]) -> Result<(), String> {
     } else {
         Err("the thinking blocks of the client's last assistant message were not all kept".into())
     }
+}
+
+fn thinking_of(m: &Value) -> Vec<&Value> {
+    blocks(m).iter().filter(|b| is_thinking(b)).collect()
+}
+
+/// The text of a message: its string content, or its text blocks joined by newlines.
+fn text_of(m: &Value) -> String {
+    match m.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        _ => {
+            let texts: Vec<&str> = blocks(m)
+                .iter()
+                .filter(|b| block_type(b) == "text")
+                .filter_map(|b| b.get("text").and_then(Value::as_str))
+                .collect();
+            texts.join("\n")
+        }
+    }
+}
+
+/// Whether sent assistant message `s` is client assistant message `c`, rebuilt: they share a tool use id or a
+/// thinking block, or the sent text is the client's text or a cut of it (marked as truncated).
+fn derives(s: &Value, c: &Value) -> bool {
+    let cb = blocks(c);
+    let shared = blocks(s).iter().any(|b| match block_type(b) {
+        "tool_use" => cb
+            .iter()
+            .any(|x| block_type(x) == "tool_use" && x.get("id") == b.get("id")),
+        "thinking" | "redacted_thinking" => cb.contains(b),
+        _ => false,
+    });
+    let (st, ct) = (text_of(s), text_of(c));
+    shared
+        || (!st.is_empty()
+            && (st == ct
+                || st
+                    .strip_suffix(TRUNCATED_MARKER)
+                    .is_some_and(|cut| ct.starts_with(cut))))
+}
+
+/// Thinking goes only with its whole message: an assistant message sent, as it was or rebuilt, carries exactly
+/// the thinking blocks the client's message had, in order.
+fn check_whole_turns(cm: &[Value], sm: &[Value]) -> Result<(), String> {
+    let mut from = 0;
+    for (i, s) in sm
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| role(m) == "assistant")
+    {
+        let assistants = (from..cm.len()).filter(|&k| role(&cm[k]) == "assistant");
+        let found = assistants
+            .clone()
+            .find(|&k| cm[k] == *s)
+            .or_else(|| assistants.clone().find(|&k| derives(s, &cm[k])));
+        let Some(k) = found else {
+            continue;
+        };
+        from = k + 1;
+        if thinking_of(s) != thinking_of(&cm[k]) {
+            return Err(format!(
+                "messages.{i}: the thinking blocks of the client's messages.{k} were not kept with it"
+            ));
+        }
+    }
+    Ok(())
 }
