@@ -59,16 +59,9 @@ def _stop(*procs: subprocess.Popen) -> None:
             p.kill()
 
 
-def _has_anthropic_section(binary: str) -> bool:
-    """Whether this ctxgate has an `[anthropic]` config section (its own upstream for the Messages API)."""
-    ref = subprocess.run([binary, "config-reference"], capture_output=True, text=True, check=True).stdout
-    return "`[anthropic]`" in ref
-
-
 def start_gateway(binary: str, tmp: Path, mock_url: str, extra: str = "", name: str = "ctxgate") -> tuple:
     """Starts `ctxgate serve` in front of the mock (both APIs), with `extra` TOML appended to the config; returns
     the process and its listen address."""
-    anthropic = f'[anthropic]\nbase_url = "{mock_url}"\n' if _has_anthropic_section(binary) else ""
     config = tmp / f"{name}.toml"
     config.write_text(
         f"""
@@ -77,7 +70,9 @@ listen = "127.0.0.1:0"
 [upstream]
 base_url = "{mock_url}"
 timeout_secs = 30
-{anthropic}[store]
+[anthropic]
+base_url = "{mock_url}"
+[store]
 path = "{tmp / f'{name}.db'}"
 {extra}
 """

@@ -373,8 +373,9 @@ def _reply_values(reply: dict) -> list[Any]:
 
 def check_exchanges(exchanges: list[Exchange], upstream: list[dict], rewritten: bool) -> None:
     """Every chat completions or Messages exchange a client made: valid for the SDK's types; and when ctxgate
-    forwarded the request as it was (byte for byte), the answer is exactly what the mock sent. When it was rewritten (recall rounds), the
-    answer holds no field that none of the mock's replies had, and no more chunks than they had."""
+    forwarded the request as it was (byte for byte), the answer is exactly what the mock sent. When it was rewritten
+    (recall rounds), the answer holds no field that none of the mock's replies had, and no more chunks (Anthropic
+    pings aside) than they had."""
     unmatched = list(upstream)
     for ex in exchanges:
         path = ex.url.split("?")[0]

@@ -1,10 +1,13 @@
 """The official `anthropic` Python SDK through ctxgate: create (plain and beta), a stream with thinking, a tool round
-trip, count_tokens against the usage of the same request, an Anthropic-shaped rate limit and a mid-stream error.
-Besides what the client saw, each test checks what the mock upstream received: the SDK's bytes and its credential
-(`Authorization: Bearer`, as this SDK sends `api_key`; `x-api-key` when set), `anthropic-version` and
-`anthropic-beta` headers, byte for byte."""
+trip, count_tokens against the usage of the same request, an Anthropic-shaped rate limit, a mid-stream error, and
+a history ctxgate rewrites with a recall round it answers itself (JSON and stream). Besides what the client saw,
+each test checks what the mock upstream received: the SDK's bytes and its credential (`Authorization: Bearer`, as
+this SDK sends `api_key`; `x-api-key` when set), `anthropic-version` and `anthropic-beta` headers, byte for byte
+(the rewritten requests aside)."""
 
 from __future__ import annotations
+
+import json
 
 import anthropic
 import pytest
@@ -167,18 +170,15 @@ def test_count_tokens_agrees_with_the_usage_of_the_same_request(gw: Gateway, cli
 
 
 def test_rate_limit_surfaces_as_rate_limit_error(gw: Gateway, client: Anthropic):
-    gw.mock.script(
-        {
-            "anthropic_error": {"type": "rate_limit_error", "message": "Number of requests has exceeded your rate limit."},
-            "headers": {"retry-after": "20"},
-        }
-    )
+    message = "Number of requests has exceeded your rate limit."
+    error = {"type": "rate_limit_error", "message": message}
+    gw.mock.script({"anthropic_error": error, "headers": {"retry-after": "20"}})
     with pytest.raises(anthropic.RateLimitError) as err:
         client.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "again"}])
     assert err.value.status_code == 429
     assert err.value.body == {
         "type": "error",
-        "error": {"type": "rate_limit_error", "message": "Number of requests has exceeded your rate limit."},
+        "error": {"type": "rate_limit_error", "message": message},
         "request_id": "req_mock",
     }
     assert err.value.response.headers["retry-after"] == "20"
@@ -204,3 +204,83 @@ def test_mid_stream_error_reaches_the_client(gw: Gateway, client: Anthropic):
     events = sse_events(bytes(gw.tap.exchanges[0].body))
     assert events[-1] == ("error", {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
     assert "message_stop" not in [name for name, _ in events]
+
+
+# --- a request ctxgate rewrites, with a recall round the client never sees -------------------------------------
+
+RECALL, SEARCH = "recall_tool_call", "search_history"
+# Not a `claude-*` name: the gateway's default 8,000-token window applies, so the history below overflows it.
+SMALL = "mock-anthropic-small"
+READ_FILE = {
+    "name": "read_file",
+    "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+}
+
+
+def agent_history(n: int = 14, words: int = 300) -> list[dict]:
+    """A coding agent's Anthropic history whose tool results overflow an 8,000-token window."""
+    messages: list[dict] = [{"role": "user", "content": "Fix the failing test."}]
+    for i in range(n):
+        tid = f"toolu_{i}"
+        call = {"type": "tool_use", "id": tid, "name": "read_file", "input": {"path": f"src/f{i}.rs"}}
+        filler = " ".join(f"line{w}" for w in range(words))
+        result = {"type": "tool_result", "tool_use_id": tid, "content": f"MARKER-{i} {filler}"}
+        messages += [{"role": "assistant", "content": [call]}, {"role": "user", "content": [result]}]
+    messages.append({"role": "user", "content": "What does the first file start with?"})
+    return messages
+
+
+def check_recall_round(gw: Gateway) -> None:
+    """Upstream saw the rewritten request offering the recall tool, then the same plus the model's recall call and
+    ctxgate's answer (the cleared result, MARKER-0)."""
+    first, second = gw.mock.requests()
+    names = [t["name"] for t in first["body"]["tools"]]
+    assert names[0] == "read_file" and RECALL in names
+    assert len(first["raw"]) < len(gw.tap.exchanges[0].request), "the history was shortened"
+    sent = second["body"]["messages"]
+    call = next(b for m in sent if m["role"] == "assistant" for b in m["content"] if b.get("id") == "r1")
+    assert call["type"] == "tool_use" and call["name"] == RECALL
+    blocks = [b for m in sent if m["role"] == "user" and isinstance(m["content"], list) for b in m["content"]]
+    (answer,) = [b for b in blocks if b.get("tool_use_id") == "r1"]
+    assert "MARKER-0 line0" in json.dumps(answer)
+    for up in (first, second):
+        assert up["headers"]["anthropic-version"] == gw.tap.exchanges[0].request_headers["anthropic-version"]
+
+
+def test_rewritten_request_with_recall_round(gw: Gateway, client: Anthropic):
+    gw.rewritten = True
+    gw.mock.script(
+        a_tool_use("r1", RECALL, {"call_id": "toolu_0"}, usage={"input_tokens": 3000, "output_tokens": 20}),
+        a_text("The first file starts with MARKER-0.", usage={"input_tokens": 3100, "output_tokens": 9}),
+    )
+    history = agent_history()
+    msg = client.messages.create(model=SMALL, max_tokens=500, tools=[READ_FILE], messages=history)
+    no_extras(msg)
+    assert [b.type for b in msg.content] == ["text"] and msg.content[0].text == "The first file starts with MARKER-0."
+    assert msg.stop_reason == "end_turn"
+    body = gw.tap.exchanges[0].body.decode()
+    assert RECALL not in body and SEARCH not in body
+    check_recall_round(gw)
+
+
+def test_rewritten_stream_with_recall_round(gw: Gateway, client: Anthropic):
+    gw.rewritten = True
+    gw.mock.script(
+        a_tool_use(
+            "r1", RECALL, {"call_id": "toolu_0"}, text="Let me look.", usage={"input_tokens": 3000, "output_tokens": 20}
+        ),
+        a_text("It says MARKER-0.", usage={"input_tokens": 3100, "output_tokens": 9}),
+    )
+    history = agent_history()
+    with client.messages.stream(model=SMALL, max_tokens=500, tools=[READ_FILE], messages=history) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    body = gw.tap.exchanges[0].body.decode()
+    assert RECALL not in body and SEARCH not in body
+    events = validate_event_stream(body)  # one message_start, contiguous indexes, one message_delta and stop
+    assert text == "Let me look.It says MARKER-0."
+    assert [b.type for b in final.content] == ["text", "text"], "the recall call is hidden"
+    assert final.stop_reason == "end_turn"
+    assert final.usage.output_tokens == 29, "output tokens summed over both rounds"
+    assert sum(1 for e in events if e.type == "message_delta") == 1
+    check_recall_round(gw)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 from conftest import REPO, Upstream, _stop
 from ctxtest import Gateway, Mock, a_text, a_tool_use
@@ -88,6 +90,23 @@ def main_requests(gw: Gateway) -> list[dict]:
     ]
 
 
+def session_ids(gw: Gateway) -> set[str]:
+    """The sessions ctxgate holds (its admin API, open to loopback peers without a token)."""
+    r = httpx.get(f"{gw.root}/admin/sessions", params={"limit": 1000}, timeout=10, trust_env=False)
+    r.raise_for_status()
+    return {s["id"] for s in r.json()["sessions"]}
+
+
+def session_view(gw: Gateway, id: str, holding: str) -> dict:
+    """The admin view of session `id`, once its history holds `holding` (turns are recorded as their answer ends)."""
+    deadline = time.monotonic() + 5
+    while True:
+        view = httpx.get(f"{gw.root}/admin/sessions/{id}", timeout=10, trust_env=False).json()
+        if holding in json.dumps(view["messages"]) or time.monotonic() > deadline:
+            return view
+        time.sleep(0.05)
+
+
 def tool_results(message: dict) -> list[dict]:
     content = message["content"]
     return [b for b in content if b.get("type") == "tool_result"] if isinstance(content, list) else []
@@ -117,11 +136,15 @@ def test_bash_tool_loop(claude: Path, cc: Gateway, tmp_path: Path):
     final = "Done: the command printed ctxgate-ok."
     cc.mock.script(
         a_tool_use(
-            "toolu_cc_1", "Bash", {"command": "echo ctxgate-ok", "description": "Print a marker"}, text="Running it.",
+            "toolu_cc_1",
+            "Bash",
+            {"command": "echo ctxgate-ok", "description": "Print a marker"},
+            text="Running it.",
             model=MAIN,
         ),
         a_text(final, model=MAIN),
     )
+    before = session_ids(cc)
     out = run_claude(claude, cc, tmp_path, "Run `echo ctxgate-ok` with the Bash tool and report what it printed.")
     assert out["is_error"] is False and out["subtype"] == "success", out
     assert out["result"] == final
@@ -143,6 +166,13 @@ def test_bash_tool_loop(claude: Path, cc: Gateway, tmp_path: Path):
     # every request Claude Code made was answered with a success
     assert all(r["reply"]["status"] == 200 for r in cc.mock.requests())
 
+    # needs the Anthropic pipeline: the run is one ctxgate session, kept in Anthropic's shape
+    (session,) = session_ids(cc) - before
+    view = session_view(cc, session, final)
+    assert view.get("dialect") == "anthropic", {k: view[k] for k in view if k != "messages"}
+    history = json.dumps(view["messages"])
+    assert "toolu_cc_1" in history and "ctxgate-ok" in history and final in history
+
 
 TURNS = 9
 
@@ -156,8 +186,12 @@ def test_long_session_crosses_the_threshold_and_goes_on(claude: Path, cc: Gatewa
     final = "All nine listings read; the session is still going."
     cc.mock.script(
         *[
-            a_tool_use(f"toolu_long_{i}", "Bash", {"command": big_output_command(i), "description": f"Listing {i}"},
-                       model=MAIN)
+            a_tool_use(
+                f"toolu_long_{i}",
+                "Bash",
+                {"command": big_output_command(i), "description": f"Listing {i}"},
+                model=MAIN,
+            )
             for i in range(TURNS)
         ],
         a_text(final, model=MAIN),
@@ -174,7 +208,7 @@ def test_long_session_crosses_the_threshold_and_goes_on(claude: Path, cc: Gatewa
         check_tool_pairs(msgs)
         (newest,) = tool_results(msgs[-1])
         assert newest["tool_use_id"] == f"toolu_long_{i}"
-        assert result_text(newest).startswith(f"MARKER-{i} filler line 1 "), "the newest result reaches the model whole"
+        assert result_text(newest).startswith(f"MARKER-{i} filler line 1 "), "the newest result arrives whole"
 
     # needs the Anthropic pipeline: once over the threshold, ctxgate cleared old results (the pairs stay) ...
     cleared = [
