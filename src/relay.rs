@@ -4,7 +4,7 @@
 //! final `[DONE]` event (SSE) or the last body chunk (JSON) is released, so that a turn the client has received
 //! is recorded — or, when the client goes away, from the relay's `Drop` with the partial reply.
 
-use crate::dialect::{AssembledReply, Assemble, Dialect};
+use crate::dialect::{Assemble, AssembledReply, Dialect};
 use crate::error::GatewayError;
 use crate::sse::SseParser;
 use crate::upstream::map_reqwest_error;

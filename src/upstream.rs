@@ -44,7 +44,10 @@ impl Api {
     /// carrying an `anthropic-version` header (which only Anthropic clients send).
     pub fn of(rest: &str, headers: &HeaderMap) -> Api {
         let rest = rest.trim_start_matches('/');
-        if rest == "messages" || rest.starts_with("messages/") || headers.contains_key("anthropic-version") {
+        if rest == "messages"
+            || rest.starts_with("messages/")
+            || headers.contains_key("anthropic-version")
+        {
             Api::Anthropic
         } else {
             Api::OpenAi
@@ -206,11 +209,14 @@ mod tests {
     use super::*;
 
     fn up(key: Option<&str>) -> Upstream {
-        Upstream::new(&UpstreamConfig {
-            base_url: "http://u.example/v1/".into(),
-            api_key: key.map(str::to_string),
-            ..Default::default()
-        }, &AnthropicConfig::default())
+        Upstream::new(
+            &UpstreamConfig {
+                base_url: "http://u.example/v1/".into(),
+                api_key: key.map(str::to_string),
+                ..Default::default()
+            },
+            &AnthropicConfig::default(),
+        )
         .unwrap()
     }
 

@@ -151,6 +151,9 @@ pub fn wanted_summary(plan: &Plan<'_>) -> Option<usize> {
     }
 }
 
+/// A dialect's serialisation of a rewritten body: its bytes and the offset of the `]` closing its messages.
+pub type Serialise<'s> = dyn Fn(&RewrittenBody<'_>) -> serde_json::Result<(Vec<u8>, usize)> + 's;
+
 /// What `plan` (for `req`) sends upstream: a rewrite gets the additions and is serialised by `serialise` (the
 /// dialect's rendering: the client's unchanged messages from its own parsed body).
 pub fn render(
@@ -158,7 +161,7 @@ pub fn render(
     plan: Plan<'_>,
     additions: &dyn Additions,
     counter: &TokenCounter,
-    serialise: &dyn Fn(&RewrittenBody<'_>) -> serde_json::Result<(Vec<u8>, usize)>,
+    serialise: &Serialise<'_>,
 ) -> serde_json::Result<Decision> {
     let rw = match plan {
         Plan::Forward { tokens, .. } => {

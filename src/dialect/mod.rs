@@ -7,8 +7,8 @@ pub mod anthropic;
 pub mod chat;
 mod names;
 mod reply;
-pub mod rounds;
 mod request;
+pub mod rounds;
 
 pub use names::InjectedNames;
 pub use reply::{AssembledReply, MAX_ASSEMBLED_BYTES};
@@ -18,9 +18,9 @@ use crate::context::RewrittenBody;
 use crate::error::GatewayError;
 use crate::sse::SseEvent;
 use crate::upstream::Api;
-use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{Map, Value};
+use std::sync::Arc;
 
 /// A wire format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -72,4 +72,3 @@ impl AssembledReply {
             .as_u64()
     }
 }
-

@@ -47,10 +47,11 @@ pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
         Err(e) => return fail(e, &mut timer),
     };
     // A request ctxgate would refuse is counted whole: its true size is what tells the client to compact.
-    let body = match plan_request(&state, strategy, &request, None, &parts.headers, now_secs()).await {
-        Ok(outgoing) => outgoing.body,
-        Err(_) => request.raw.clone(),
-    };
+    let body =
+        match plan_request(&state, strategy, &request, None, &parts.headers, now_secs()).await {
+            Ok(outgoing) => outgoing.body,
+            Err(_) => request.raw.clone(),
+        };
     let api = dialect.api();
     let url = state
         .upstream

@@ -9,8 +9,8 @@ mod request;
 mod respond;
 mod rounds;
 
-pub use plan::{plan_request, Outgoing, Rewritten, STRATEGY_HEADER};
 pub use count::count_tokens;
+pub use plan::{plan_request, Outgoing, Rewritten, STRATEGY_HEADER};
 pub use request::read_body;
 
 use respond::own_error;
@@ -99,14 +99,29 @@ async fn handle(
 
     // 4. Plan: count the request against its model's window; over budget, rewrite what goes upstream. Without a
     //    rewrite the client's own bytes go upstream, untouched.
-    let outgoing =
-        match plan_request(&state, strategy, &chat, mark.as_ref(), &parts.headers, now_secs()).await {
-            Ok(o) => o,
-            Err(e) => {
-                measure::plan_failed(&state, dialect, strategy, &chat.model, &e);
-                return own_error(dialect, e, session.as_ref(), started, chat.stream, &chat.model);
-            }
-        };
+    let outgoing = match plan_request(
+        &state,
+        strategy,
+        &chat,
+        mark.as_ref(),
+        &parts.headers,
+        now_secs(),
+    )
+    .await
+    {
+        Ok(o) => o,
+        Err(e) => {
+            measure::plan_failed(&state, dialect, strategy, &chat.model, &e);
+            return own_error(
+                dialect,
+                e,
+                session.as_ref(),
+                started,
+                chat.stream,
+                &chat.model,
+            );
+        }
+    };
     if let Some(rw) = &outgoing.rewrite {
         measure::rewrite(&state, dialect, strategy, &chat.model, &rw.record);
     }
@@ -140,7 +155,14 @@ async fn handle(
         Ok(r) => r,
         Err(e) => {
             measure::send_failed(&state, dialect, timer, &e);
-            return own_error(dialect, e, session.as_ref(), started, chat.stream, &chat.model);
+            return own_error(
+                dialect,
+                e,
+                session.as_ref(),
+                started,
+                chat.stream,
+                &chat.model,
+            );
         }
     };
     let upstream_wait = upstream_started.elapsed();
@@ -180,11 +202,9 @@ async fn handle(
         .is_some_and(|r| r.injected && status.is_success())
     {
         let stored = match &mark {
-            Some(m) => m.entry.with_tree(|t| {
-                t.nodes()
-                    .map(|n| (n.position, n.message.clone()))
-                    .collect()
-            }),
+            Some(m) => m
+                .entry
+                .with_tree(|t| t.nodes().map(|n| (n.position, n.message.clone())).collect()),
             None => Vec::new(),
         };
         let source = HistorySource::from_parts(chat.messages(), dialect.neutral_history(stored));
@@ -282,10 +302,8 @@ impl Turn {
                     &outcome,
                 );
                 log_turn(
-                    self.dialect,
+                    (self.dialect, &self.model, self.stream),
                     self.status.as_u16(),
-                    &self.model,
-                    self.stream,
                     self.upstream_wait,
                     self.started,
                     &self.session_id,
@@ -399,11 +417,10 @@ async fn record_reply(
     }
 }
 
+/// The access log line of a turn; `request`: its dialect, model and stream flag.
 fn log_turn(
-    dialect: Dialect,
+    (dialect, model, stream): (Dialect, &str, bool),
     status: u16,
-    model: &str,
-    stream: bool,
     upstream_wait: std::time::Duration,
     started: Instant,
     session_id: &str,

@@ -134,7 +134,17 @@ pub async fn plan_request(
         // The job copies the history: built only once the summarizer is sure to start it.
         let precomputed = matches!(decision, Plan::Forward { .. });
         let at = (upto, native_upto);
-        let make = || summary_job(m, messages, at, &ready, credentials, req.encoding, precomputed);
+        let make = || {
+            summary_job(
+                m,
+                messages,
+                at,
+                &ready,
+                credentials,
+                req.encoding,
+                precomputed,
+            )
+        };
         let done = s.start_with(&m.entry.id, make, state.sessions.clone(), &state.tasks);
         let pruned_meanwhile =
             matches!(&decision, Plan::Rewrite(r) if !r.record.stages.contains(&"summarized"));
@@ -198,7 +208,6 @@ fn ready_summaries(chat: &Request, mark: &RequestMark) -> Vec<(usize, Value, Str
     }
     ready
 }
-
 
 /// The client's credential headers (`authorization`, `x-api-key`), for summary requests made on its behalf.
 pub fn credentials(headers: &HeaderMap) -> HeaderMap {

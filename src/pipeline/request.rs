@@ -26,4 +26,3 @@ pub async fn read_body(body: Body, limit: u64, timeout: Duration) -> Result<Byte
         ))),
     }
 }
-

@@ -270,17 +270,23 @@ impl Rounds {
                                 "recall: follow-up request refused; ending the stream"
                             );
                             let tail = splicer.abort();
-                            return self.end(tail, splicer, tx, bytes, first_byte_at, None).await;
+                            return self
+                                .end(tail, splicer, tx, bytes, first_byte_at, None)
+                                .await;
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, round, "recall: follow-up request failed; ending the stream");
                             let tail = splicer.abort();
-                            return self.end(tail, splicer, tx, bytes, first_byte_at, None).await;
+                            return self
+                                .end(tail, splicer, tx, bytes, first_byte_at, None)
+                                .await;
                         }
                     }
                 }
                 SpliceEnd::Finish(tail) => {
-                    return self.end(tail, splicer, tx, bytes, first_byte_at, error).await;
+                    return self
+                        .end(tail, splicer, tx, bytes, first_byte_at, error)
+                        .await;
                 }
             }
         }

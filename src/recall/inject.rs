@@ -2,9 +2,9 @@
 
 use crate::config::RecallConfig;
 use crate::context::decide::Additions;
+use crate::context::RewrittenBody;
 use crate::dialect::{Dialect, InjectedNames};
 use crate::message::Source;
-use crate::context::RewrittenBody;
 use serde_json::{json, Map, Value};
 use std::borrow::Cow;
 
@@ -248,7 +248,10 @@ mod tests {
             "tools":[{"type":"function","function":{"name":"read_file","parameters":{}}}],"tool_choice":"auto"});
         let mut a = body(&client);
         let mut b = a.clone();
-        assert_eq!(inject(Dialect::Chat, &mut a, &rec(3), &cfg), Injection::Injected);
+        assert_eq!(
+            inject(Dialect::Chat, &mut a, &rec(3), &cfg),
+            Injection::Injected
+        );
         inject(Dialect::Chat, &mut b, &rec(3), &cfg);
         assert_eq!(a.to_vec().unwrap(), b.to_vec().unwrap());
         assert!(

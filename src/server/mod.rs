@@ -31,10 +31,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/chat/completions",
             post(chat).fallback(passthrough::handle),
         )
-        .route(
-            "/v1/messages",
-            post(messages).fallback(passthrough::handle),
-        )
+        .route("/v1/messages", post(messages).fallback(passthrough::handle))
         .route(
             "/v1/messages/count_tokens",
             post(count_tokens).fallback(passthrough::handle),

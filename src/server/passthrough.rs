@@ -42,7 +42,9 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
         .unwrap_or(parts.uri.path());
     let api = Api::of(rest, &parts.headers);
     let url = state.upstream.url_for(api, rest, parts.uri.query());
-    let headers = state.upstream.request_headers_for(api, &parts.headers, false);
+    let headers = state
+        .upstream
+        .request_headers_for(api, &parts.headers, false);
     let body = reqwest::Body::wrap_stream(body.into_data_stream().map_err(std::io::Error::other));
     let path = parts.uri.path().to_string();
     timer.upstream_sent();

@@ -14,8 +14,8 @@ pub use super::entry::SessionEntry;
 use super::identity::SessionIdentity;
 use super::registry::Registry;
 use super::tree::{NodeId, Tree};
-use crate::dialect::Dialect;
 use crate::context::runloop::run_loops;
+use crate::dialect::Dialect;
 use crate::message::message_text;
 use crate::metrics::{CacheResult, SessionMetrics, StoreMetrics, StoreOp};
 use crate::store::{

@@ -325,10 +325,14 @@ impl Summarizer {
         .await
         .map_err(|_| SummaryError::Timeout(timeout.as_secs()))??;
         let Some(answer_text) = prompt::answer_text(self.api, &answer) else {
-            return Err(failed("the answer is not a completion of the summary model's API".into()));
+            return Err(failed(
+                "the answer is not a completion of the summary model's API".into(),
+            ));
         };
-        let text = prompt::summary_text(&answer_text, self.max_tokens, |t| count_text(job.encoding, t))
-            .map_err(SummaryError::Unusable)?;
+        let text = prompt::summary_text(&answer_text, self.max_tokens, |t| {
+            count_text(job.encoding, t)
+        })
+        .map_err(SummaryError::Unusable)?;
         let counter = crate::context::tokens::TokenCounter::new();
         let covered: u64 = job.messages[..job.upto]
             .iter()
@@ -377,7 +381,11 @@ pub fn manual_job(
         Dialect::Anthropic => Some(crate::dialect::anthropic::Converted::new(None, &messages)),
     };
     let neutral: &[Value] = converted.as_ref().map_or(&messages, |c| c.messages());
-    let start_of = |native: usize| converted.as_ref().map_or(native, |c| c.neutral_start(native));
+    let start_of = |native: usize| {
+        converted
+            .as_ref()
+            .map_or(native, |c| c.neutral_start(native))
+    };
     let at = start_of(messages.len().saturating_sub(keep_recent));
     let boundaries: Vec<(usize, usize)> = (1..messages.len()).map(|k| (start_of(k), k)).collect();
     let (upto, native_upto) = crate::context::units::units(neutral)

@@ -265,8 +265,17 @@ mod tests {
         let body = request_body(Api::OpenAi, "m", "P", "T", 300);
         assert_eq!(body["max_tokens"], 300);
         assert_eq!(body["messages"][1]["content"], "T");
-        let body = request_body(api_of("claude-haiku-4-5"), "claude-haiku-4-5", "P", "T", 300);
-        assert_eq!((&body["system"], &body["messages"][0]["content"]), (&json!("P"), &json!("T")));
+        let body = request_body(
+            api_of("claude-haiku-4-5"),
+            "claude-haiku-4-5",
+            "P",
+            "T",
+            300,
+        );
+        assert_eq!(
+            (&body["system"], &body["messages"][0]["content"]),
+            (&json!("P"), &json!("T"))
+        );
         assert!(body.get("thinking").is_none() && body.get("context_management").is_none());
         assert!(load_prompt(&SummaryConfig::default())
             .unwrap()

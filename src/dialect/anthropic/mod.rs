@@ -18,7 +18,7 @@ mod tests;
 
 pub use assemble::Assembler;
 
-use super::{AssembledReply, Assemble, Dialect, InjectedNames, Request};
+use super::{Assemble, AssembledReply, Dialect, InjectedNames, Request};
 use crate::context::RewrittenBody;
 use crate::error::GatewayError;
 use crate::sse::SseEvent;

@@ -12,43 +12,43 @@ pub const MAX_MODEL_LEN: usize = crate::context::models::MAX_MODEL_LEN;
 
 /// Parses and checks the body: a JSON object with a `messages` array.
 pub fn parse(raw: Bytes) -> Result<Request, GatewayError> {
-        let value: Value = serde_json::from_slice(&raw).map_err(|e| GatewayError::BadRequest {
-            message: format!("request body is not valid JSON: {e}"),
-            param: None,
-        })?;
-        let Value::Object(body) = value else {
-            return Err(GatewayError::bad_request(
-                "request body must be a JSON object",
-            ));
-        };
-        match body.get("messages") {
-            Some(Value::Array(messages)) => check_messages(messages)?,
-            Some(_) => {
-                return Err(GatewayError::BadRequest {
-                    message: "`messages` must be an array of message objects".into(),
-                    param: Some("messages"),
-                })
-            }
-            None => {
-                return Err(GatewayError::BadRequest {
-                    message: "missing required parameter: `messages`".into(),
-                    param: Some("messages"),
-                })
-            }
+    let value: Value = serde_json::from_slice(&raw).map_err(|e| GatewayError::BadRequest {
+        message: format!("request body is not valid JSON: {e}"),
+        param: None,
+    })?;
+    let Value::Object(body) = value else {
+        return Err(GatewayError::bad_request(
+            "request body must be a JSON object",
+        ));
+    };
+    match body.get("messages") {
+        Some(Value::Array(messages)) => check_messages(messages)?,
+        Some(_) => {
+            return Err(GatewayError::BadRequest {
+                message: "`messages` must be an array of message objects".into(),
+                param: Some("messages"),
+            })
         }
-        check_options(&body)?;
-        let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
-        let model = match body.get("model") {
-            None => String::new(),
-            Some(Value::String(m)) if m.len() <= MAX_MODEL_LEN => m.clone(),
-            Some(_) => {
-                return Err(GatewayError::BadRequest {
-                    message: format!("`model` must be a string of at most {MAX_MODEL_LEN} bytes"),
-                    param: Some("model"),
-                })
-            }
-        };
-        Ok(Request::new(Dialect::Chat, raw, body, stream, model, None))
+        None => {
+            return Err(GatewayError::BadRequest {
+                message: "missing required parameter: `messages`".into(),
+                param: Some("messages"),
+            })
+        }
+    }
+    check_options(&body)?;
+    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let model = match body.get("model") {
+        None => String::new(),
+        Some(Value::String(m)) if m.len() <= MAX_MODEL_LEN => m.clone(),
+        Some(_) => {
+            return Err(GatewayError::BadRequest {
+                message: format!("`model` must be a string of at most {MAX_MODEL_LEN} bytes"),
+                param: Some("model"),
+            })
+        }
+    };
+    Ok(Request::new(Dialect::Chat, raw, body, stream, model, None))
 }
 
 /// Every message must be an object with a string `role` (what the session tree, the planner and the recall tools

@@ -93,8 +93,10 @@ pub fn round_messages(assistant: &Value, calls: &[Value], results: &[String]) ->
     }
     let mut out = vec![a];
     for (c, content) in calls.iter().zip(results) {
-        out.push(json!({"role": "tool", "tool_call_id": c.get("id").cloned().unwrap_or(Value::Null),
-                        "content": content}));
+        out.push(
+            json!({"role": "tool", "tool_call_id": c.get("id").cloned().unwrap_or(Value::Null),
+                        "content": content}),
+        );
     }
     out
 }

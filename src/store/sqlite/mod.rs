@@ -84,8 +84,14 @@ CREATE TABLE IF NOT EXISTS records (
 /// sessions had a dialect, theirs is `chat` (the only one there was).
 fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
     for (column, ddl) in [
-        ("version", "ALTER TABLE sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0"),
-        ("dialect", "ALTER TABLE sessions ADD COLUMN dialect TEXT NOT NULL DEFAULT 'chat'"),
+        (
+            "version",
+            "ALTER TABLE sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0",
+        ),
+        (
+            "dialect",
+            "ALTER TABLE sessions ADD COLUMN dialect TEXT NOT NULL DEFAULT 'chat'",
+        ),
     ] {
         let has: i64 = conn.query_row(
             "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = ?1",

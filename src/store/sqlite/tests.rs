@@ -330,7 +330,11 @@ fn old_databases_get_the_version_column() {
     migrate(&c).unwrap();
     migrate(&c).unwrap();
     let m = load(&c, "s").unwrap().unwrap().meta;
-    assert_eq!((m.version, m.dialect.as_str()), (0, "chat"), "old rows are chat sessions");
+    assert_eq!(
+        (m.version, m.dialect.as_str()),
+        (0, "chat"),
+        "old rows are chat sessions"
+    );
 }
 
 /// Records written before compression records were typed: a rewrite had no `kind` (and, before summaries, four

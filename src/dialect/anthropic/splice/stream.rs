@@ -3,8 +3,8 @@
 
 use super::{add_usage, injected_calls, is_injected_call, round_assistant};
 use crate::dialect::anthropic::assemble::{overlay, Assembler};
-use crate::dialect::InjectedNames;
 use crate::dialect::AssembledReply;
+use crate::dialect::InjectedNames;
 use crate::sse::SseEvent;
 use bytes::Bytes;
 use serde_json::{json, Value};
