@@ -6,8 +6,8 @@
 pub mod anthropic;
 pub mod chat;
 mod names;
-mod reply;
-mod request;
+pub mod reply;
+pub mod request;
 pub mod rounds;
 
 pub use names::InjectedNames;

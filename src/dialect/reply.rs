@@ -3,6 +3,30 @@
 
 use serde_json::Value;
 
+/// Adds the numbers of usage object `b` into `a`, nested objects too (`prompt_tokens_details`,
+/// `server_tool_use`); a field `a` lacks, or holds as `null`, is taken from `b`; other values keep their first form.
+pub fn add_numbers(a: &mut Value, b: &Value) {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, bv) in b {
+                match a.get_mut(k) {
+                    Some(av) => add_numbers(av, bv),
+                    None => {
+                        a.insert(k.clone(), bv.clone());
+                    }
+                }
+            }
+        }
+        (a @ Value::Null, b) => *a = b.clone(),
+        (a @ Value::Number(_), Value::Number(bn)) => {
+            if let (Some(x), Some(y)) = (a.as_u64(), bn.as_u64()) {
+                *a = Value::from(x + y);
+            }
+        }
+        _ => {}
+    }
+}
+
 /// Largest message an assembler builds (16 MiB of text); a bigger reply is relayed but not assembled.
 pub const MAX_ASSEMBLED_BYTES: usize = 16 * 1024 * 1024;
 

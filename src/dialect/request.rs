@@ -3,8 +3,46 @@
 
 use super::anthropic::Converted;
 use super::Dialect;
+use crate::error::GatewayError;
 use bytes::Bytes;
 use serde_json::{Map, Value};
+
+/// The body as a JSON object, or a 400 saying why it is not one.
+pub fn json_object(raw: &[u8]) -> Result<Map<String, Value>, GatewayError> {
+    let value: Value = serde_json::from_slice(raw).map_err(|e| GatewayError::BadRequest {
+        message: format!("request body is not valid JSON: {e}"),
+        param: None,
+    })?;
+    match value {
+        Value::Object(body) => Ok(body),
+        _ => Err(GatewayError::bad_request(
+            "request body must be a JSON object",
+        )),
+    }
+}
+
+/// Whether the client's `tools` leave room for ctxgate's (named in `names`): an array (or none) in which no tool
+/// has one of their names (`name` reads a tool's name in the dialect's shape).
+pub fn tools_leave_room(
+    tools: Option<&Value>,
+    names: &super::InjectedNames,
+    name: impl Fn(&Value) -> Option<&str>,
+) -> Result<(), &'static str> {
+    match tools {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Array(tools)) => {
+            if tools
+                .iter()
+                .any(|t| name(t).is_some_and(|n| names.is_injected(n)))
+            {
+                Err("a client tool has the same name")
+            } else {
+                Ok(())
+            }
+        }
+        Some(_) => Err("client tools are not an array"),
+    }
+}
 
 /// A parsed request. `raw` is what the client sent; it is forwarded as is when no rewrite is needed.
 #[derive(Debug, Clone)]

@@ -96,6 +96,16 @@ async fn handle(
     // 3b. Reconcile with the stored history; new messages are queued for writing, not awaited. A store failure
     //     only costs this turn its recording.
     let mark = reconcile(&state, session.as_ref(), &chat).await;
+    let fail = |e| {
+        own_error(
+            dialect,
+            e,
+            session.as_ref(),
+            started,
+            chat.stream,
+            &chat.model,
+        )
+    };
 
     // 4. Plan: count the request against its model's window; over budget, rewrite what goes upstream. Without a
     //    rewrite the client's own bytes go upstream, untouched.
@@ -112,14 +122,7 @@ async fn handle(
         Ok(o) => o,
         Err(e) => {
             measure::plan_failed(&state, dialect, strategy, &chat.model, &e);
-            return own_error(
-                dialect,
-                e,
-                session.as_ref(),
-                started,
-                chat.stream,
-                &chat.model,
-            );
+            return fail(e);
         }
     };
     if let Some(rw) = &outgoing.rewrite {
@@ -155,14 +158,7 @@ async fn handle(
         Ok(r) => r,
         Err(e) => {
             measure::send_failed(&state, dialect, timer, &e);
-            return own_error(
-                dialect,
-                e,
-                session.as_ref(),
-                started,
-                chat.stream,
-                &chat.model,
-            );
+            return fail(e);
         }
     };
     let upstream_wait = upstream_started.elapsed();

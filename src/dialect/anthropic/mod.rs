@@ -84,15 +84,7 @@ fn native_of(o: Origin) -> Option<usize> {
 
 /// Parses and checks a Messages request.
 pub fn parse(raw: Bytes) -> Result<Request, GatewayError> {
-    let value: Value = serde_json::from_slice(&raw).map_err(|e| GatewayError::BadRequest {
-        message: format!("request body is not valid JSON: {e}"),
-        param: None,
-    })?;
-    let Value::Object(body) = value else {
-        return Err(GatewayError::bad_request(
-            "request body must be a JSON object",
-        ));
-    };
+    let body = super::request::json_object(&raw)?;
     request::check(&body)?;
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let model = body
@@ -133,22 +125,9 @@ pub fn may_add_tools(body: &Map<String, Value>, names: &InjectedNames) -> Result
         Some("tool") => return Err("tool_choice forces a tool"),
         _ => {}
     }
-    match body.get("tools") {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Array(tools)) => {
-            let clash = tools.iter().any(|t| {
-                t.get("name")
-                    .and_then(Value::as_str)
-                    .is_some_and(|n| names.is_injected(n))
-            });
-            if clash {
-                Err("a client tool has the same name")
-            } else {
-                Ok(())
-            }
-        }
-        Some(_) => Err("client tools are not an array"),
-    }
+    super::request::tools_leave_room(body.get("tools"), names, |t| {
+        t.get("name").and_then(Value::as_str)
+    })
 }
 
 /// The rewritten body: the client's fields in their order (its `system` untouched; its `tools` with ours

@@ -104,20 +104,4 @@ pub fn add_usage(acc: &mut Option<Value>, usage: &Value) {
 }
 
 /// The client's answer: ctxgate's `tool_use` blocks removed, usage summed, the first round's id.
-pub fn finalize(
-    mut answer: Value,
-    names: &InjectedNames,
-    usage: Option<Value>,
-    first_id: Option<Value>,
-) -> Value {
-    splice::strip_injected(&mut answer, names);
-    if let Some(o) = answer.as_object_mut() {
-        if let Some(id) = first_id {
-            o.insert("id".into(), id);
-        }
-        if let Some(u) = usage {
-            o.insert("usage".into(), u);
-        }
-    }
-    answer
-}
+pub use splice::finalize_body as finalize;

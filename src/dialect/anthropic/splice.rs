@@ -6,6 +6,7 @@ mod stream;
 
 pub use stream::{RoundEnd, StreamSplicer};
 
+use crate::dialect::reply::add_numbers;
 use crate::dialect::InjectedNames;
 use serde_json::{json, Value};
 
@@ -129,44 +130,15 @@ pub fn add_usage(acc: &mut Option<Value>, u: &Value) {
                     .filter(|(k, _)| !PROMPT_FIELDS.contains(&k.as_str()))
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect();
-                add_numbers_into(a, &rest);
+                let mut acc = Value::Object(std::mem::take(a));
+                add_numbers(&mut acc, &Value::Object(rest));
+                if let Value::Object(summed) = acc {
+                    *a = summed;
+                }
                 return;
             }
             add_numbers(a, u)
         }
-    }
-}
-
-fn add_numbers_into(a: &mut serde_json::Map<String, Value>, b: &serde_json::Map<String, Value>) {
-    for (k, bv) in b {
-        match a.get_mut(k) {
-            Some(av) => add_numbers(av, bv),
-            None => {
-                a.insert(k.clone(), bv.clone());
-            }
-        }
-    }
-}
-
-fn add_numbers(a: &mut Value, b: &Value) {
-    match (a, b) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, bv) in b {
-                match a.get_mut(k) {
-                    Some(av) => add_numbers(av, bv),
-                    None => {
-                        a.insert(k.clone(), bv.clone());
-                    }
-                }
-            }
-        }
-        (a @ Value::Null, b) => *a = b.clone(),
-        (a @ Value::Number(_), Value::Number(bn)) => {
-            if let (Some(x), Some(y)) = (a.as_u64(), bn.as_u64()) {
-                *a = Value::from(x + y);
-            }
-        }
-        _ => {}
     }
 }
 

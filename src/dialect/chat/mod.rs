@@ -26,20 +26,7 @@ pub fn may_add_tools(body: &Map<String, Value>, names: &InjectedNames) -> Result
         Some(Value::Object(_)) => return Err("tool_choice forces a function"),
         _ => {}
     }
-    match body.get("tools") {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Array(tools)) => {
-            let clash = tools.iter().any(|t| {
-                t.pointer("/function/name")
-                    .and_then(Value::as_str)
-                    .is_some_and(|n| names.is_injected(n))
-            });
-            if clash {
-                Err("a client tool has the same name")
-            } else {
-                Ok(())
-            }
-        }
-        Some(_) => Err("client tools are not an array"),
-    }
+    super::request::tools_leave_room(body.get("tools"), names, |t| {
+        t.pointer("/function/name").and_then(Value::as_str)
+    })
 }

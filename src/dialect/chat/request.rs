@@ -1,6 +1,7 @@
 //! Checking a chat-completions request: parsed with every field kept in order, refused with a clear 400 when it
 //! is not one.
 
+use crate::dialect::request::json_object;
 use crate::dialect::{Dialect, Request};
 use crate::error::GatewayError;
 use bytes::Bytes;
@@ -12,15 +13,7 @@ pub const MAX_MODEL_LEN: usize = crate::context::models::MAX_MODEL_LEN;
 
 /// Parses and checks the body: a JSON object with a `messages` array.
 pub fn parse(raw: Bytes) -> Result<Request, GatewayError> {
-    let value: Value = serde_json::from_slice(&raw).map_err(|e| GatewayError::BadRequest {
-        message: format!("request body is not valid JSON: {e}"),
-        param: None,
-    })?;
-    let Value::Object(body) = value else {
-        return Err(GatewayError::bad_request(
-            "request body must be a JSON object",
-        ));
-    };
+    let body = json_object(&raw)?;
     match body.get("messages") {
         Some(Value::Array(messages)) => check_messages(messages)?,
         Some(_) => {

@@ -2,6 +2,7 @@
 //! splicing several upstream streams into one client stream (one id, one role chunk, one finish, one usage).
 
 use super::MessageAssembler;
+use crate::dialect::reply::add_numbers;
 use crate::dialect::InjectedNames;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
@@ -32,27 +33,6 @@ pub fn merge_usage(acc: &mut Option<Value>, u: &Value) {
     match acc {
         None => *acc = Some(u.clone()),
         Some(a) => add_numbers(a, u),
-    }
-}
-
-fn add_numbers(a: &mut Value, b: &Value) {
-    match (a, b) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, bv) in b {
-                match a.get_mut(k) {
-                    Some(av) => add_numbers(av, bv),
-                    None => {
-                        a.insert(k.clone(), bv.clone());
-                    }
-                }
-            }
-        }
-        (a @ Value::Number(_), Value::Number(bn)) => {
-            if let (Some(x), Some(y)) = (a.as_u64(), bn.as_u64()) {
-                *a = Value::from(x + y);
-            }
-        }
-        _ => {}
     }
 }
 
