@@ -356,7 +356,7 @@ async fn records_in_the_old_shape_still_load() {
         let c = Connection::open(&path).unwrap();
         c.execute_batch(SCHEMA).unwrap();
         c.execute(
-            "INSERT INTO sessions VALUES ('s', 't', 1, 1, 0, 0, NULL, 1)",
+            "INSERT INTO sessions (id, tenant, created_at, last_active, message_count, token_estimate, head, version) VALUES ('s', 't', 1, 1, 0, 0, NULL, 1)",
             [],
         )
         .unwrap();
