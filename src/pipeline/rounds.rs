@@ -340,7 +340,12 @@ async fn keep_alive(
     let Some(ping) = ping else {
         return send.await;
     };
-    let mut every = tokio::time::interval(KEEPALIVE_EVERY);
+    // One at once (the client learns the stream is alive before the follow-up is even sent), then one every
+    // `KEEPALIVE_EVERY` while it is in flight.
+    *bytes += ping.len() as u64;
+    let _ = tx.send(Ok(ping.clone())).await;
+    let start = tokio::time::Instant::now() + KEEPALIVE_EVERY;
+    let mut every = tokio::time::interval_at(start, KEEPALIVE_EVERY);
     loop {
         tokio::select! {
             r = &mut send => return r,
