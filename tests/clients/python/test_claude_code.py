@@ -168,6 +168,8 @@ def test_bash_tool_loop(claude: Path, cc: Gateway, tmp_path: Path):
 
     # needs the Anthropic pipeline: the run is one ctxgate session, kept in Anthropic's shape
     (session,) = session_ids(cc) - before
+    # named by Claude Code's own session id (under the caller's tenant prefix), not by a fingerprint
+    assert session.endswith("-" + first["headers"]["x-claude-code-session-id"]), session
     view = session_view(cc, session, final)
     assert view.get("dialect") == "anthropic", {k: view[k] for k in view if k != "messages"}
     history = json.dumps(view["messages"])
