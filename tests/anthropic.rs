@@ -340,3 +340,83 @@ async fn claude_codes_base_url_check_is_answered() {
     let resp = h.client.head(h.url("/")).send().await.unwrap();
     assert_eq!(resp.status(), 200);
 }
+
+/// A support chat in Anthropic's shape: `loops` finished questions (one small tool call each), then a new one.
+fn support(loops: usize) -> Vec<Value> {
+    let mut m = Vec::new();
+    for l in 0..loops {
+        let id = format!("toolu_s{l}");
+        m.push(json!({"role":"user","content":format!("question {l}: {}", "please help ".repeat(120))}));
+        m.push(json!({"role":"assistant","content":[{"type":"tool_use","id":id,"name":"lookup","input":{"q":l}}]}));
+        m.push(json!({"role":"user","content":[{"type":"tool_result","tool_use_id":id,"content":format!("RESULT-{l}")}]}));
+        m.push(json!({"role":"assistant","content":[{"type":"text","text":format!("answer {l}: {}", "indeed ".repeat(120))}]}));
+    }
+    m.push(json!({"role":"user","content":"and now?"}));
+    m
+}
+
+#[tokio::test]
+async fn summaries_of_an_anthropic_conversation_are_written_by_a_claude_model_through_the_messages_api(
+) {
+    let h = Harness::start_with(|c| {
+        c.models.insert(
+            "claude-*".into(),
+            ctxgate::config::ModelEntry {
+                context_window: 4_000,
+            },
+        );
+        c.summary.model = Some("claude-haiku-4-5".into());
+        c.summary.wait_ms = 5_000;
+        c.summary.keep_recent = 4;
+        c.context.strategy = ctxgate::config::Strategy::Summarize;
+    })
+    .await;
+    let mut m = support(8);
+    let resp = post(&h, "/v1/messages", &body(&m)).await;
+    assert_eq!(resp.status(), 200);
+    resp.text().await.unwrap();
+    let reqs = h.mock.requests();
+    let summary = reqs
+        .iter()
+        .find(|r| r.json()["model"] == "claude-haiku-4-5")
+        .expect("a summary request");
+    assert_eq!(summary.path(), "/v1/messages", "an Anthropic call");
+    assert!(summary.headers.contains_key("anthropic-version"));
+    assert_eq!(
+        summary.headers["x-api-key"], "sk-ant-test-key",
+        "the client's own key"
+    );
+    let s = summary.json();
+    assert!(
+        s["system"].as_str().is_some_and(|p| !p.is_empty()),
+        "the prompt as the system"
+    );
+    let transcript = s["messages"][0]["content"].as_str().unwrap();
+    assert!(transcript.contains("question 0") && transcript.contains("RESULT-0"));
+    assert!(s.get("thinking").is_none() && s.get("context_management").is_none());
+
+    // the next turn is sent with the summary in place of what it covers, as a valid Messages request
+    m.push(json!({"role":"assistant","content":[{"type":"text","text":"mock reply"}]}));
+    m.push(json!({"role":"user","content":"thanks, one more thing"}));
+    let b = body(&m);
+    post(&h, "/v1/messages", &b).await.text().await.unwrap();
+    let sent = h
+        .mock
+        .requests()
+        .iter()
+        .rev()
+        .find(|r| r.json()["model"] == "claude-sonnet-4-5")
+        .unwrap()
+        .json();
+    check_rewrite(&b, &sent).unwrap();
+    let out = sent["messages"].as_array().unwrap();
+    check_sequence(out).unwrap();
+    assert!(
+        out[0]
+            .to_string()
+            .contains("Summary of the earlier conversation"),
+        "{}",
+        out[0]
+    );
+    assert!(out.len() < m.len());
+}

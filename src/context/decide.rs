@@ -186,14 +186,17 @@ pub fn render(
     let encoding = req.encoding;
     let mut body = RewrittenBody::new(req.body, rw.messages, rw.sources);
     let sent_before = body.messages.len();
-    // The note goes into the first system message, or a new message right after it (first when there is none):
-    // only that head and the tools change, so the planner's estimate is corrected by recounting them rather than
-    // every message again.
-    let head_len = body
+    // The note goes into the first system message, or a new message right after it (first when there is none),
+    // or (a dialect whose system prompt stays outside its messages) a new message after the leading system
+    // messages: only that head and the tools change, so the planner's estimate is corrected by recounting them
+    // rather than every message again.
+    let first_system = body
         .messages
         .iter()
         .position(|m| is_system(m))
         .map_or(0, |i| i + 1);
+    let leading_systems = body.messages.iter().take_while(|m| is_system(m)).count();
+    let head_len = first_system.max(leading_systems);
     let head = |b: &RewrittenBody<'_>, len: usize| -> u64 {
         let msgs: u64 = counter
             .messages_tokens(encoding, &b.messages[..len])
