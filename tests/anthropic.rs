@@ -420,3 +420,66 @@ async fn summaries_of_an_anthropic_conversation_are_written_by_a_claude_model_th
     );
     assert!(out.len() < m.len());
 }
+
+#[tokio::test]
+async fn anthropic_requests_go_to_the_anthropic_base_url_with_its_key_only_when_the_client_sends_none(
+) {
+    let h = Harness::start_with(|c| {
+        c.anthropic.base_url = format!("{}/ant", c.anthropic.base_url);
+        c.anthropic.api_key = Some("sk-ant-gateway".into());
+    })
+    .await;
+    let b = body(&history(1, 3));
+    let bare = |path: &str| {
+        h.client
+            .post(h.url(path))
+            .header("anthropic-version", "2023-06-01")
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&b).unwrap())
+    };
+    bare("/v1/messages")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    post(&h, "/v1/messages", &b).await.text().await.unwrap();
+    h.client
+        .get(h.url("/v1/models"))
+        .header("anthropic-version", "2023-06-01")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    h.client
+        .get(h.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let reqs = h.mock.requests();
+    let uris: Vec<&str> = reqs.iter().map(|r| r.uri.as_str()).collect();
+    assert_eq!(
+        uris,
+        [
+            "/v1/ant/messages",
+            "/v1/ant/messages",
+            "/v1/ant/models",
+            "/v1/models"
+        ]
+    );
+    assert_eq!(
+        reqs[0].headers["x-api-key"], "sk-ant-gateway",
+        "no credential: the gateway's key"
+    );
+    assert_eq!(
+        reqs[1].headers["x-api-key"], "sk-ant-test-key",
+        "the client's own key"
+    );
+    assert_eq!(reqs[1].headers.get_all("x-api-key").iter().count(), 1);
+}
