@@ -70,7 +70,7 @@ impl AppState {
         store: Arc<dyn Store>,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Self>, GatewayError> {
-        let upstream = Upstream::new(&config.upstream)?;
+        let upstream = Upstream::new(&config.upstream, &config.anthropic)?;
         let models = ModelTable::new(&config.models, config.context.default_context_window)
             .map_err(|e| {
                 GatewayError::Internal(format!("the shipped model table is broken: {e}"))

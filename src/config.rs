@@ -17,6 +17,8 @@ pub struct Config {
     pub server: ServerConfig,
     /// The LLM API that requests are forwarded to.
     pub upstream: UpstreamConfig,
+    /// The Anthropic Messages API (`/v1/messages` and every request carrying `anthropic-version`).
+    pub anthropic: AnthropicConfig,
     /// How conversations are identified.
     pub session: SessionConfig,
     /// Where conversation history is kept.
@@ -112,6 +114,28 @@ impl Default for UpstreamConfig {
             api_key: None,
             timeout_secs: 600,
             connect_timeout_secs: 10,
+        }
+    }
+}
+
+/// `[anthropic]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct AnthropicConfig {
+    /// Base URL of the Anthropic Messages API; `/v1/<rest>` of an Anthropic request (`/v1/messages…`, or any
+    /// request carrying an `anthropic-version` header) is forwarded to `<base_url>/<rest>`. Timeouts are
+    /// `[upstream]`'s.
+    pub base_url: String,
+    /// API key sent as `x-api-key` only when the client sends no credential (neither `x-api-key` nor
+    /// `Authorization`).
+    pub api_key: Option<String>,
+}
+
+impl Default for AnthropicConfig {
+    fn default() -> Self {
+        Self {
+            base_url: "https://api.anthropic.com/v1".into(),
+            api_key: None,
         }
     }
 }
@@ -556,6 +580,18 @@ impl Config {
                 self.upstream.base_url
             )),
         }
+        match reqwest::Url::parse(&self.anthropic.base_url) {
+            Ok(u) if u.scheme() == "http" || u.scheme() == "https" => {}
+            _ => e.push(format!(
+                "anthropic.base_url: {:?} is not an http(s) URL",
+                self.anthropic.base_url
+            )),
+        }
+        if let Some(k) = &self.anthropic.api_key {
+            if k.trim().is_empty() || http::HeaderValue::from_str(k).is_err() {
+                e.push("anthropic.api_key: must be a non-empty printable string".into());
+            }
+        }
         if self.upstream.timeout_secs == 0 {
             e.push("upstream.timeout_secs: must be greater than 0".into());
         }
@@ -743,6 +779,9 @@ impl Config {
         let mut c = self.clone();
         if c.upstream.api_key.is_some() {
             c.upstream.api_key = Some("***".into());
+        }
+        if c.anthropic.api_key.is_some() {
+            c.anthropic.api_key = Some("***".into());
         }
         if c.summary.api_key.is_some() {
             c.summary.api_key = Some("***".into());

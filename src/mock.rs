@@ -1,5 +1,6 @@
-//! An in-process mock of an OpenAI-compatible upstream: records every request's raw bytes and answers from a
-//! script (JSON, SSE with per-chunk delays, HTTP errors, mid-stream errors, stalls). Used by the tests, the
+//! An in-process mock of an OpenAI-compatible and Anthropic-compatible upstream: records every request's raw bytes
+//! and answers from a script (JSON, SSE with per-chunk delays, HTTP errors, mid-stream errors, stalls; Anthropic
+//! Messages answers rendered as JSON or as Anthropic's event stream, see [`anthropic`]). Used by the tests, the
 //! benchmarks and `ctxgate mock-upstream`; it never calls a real provider.
 //!
 //! Tests outside Rust (the client-library suites in `tests/clients/`) script it over HTTP through a small
@@ -8,13 +9,27 @@
 //!
 //! | request | effect |
 //! |---|---|
-//! | `POST /_mock/script` | queue replies, answered in order (a JSON list of specs, or one spec; see [`MockReply::from_spec`]) |
+//! | `POST /_mock/script` | queue replies, answered in order (a JSON list of specs, or one spec; see [`Scripted::from_spec`]) |
 //! | `GET /_mock/requests` | every other request so far, in arrival order: `method`, `uri`, `headers`, `body` (JSON or `null`), `raw` (the body as text) and `reply` (what the mock answered: `status` and `body`, or `sse` with the stream's text) |
 //! | `POST /_mock/reset` | forget the queued replies and the recorded requests |
 //!
-//! With nothing queued, the mock answers by default: the model list for `…/models`, otherwise a chat completion
-//! saying `mock reply` (as JSON, or as an SSE stream when the request says `"stream": true`, with a usage chunk
-//! when it asks for `stream_options.include_usage`). Multi-turn tool-using runs are scripted turn by turn.
+//! A request takes the first queued reply that fits it: an Anthropic reply fits only `POST …/messages` (any query,
+//! e.g. `?beta=true`), any other reply fits every request but `HEAD` and `…/count_tokens`; a reply scripted with
+//! a `model` fits only requests for that model (so a client's side requests to a small model do not take the
+//! replies meant for its main loop).
+//!
+//! With nothing fitting queued, the mock answers by default: the model list for `…/models`; 200 for `HEAD`;
+//! `{"input_tokens": N}` for `…/messages/count_tokens` (N from [`estimate_tokens`]); for `…/messages` an Anthropic
+//! message saying `mock reply` whose `usage.input_tokens` is the same estimate (JSON, or the event stream when the
+//! request says `"stream": true`); otherwise a chat completion saying `mock reply` (as JSON, or as an SSE stream
+//! when the request says `"stream": true`, with a usage chunk when it asks for `stream_options.include_usage`).
+//! Multi-turn tool-using runs are scripted turn by turn.
+
+mod anthropic;
+mod script;
+
+pub use anthropic::{estimate_tokens, AnthropicError, AnthropicReply};
+pub use script::Scripted;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -48,6 +63,11 @@ impl RecordedRequest {
     /// The body parsed as JSON (`Null` when it is not JSON).
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    /// The path, without the query.
+    pub fn path(&self) -> &str {
+        self.uri.split('?').next().unwrap_or_default()
     }
 }
 
@@ -214,7 +234,13 @@ impl MockReply {
                 .ok_or_else(|| format!("bad status {s}"))?,
         };
         let mut reply = MockReply::json(status, body.clone()).delayed(delay);
-        if let (MockReply::Json { headers, .. }, Some(extra)) = (&mut reply, o.get("headers")) {
+        reply.add_headers(o.get("headers"))?;
+        Ok(reply)
+    }
+
+    /// Adds (or replaces) the response headers of a JSON reply from a spec's `"headers": {"name": "value"}`.
+    fn add_headers(&mut self, extra: Option<&Value>) -> Result<(), String> {
+        if let (MockReply::Json { headers, .. }, Some(extra)) = (self, extra) {
             let extra = extra.as_object().ok_or("\"headers\" must be an object")?;
             for (k, v) in extra {
                 let v = v
@@ -224,7 +250,7 @@ impl MockReply {
                 headers.push((k.clone(), v.to_string()));
             }
         }
-        Ok(reply)
+        Ok(())
     }
 
     /// What this reply sends, as `GET /_mock/requests` shows it: `{"status", "body"}` with the body as text, or
@@ -254,11 +280,11 @@ impl MockReply {
 
 /// `POST /_mock/script`: queues the replies described by the body (a list of specs, or one spec).
 async fn control_script(State(state): State<Arc<MockState>>, body: Bytes) -> Response {
-    let parsed: Result<Vec<MockReply>, String> = serde_json::from_slice::<Value>(&body)
+    let parsed: Result<Vec<Scripted>, String> = serde_json::from_slice::<Value>(&body)
         .map_err(|e| format!("body is not JSON: {e}"))
         .and_then(|v| match v {
-            Value::Array(specs) => specs.iter().map(MockReply::from_spec).collect(),
-            one => MockReply::from_spec(&one).map(|r| vec![r]),
+            Value::Array(specs) => specs.iter().map(Scripted::from_spec).collect(),
+            one => Scripted::from_spec(&one).map(|r| vec![r]),
         });
     match parsed {
         Ok(replies) => {
@@ -320,7 +346,7 @@ pub type Responder = Arc<dyn Fn(&RecordedRequest) -> Option<MockReply> + Send + 
 
 #[derive(Default)]
 struct MockState {
-    script: Mutex<VecDeque<MockReply>>,
+    script: Mutex<VecDeque<Scripted>>,
     requests: Mutex<Vec<RecordedRequest>>,
     /// What was answered to `requests[i]` (as shown by `GET /_mock/requests`).
     replies: Mutex<Vec<Value>>,
@@ -369,7 +395,17 @@ impl MockUpstream {
 
     /// Queues replies, answered in order.
     pub fn push(&self, reply: MockReply) {
-        self.state.script.lock().push_back(reply);
+        self.script(Scripted::reply(reply));
+    }
+
+    /// Queues an Anthropic reply (rendered as JSON or SSE as the request asks), answered in order.
+    pub fn push_anthropic(&self, reply: AnthropicReply) {
+        self.script(Scripted::anthropic(reply));
+    }
+
+    /// Queues a scripted reply (see [`Scripted`] for which requests it fits).
+    pub fn script(&self, scripted: Scripted) {
+        self.state.script.lock().push_back(scripted);
     }
 
     /// Sets a function consulted before the script; `None` from it falls through to the script.
@@ -407,7 +443,11 @@ async fn handle(State(state): State<Arc<MockState>>, req: Request) -> Response {
     let responder = state.responder.lock().clone();
     let reply = responder
         .and_then(|f| f(&rec))
-        .or_else(|| state.script.lock().pop_front())
+        .or_else(|| {
+            let mut script = state.script.lock();
+            let i = script.iter().position(|s| s.fits(&rec))?;
+            script.remove(i).map(|s| s.answer(&rec))
+        })
         .unwrap_or_else(|| default_reply(&rec));
     {
         let mut replies = state.replies.lock();
@@ -421,6 +461,19 @@ async fn handle(State(state): State<Arc<MockState>>, req: Request) -> Response {
 
 fn default_reply(rec: &RecordedRequest) -> MockReply {
     let v = rec.json();
+    if rec.method == Method::HEAD {
+        return MockReply::Json {
+            status: 200,
+            headers: Vec::new(),
+            body: Bytes::new(),
+            delay: Duration::ZERO,
+        };
+    }
+    match rec.path() {
+        p if p.ends_with("/messages/count_tokens") => return anthropic::count_tokens(&v),
+        p if p.ends_with("/messages") => return AnthropicReply::text("mock reply").render(&v),
+        _ => {}
+    }
     if rec.uri.ends_with("/models") {
         return MockReply::json(
             200,

@@ -4,8 +4,9 @@
 //! final `[DONE]` event (SSE) or the last body chunk (JSON) is released, so that a turn the client has received
 //! is recorded — or, when the client goes away, from the relay's `Drop` with the partial reply.
 
+use crate::dialect::{AssembledReply, Assemble, Dialect};
 use crate::error::GatewayError;
-use crate::sse::{AssembledReply, MessageAssembler, SseParser};
+use crate::sse::SseParser;
 use crate::upstream::map_reqwest_error;
 use bytes::{Bytes, BytesMut};
 use futures_util::future::BoxFuture;
@@ -36,24 +37,27 @@ pub type Finisher = Box<dyn FnOnce(RelayOutcome) -> BoxFuture<'static, ()> + Sen
 pub const MAX_TAPPED_JSON: usize = 16 * 1024 * 1024;
 
 enum Tap {
-    Sse(Box<(SseParser, MessageAssembler)>),
-    Json { buf: BytesMut, overflow: bool },
+    Sse(Box<(SseParser, Box<dyn Assemble>)>),
+    Json {
+        buf: BytesMut,
+        overflow: bool,
+        dialect: Dialect,
+    },
 }
 
 impl Tap {
-    /// Feeds a chunk; returns true when it ended the reply (`[DONE]`).
+    /// Feeds a chunk; returns true when it ended the reply (`[DONE]`, `message_stop`).
     fn feed(&mut self, chunk: &[u8]) -> bool {
         match self {
             Tap::Sse(sse) => {
                 let (parser, assembler) = &mut **sse;
                 let mut done = false;
                 for ev in parser.feed(chunk) {
-                    assembler.on_event_data(&ev.data);
-                    done |= ev.data.trim() == "[DONE]";
+                    done |= assembler.on_event(&ev);
                 }
                 done
             }
-            Tap::Json { buf, overflow } => {
+            Tap::Json { buf, overflow, .. } => {
                 if !*overflow {
                     if buf.len() + chunk.len() > MAX_TAPPED_JSON {
                         *overflow = true;
@@ -72,7 +76,7 @@ impl Tap {
             Tap::Sse(sse) => {
                 let (parser, assembler) = &mut **sse;
                 if let Some(ev) = parser.finish() {
-                    assembler.on_event_data(&ev.data);
+                    assembler.on_event(&ev);
                 }
                 if parser.dropped() > 0 {
                     tracing::warn!(
@@ -89,7 +93,7 @@ impl Tap {
                 );
                 AssembledReply::default()
             }
-            Tap::Json { buf, .. } => MessageAssembler::from_completion_body(buf),
+            Tap::Json { buf, dialect, .. } => dialect.reply_from_body(buf),
         }
     }
 
@@ -102,22 +106,16 @@ impl Tap {
     }
 }
 
-/// The SSE event that ends a stream the upstream broke: `data: {"error":{…}}` in OpenAI's error shape, after a
-/// blank line closing the event the upstream left unfinished (when `mid_event`). No `[DONE]` follows: the reply
-/// is not complete.
+/// The SSE event that ends a chat stream the upstream broke: `data: {"error":{…}}` in OpenAI's error shape, after
+/// a blank line closing the event the upstream left unfinished (when `mid_event`). No `[DONE]` follows: the reply
+/// is not complete. (Other dialects: `Dialect::error_event`.)
 pub fn error_event(err: &GatewayError, mid_event: bool) -> Bytes {
-    let mut b = Vec::new();
-    if mid_event {
-        b.extend_from_slice(b"\n\n");
-    }
-    b.extend_from_slice(b"data: ");
-    b.extend(serde_json::to_vec(&err.body()).unwrap_or_default());
-    b.extend_from_slice(b"\n\n");
-    Bytes::from(b)
+    Dialect::Chat.error_event(err, mid_event)
 }
 
 struct Relay {
     upstream: BoxStream<'static, Result<Bytes, reqwest::Error>>,
+    dialect: Dialect,
     tap: Tap,
     finisher: Option<Finisher>,
     idle: Duration,
@@ -202,7 +200,7 @@ impl Relay {
         self.finish(Some(msg.clone())).await;
         match self.tap {
             Tap::Sse(_) => {
-                let event = error_event(&err, mid_event);
+                let event = self.dialect.error_event(&err, mid_event);
                 self.bytes += event.len() as u64;
                 Ok(event)
             }
@@ -228,21 +226,24 @@ impl Drop for Relay {
 /// reply. Finishers run on `tasks`, so that shutdown can wait for them.
 pub fn relay(
     upstream: BoxStream<'static, Result<Bytes, reqwest::Error>>,
+    dialect: Dialect,
     sse: bool,
     idle: Duration,
     tasks: TaskTracker,
     finisher: Finisher,
 ) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
     let tap = if sse {
-        Tap::Sse(Box::new((SseParser::new(), MessageAssembler::new())))
+        Tap::Sse(Box::new((SseParser::new(), dialect.assembler())))
     } else {
         Tap::Json {
             buf: BytesMut::new(),
             overflow: false,
+            dialect,
         }
     };
     let state = Relay {
         upstream,
+        dialect,
         tap,
         finisher: Some(finisher),
         idle,
@@ -289,6 +290,7 @@ mod tests {
         let mut tap = Tap::Json {
             buf: BytesMut::new(),
             overflow: false,
+            dialect: Dialect::Chat,
         };
         let mb = vec![b' '; 1024 * 1024];
         for _ in 0..20 {
@@ -298,7 +300,7 @@ mod tests {
             };
             assert!(buf.len() <= MAX_TAPPED_JSON);
         }
-        let Tap::Json { buf, overflow } = &tap else {
+        let Tap::Json { buf, overflow, .. } = &tap else {
             unreachable!()
         };
         assert!(*overflow);

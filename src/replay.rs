@@ -10,6 +10,7 @@ use crate::context::models::ModelTable;
 use crate::context::tokens::{Encoding, TokenCounter};
 use crate::context::units::{check_sequence, system_messages};
 use crate::context::Plan;
+use crate::dialect::Dialect;
 use crate::recall::Offer;
 use crate::summary::prompt::summary_message;
 use serde::Serialize;
@@ -260,7 +261,7 @@ fn replay(
             now: NOW,
             summarizer,
         };
-        let offer = Offer::new(&body, &cfg.recall);
+        let offer = Offer::new(Dialect::Chat, &body, &cfg.recall);
         let client = counter.request_tokens(encoding, sent, tools);
         let plan = decide::plan_request(
             &req,
@@ -274,7 +275,8 @@ fn replay(
             Plan::Rewrite(rw) => Some(rw.owned_messages()),
             _ => None,
         };
-        let decision = decide::render(&req, plan, &offer, &counter).map_err(|e| e.to_string())?;
+        let decision = decide::render(&req, plan, &offer, &counter, &|b| b.to_vec())
+            .map_err(|e| e.to_string())?;
         let upstream_body = match &decision {
             Decision::Forward { .. } => Some(raw.clone()),
             Decision::Rewrite(rw) => Some(rw.body.clone()),

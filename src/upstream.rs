@@ -1,6 +1,6 @@
 //! The one HTTP client towards the LLM API: URL mapping, header filtering, timeouts and error mapping.
 
-use crate::config::UpstreamConfig;
+use crate::config::{AnthropicConfig, UpstreamConfig};
 use crate::error::GatewayError;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use std::time::Duration;
@@ -25,12 +25,36 @@ pub struct Upstream {
     client: reqwest::Client,
     base: String,
     api_key: Option<HeaderValue>,
+    anthropic_base: String,
+    anthropic_key: Option<HeaderValue>,
     timeout: Duration,
+}
+
+/// Which API a request goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// The OpenAI-compatible API (`[upstream]`).
+    OpenAi,
+    /// The Anthropic Messages API (`[anthropic]`).
+    Anthropic,
+}
+
+impl Api {
+    /// The API a request to `/v1/<rest>` with `headers` is for: Anthropic for `messages…` and for any request
+    /// carrying an `anthropic-version` header (which only Anthropic clients send).
+    pub fn of(rest: &str, headers: &HeaderMap) -> Api {
+        let rest = rest.trim_start_matches('/');
+        if rest == "messages" || rest.starts_with("messages/") || headers.contains_key("anthropic-version") {
+            Api::Anthropic
+        } else {
+            Api::OpenAi
+        }
+    }
 }
 
 impl Upstream {
     /// Builds the client: rustls, no decompression, no system proxy, no redirects, `TCP_NODELAY`.
-    pub fn new(cfg: &UpstreamConfig) -> Result<Self, GatewayError> {
+    pub fn new(cfg: &UpstreamConfig, anthropic: &AnthropicConfig) -> Result<Self, GatewayError> {
         let client = reqwest::Client::builder()
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
@@ -45,10 +69,18 @@ impl Upstream {
             })?),
             None => None,
         };
+        let anthropic_key = match &anthropic.api_key {
+            Some(k) => Some(HeaderValue::from_str(k).map_err(|_| {
+                GatewayError::Internal("anthropic.api_key is not a valid header value".into())
+            })?),
+            None => None,
+        };
         Ok(Self {
             client,
             base: cfg.base_url.trim_end_matches('/').to_string(),
             api_key,
+            anthropic_base: anthropic.base_url.trim_end_matches('/').to_string(),
+            anthropic_key,
             timeout: Duration::from_secs(cfg.timeout_secs),
         })
     }
@@ -58,12 +90,21 @@ impl Upstream {
         self.timeout
     }
 
-    /// `<base_url>/<rest>?<query>` for a request to `/v1/<rest>`.
+    /// `<base_url>/<rest>?<query>` for a request to `/v1/<rest>` of the OpenAI-compatible API.
     pub fn url(&self, rest: &str, query: Option<&str>) -> String {
+        self.url_for(Api::OpenAi, rest, query)
+    }
+
+    /// `<base_url>/<rest>?<query>` for a request to `/v1/<rest>` of `api` (the query forwarded as is).
+    pub fn url_for(&self, api: Api, rest: &str, query: Option<&str>) -> String {
         let rest = rest.trim_start_matches('/');
+        let base = match api {
+            Api::OpenAi => &self.base,
+            Api::Anthropic => &self.anthropic_base,
+        };
         match query {
-            Some(q) if !q.is_empty() => format!("{}/{rest}?{q}", self.base),
-            _ => format!("{}/{rest}", self.base),
+            Some(q) if !q.is_empty() => format!("{base}/{rest}?{q}"),
+            _ => format!("{base}/{rest}"),
         }
     }
 
@@ -71,14 +112,29 @@ impl Upstream {
     /// the client sent no Authorization. For chat requests (`chat = true`) the body is sent from memory, so
     /// `content-length` is recomputed, and `accept-encoding` is dropped so that the answer can be read.
     pub fn request_headers(&self, incoming: &HeaderMap, chat: bool) -> HeaderMap {
+        self.request_headers_for(Api::OpenAi, incoming, chat)
+    }
+
+    /// [`Self::request_headers`] for a request to `api`: the Anthropic key goes as `x-api-key`, only when the
+    /// client sent neither `x-api-key` nor `Authorization`.
+    pub fn request_headers_for(&self, api: Api, incoming: &HeaderMap, chat: bool) -> HeaderMap {
         let mut out = strip_hop_by_hop(incoming);
         if chat {
             out.remove(header::CONTENT_LENGTH);
             out.remove(header::ACCEPT_ENCODING);
         }
-        if !out.contains_key(header::AUTHORIZATION) {
-            if let Some(k) = &self.api_key {
-                out.insert(header::AUTHORIZATION, k.clone());
+        match api {
+            Api::OpenAi => {
+                if let (false, Some(k)) = (out.contains_key(header::AUTHORIZATION), &self.api_key) {
+                    out.insert(header::AUTHORIZATION, k.clone());
+                }
+            }
+            Api::Anthropic => {
+                let has_credential =
+                    out.contains_key(header::AUTHORIZATION) || out.contains_key("x-api-key");
+                if let (false, Some(k)) = (has_credential, &self.anthropic_key) {
+                    out.insert("x-api-key", k.clone());
+                }
             }
         }
         out
@@ -154,7 +210,7 @@ mod tests {
             base_url: "http://u.example/v1/".into(),
             api_key: key.map(str::to_string),
             ..Default::default()
-        })
+        }, &AnthropicConfig::default())
         .unwrap()
     }
 

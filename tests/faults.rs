@@ -263,7 +263,7 @@ async fn a_huge_streamed_reply_is_relayed_whole_and_not_recorded() {
     let mut h = Harness::start().await;
     let piece = "w".repeat(1024 * 1024);
     let mut chunks = vec![chunk(json!({"role":"assistant","content":""}), None)];
-    let n = ctxgate::sse::MAX_ASSEMBLED_BYTES / piece.len() + 2;
+    let n = ctxgate::dialect::MAX_ASSEMBLED_BYTES / piece.len() + 2;
     chunks.extend((0..n).map(|_| chunk(json!({"content": piece}), None)));
     chunks.push(chunk(json!({}), Some("stop")));
     h.mock.push(MockReply::sse_chunks(&chunks, Duration::ZERO));

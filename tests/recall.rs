@@ -5,7 +5,8 @@ mod common;
 
 use common::{agent_history, Harness};
 use ctxgate::mock::{chunk, MockReply};
-use ctxgate::sse::{MessageAssembler, SseParser};
+use ctxgate::dialect::chat::MessageAssembler;
+use ctxgate::sse::SseParser;
 use serde_json::{json, Value};
 use std::time::Duration;
 

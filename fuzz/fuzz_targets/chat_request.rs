@@ -11,14 +11,13 @@ use ctxgate::config::{ContextConfig, PruneConfig, SessionConfig, Strategy};
 use ctxgate::context::tokens::{Encoding, TokenCounter};
 use ctxgate::context::units::check_sequence;
 use ctxgate::context::{plan, splice_messages, Plan, PlanInput, RewrittenBody};
-use ctxgate::pipeline::ChatRequest;
 use ctxgate::dialect::Dialect;
 use ctxgate::session::identity::{canonical_json, fingerprint, model_family, IdSource};
 use ctxgate::session::{identify, TenantKey};
 use ctxgate::context::runloop::run_loops;
 use ctxgate::message::message_text;
 use ctxgate::session::tree::{raw_message_hashes, Tree};
-use ctxgate::sse::MessageAssembler;
+use ctxgate::dialect::chat::MessageAssembler;
 use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Value};
@@ -30,7 +29,7 @@ static KEY: LazyLock<TenantKey> = LazyLock::new(|| {
 });
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(chat) = ChatRequest::parse(Bytes::copy_from_slice(data)) else {
+    let Ok(chat) = Dialect::Chat.parse(Bytes::copy_from_slice(data)) else {
         return;
     };
     let messages = chat.messages();

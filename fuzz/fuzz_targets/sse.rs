@@ -6,7 +6,9 @@
 //! straightforward reference reading of the SSE spec; no event's data holds a `\r`, no event name a line break.
 #![no_main]
 
-use ctxgate::sse::{AssembledReply, MessageAssembler, SseEvent, SseParser};
+use ctxgate::dialect::chat::MessageAssembler;
+use ctxgate::dialect::AssembledReply;
+use ctxgate::sse::{SseEvent, SseParser};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

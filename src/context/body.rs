@@ -1,6 +1,7 @@
 //! The body of a rewritten request: the client's fields in their order, with the rewritten messages in place of
 //! theirs, borrowed where unchanged, and serialised without copying them.
 
+use crate::message::Source;
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
 use std::borrow::Cow;
@@ -10,13 +11,20 @@ use std::borrow::Cow;
 pub struct RewrittenBody<'a> {
     /// The client's fields but its messages, in the client's order (`messages` keeps its place as `null`).
     pub fields: Map<String, Value>,
-    /// The messages to send.
+    /// The messages to send (neutral).
     pub messages: Vec<Cow<'a, Value>>,
+    /// Where each message comes from (aligned with `messages`): a dialect renders the client's own messages back
+    /// from their originals.
+    pub sources: Vec<Source>,
 }
 
 impl<'a> RewrittenBody<'a> {
-    /// `client`'s fields (copied, but its messages) with `messages` as its messages.
-    pub fn new(client: &Map<String, Value>, messages: Vec<Cow<'a, Value>>) -> Self {
+    /// `client`'s fields (copied, but its messages) with `messages` (from `sources`) as its messages.
+    pub fn new(
+        client: &Map<String, Value>,
+        messages: Vec<Cow<'a, Value>>,
+        sources: Vec<Source>,
+    ) -> Self {
         let mut fields = Map::with_capacity(client.len() + 1);
         for (k, v) in client {
             let v = if k == "messages" {
@@ -27,12 +35,22 @@ impl<'a> RewrittenBody<'a> {
             fields.insert(k.clone(), v);
         }
         fields.entry("messages").or_insert(Value::Null);
-        Self { fields, messages }
+        Self {
+            fields,
+            messages,
+            sources,
+        }
     }
 
     /// The body as JSON bytes (as `serde_json::to_vec` writes it), and the offset of the `]` closing its
     /// messages: later messages can be spliced in there without parsing the body again.
     pub fn to_vec(&self) -> serde_json::Result<(Vec<u8>, usize)> {
+        self.to_vec_with(&self.messages)
+    }
+
+    /// The body as JSON bytes with `messages` (any serialisable list: a dialect's rendering of them) in place of
+    /// its messages, and the offset of the `]` closing them.
+    pub fn to_vec_with<M: Serialize>(&self, messages: &M) -> serde_json::Result<(Vec<u8>, usize)> {
         let mut out = Vec::with_capacity(1024);
         let mut close = 0;
         out.push(b'{');
@@ -43,7 +61,7 @@ impl<'a> RewrittenBody<'a> {
             serde_json::to_writer(&mut out, k)?;
             out.push(b':');
             if k == "messages" {
-                serde_json::to_writer(&mut out, &self.messages)?;
+                serde_json::to_writer(&mut out, messages)?;
                 close = out.len() - 1;
             } else {
                 serde_json::to_writer(&mut out, v)?;
@@ -104,7 +122,11 @@ mod tests {
         let client = json!({"model": "m", "messages": [{"role": "user", "content": "long"}], "stream": true,
             "tools": [], "x_vendor": {"a": 1}});
         let new = json!({"role": "user", "content": "short"});
-        let body = RewrittenBody::new(client.as_object().unwrap(), vec![Cow::Borrowed(&new)]);
+        let body = RewrittenBody::new(
+            client.as_object().unwrap(),
+            vec![Cow::Borrowed(&new)],
+            vec![Source::Client(0)],
+        );
         let (bytes, close) = body.to_vec().unwrap();
         let text = String::from_utf8(bytes.clone()).unwrap();
         assert_eq!(

@@ -151,13 +151,14 @@ pub fn wanted_summary(plan: &Plan<'_>) -> Option<usize> {
     }
 }
 
-/// What `plan` (for `req`) sends upstream: a rewrite gets the additions and is serialised, the client's unchanged
-/// messages from its own parsed body.
+/// What `plan` (for `req`) sends upstream: a rewrite gets the additions and is serialised by `serialise` (the
+/// dialect's rendering: the client's unchanged messages from its own parsed body).
 pub fn render(
     req: &Request<'_>,
     plan: Plan<'_>,
     additions: &dyn Additions,
     counter: &TokenCounter,
+    serialise: &dyn Fn(&RewrittenBody<'_>) -> serde_json::Result<(Vec<u8>, usize)>,
 ) -> serde_json::Result<Decision> {
     let rw = match plan {
         Plan::Forward { tokens, .. } => {
@@ -180,7 +181,7 @@ pub fn render(
         Plan::Rewrite(rw) => *rw,
     };
     let encoding = req.encoding;
-    let mut body = RewrittenBody::new(req.body, rw.messages);
+    let mut body = RewrittenBody::new(req.body, rw.messages, rw.sources);
     let sent_before = body.messages.len();
     // The note goes into the first system message, or a new message right after it (first when there is none):
     // only that head and the tools change, so the planner's estimate is corrected by recounting them rather than
@@ -213,7 +214,7 @@ pub fn render(
         counter.request_tokens(encoding, &body.messages, body.fields.get("tools")),
         "the corrected estimate is a full recount"
     );
-    let (bytes, messages_close) = body.to_vec()?;
+    let (bytes, messages_close) = serialise(&body)?;
     Ok(Decision::Rewrite(Box::new(Rendered {
         body: bytes,
         messages_close,

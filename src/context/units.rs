@@ -1,7 +1,7 @@
 //! Whole units of a message list (an assistant tool-call message with its results is one unit), the smallest
 //! pieces the hard limit may drop, and the validity check every outgoing request must pass.
 
-use crate::message::{field, is_system, role, tool_calls};
+use crate::message::{field, is_system, opens_turn, role, tool_calls};
 use serde_json::Value;
 use std::collections::HashSet;
 
@@ -14,8 +14,8 @@ pub struct Unit {
     pub end: usize,
 }
 
-/// Splits `messages` into units: an assistant message with tool calls plus the tool messages right after it; every
-/// other message alone.
+/// Splits `messages` into units: an assistant message with tool calls plus the tool messages right after it (and a
+/// user message continuing that turn, `message::CONTINUES`); every other message alone.
 pub fn units(messages: &[Value]) -> Vec<Unit> {
     let mut out = Vec::new();
     let mut i = 0;
@@ -25,11 +25,19 @@ pub fn units(messages: &[Value]) -> Vec<Unit> {
             while end < messages.len() && role(&messages[end]) == "tool" {
                 end += 1;
             }
+            // A user message continuing the turn (text sent with the results) goes with them.
+            if messages.get(end).is_some_and(continues) {
+                end += 1;
+            }
         }
         out.push(Unit { start: i, end });
         i = end;
     }
     out
+}
+
+fn continues(m: &Value) -> bool {
+    role(m) == "user" && !opens_turn(m)
 }
 
 /// Checks what OpenAI requires of a message sequence: every message has a role; each assistant message with tool
@@ -122,6 +130,17 @@ mod tests {
         ];
         let u: Vec<(usize, usize)> = units(&m).iter().map(|u| (u.start, u.end)).collect();
         assert_eq!(u, [(0, 1), (1, 2), (2, 5), (5, 6)]);
+        let mut cont = m.clone();
+        cont.insert(
+            5,
+            json!({"role":"user","content":"also","ctxgate_continues":true}),
+        );
+        let u: Vec<(usize, usize)> = units(&cont).iter().map(|u| (u.start, u.end)).collect();
+        assert_eq!(
+            u,
+            [(0, 1), (1, 2), (2, 6), (6, 7)],
+            "text sent with results goes with them"
+        );
         assert_eq!(check_sequence(&m), Ok(()));
         assert_eq!(newest_user(&m), Some(1));
     }

@@ -1,9 +1,26 @@
 //! Dialects: the wire formats ctxgate speaks (OpenAI chat completions, Anthropic Messages). A dialect parses a
 //! request body into the neutral conversation (`crate::message`), renders a rewritten conversation back into its
-//! own bytes, and knows its answers: reply assembly, SSE events, errors and usage. Nothing outside `dialect/`
-//! knows a wire format.
+//! own bytes, and knows its answers: reply assembly, SSE events, recall rounds, errors and usage. Nothing outside
+//! `dialect/` knows a wire format.
 
 pub mod anthropic;
+pub mod chat;
+mod names;
+mod reply;
+pub mod rounds;
+mod request;
+
+pub use names::InjectedNames;
+pub use reply::{AssembledReply, MAX_ASSEMBLED_BYTES};
+pub use request::Request;
+
+use crate::context::RewrittenBody;
+use crate::error::GatewayError;
+use crate::sse::SseEvent;
+use crate::upstream::Api;
+use std::sync::Arc;
+use bytes::Bytes;
+use serde_json::{Map, Value};
 
 /// A wire format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -14,6 +31,14 @@ pub enum Dialect {
     Anthropic,
 }
 
+/// Assembles the reply of one upstream answer from its SSE events.
+pub trait Assemble: Send {
+    /// Feeds one event; true when it ended the reply (`[DONE]`, `message_stop`).
+    fn on_event(&mut self, ev: &SseEvent) -> bool;
+    /// The reply assembled so far.
+    fn finish(&mut self) -> AssembledReply;
+}
+
 impl Dialect {
     /// Its name in metrics labels, the admin API and logs: `chat`, `anthropic`.
     pub fn as_str(self) -> &'static str {
@@ -21,6 +46,155 @@ impl Dialect {
             Dialect::Chat => "chat",
             Dialect::Anthropic => "anthropic",
         }
+    }
+
+    /// The dialect named `name` (as [`Dialect::as_str`] writes it); `chat` for anything else.
+    pub fn named(name: &str) -> Dialect {
+        match name {
+            "anthropic" => Dialect::Anthropic,
+            _ => Dialect::Chat,
+        }
+    }
+
+    /// The API its requests go to.
+    pub fn api(self) -> Api {
+        match self {
+            Dialect::Chat => Api::OpenAi,
+            Dialect::Anthropic => Api::Anthropic,
+        }
+    }
+
+    /// Stored client messages `(position, message)` in the neutral shape (a message may become several, which
+    /// keep its position), for recall and search.
+    pub fn neutral_history(self, stored: Vec<(u32, Arc<Value>)>) -> Vec<(u32, Arc<Value>)> {
+        match self {
+            Dialect::Chat => stored,
+            Dialect::Anthropic => stored
+                .into_iter()
+                .flat_map(|(p, m)| {
+                    anthropic::neutral_of(&m)
+                        .into_iter()
+                        .map(move |n| (p, Arc::new(n)))
+                })
+                .collect(),
+        }
+    }
+
+    /// Parses and checks a request body (every field kept in its order).
+    pub fn parse(self, raw: Bytes) -> Result<Request, GatewayError> {
+        match self {
+            Dialect::Chat => chat::parse(raw),
+            Dialect::Anthropic => anthropic::parse(raw),
+        }
+    }
+
+    /// The upstream path of a conversation request, below the dialect's base URL.
+    pub fn upstream_path(self) -> &'static str {
+        match self {
+            Dialect::Chat => "chat/completions",
+            Dialect::Anthropic => "messages",
+        }
+    }
+
+    /// The path clients call, for logs.
+    pub fn client_path(self) -> &'static str {
+        match self {
+            Dialect::Chat => "/v1/chat/completions",
+            Dialect::Anthropic => "/v1/messages",
+        }
+    }
+
+    /// A tool definition in this dialect's shape.
+    pub fn tool_def(self, name: &str, description: &str, parameters: Value) -> Value {
+        match self {
+            Dialect::Chat => serde_json::json!({"type": "function", "function": {
+                "name": name, "description": description, "parameters": parameters}}),
+            Dialect::Anthropic => serde_json::json!({
+                "name": name, "description": description, "input_schema": parameters}),
+        }
+    }
+
+    /// Whether ctxgate may add its own tools to a request whose client body is `body`: not when the client forbids
+    /// tools or forces one, when a client tool already has one of their names, or when the client asks for several
+    /// choices (only one choice's calls could be answered within the response).
+    pub fn may_add_tools(
+        self,
+        body: &Map<String, Value>,
+        names: &InjectedNames,
+    ) -> Result<(), &'static str> {
+        match self {
+            Dialect::Chat => chat::may_add_tools(body, names),
+            Dialect::Anthropic => anthropic::may_add_tools(body, names),
+        }
+    }
+
+    /// Serialises a rewritten request (`request` is the client's): its bytes and the offset of the `]` closing
+    /// its messages (recall rounds append there).
+    pub fn render(
+        self,
+        request: &Request,
+        body: &RewrittenBody<'_>,
+    ) -> serde_json::Result<(Vec<u8>, usize)> {
+        match self {
+            Dialect::Chat => body.to_vec(),
+            Dialect::Anthropic => anthropic::render(request, body),
+        }
+    }
+
+    /// A fresh assembler of a streamed reply.
+    pub fn assembler(self) -> Box<dyn Assemble> {
+        match self {
+            Dialect::Chat => Box::<chat::MessageAssembler>::default(),
+            Dialect::Anthropic => Box::<anthropic::Assembler>::default(),
+        }
+    }
+
+    /// The reply of a whole (non-streaming) answer body.
+    pub fn reply_from_body(self, body: &[u8]) -> AssembledReply {
+        match self {
+            Dialect::Chat => chat::MessageAssembler::from_completion_body(body),
+            Dialect::Anthropic => anthropic::reply_from_body(body),
+        }
+    }
+
+    /// Our own error as this dialect's error body.
+    pub fn error_body(self, e: &GatewayError) -> Value {
+        match self {
+            Dialect::Chat => e.body(),
+            Dialect::Anthropic => anthropic::error_body(e),
+        }
+    }
+
+    /// The SSE event that ends a stream the upstream broke, after a blank line closing the event the upstream
+    /// left unfinished (when `mid_event`).
+    pub fn error_event(self, e: &GatewayError, mid_event: bool) -> Bytes {
+        let mut b = Vec::new();
+        if mid_event {
+            b.extend_from_slice(b"\n\n");
+        }
+        match self {
+            Dialect::Chat => {
+                b.extend_from_slice(b"data: ");
+                b.extend(serde_json::to_vec(&e.body()).unwrap_or_default());
+            }
+            Dialect::Anthropic => {
+                b.extend_from_slice(b"event: error\ndata: ");
+                b.extend(serde_json::to_vec(&anthropic::error_body(e)).unwrap_or_default());
+            }
+        }
+        b.extend_from_slice(b"\n\n");
+        Bytes::from(b)
+    }
+}
+
+impl Assemble for chat::MessageAssembler {
+    fn on_event(&mut self, ev: &SseEvent) -> bool {
+        self.on_event_data(&ev.data);
+        ev.data.trim() == "[DONE]"
+    }
+
+    fn finish(&mut self) -> AssembledReply {
+        chat::MessageAssembler::finish(self)
     }
 }
 

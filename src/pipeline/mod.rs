@@ -1,6 +1,8 @@
-//! The life of a chat request, stage by stage: read → parse → identify the session → plan (count, rewrite) →
-//! forward → relay with a tap (or answer recall rounds) → record.
+//! The life of a conversation request of any dialect, stage by stage: read → parse → identify the session → plan
+//! (count, rewrite) → forward → relay with a tap (or answer recall rounds) → record. The dialect (`dialect/`)
+//! translates at the edges; nothing here knows a wire format.
 
+mod count;
 mod measure;
 mod plan;
 mod request;
@@ -8,12 +10,13 @@ mod respond;
 mod rounds;
 
 pub use plan::{plan_request, Outgoing, Rewritten, STRATEGY_HEADER};
-pub use request::{read_body, ChatRequest};
+pub use count::count_tokens;
+pub use request::read_body;
 
 use respond::own_error;
 
 use crate::app::{AppState, TurnEvent};
-use crate::dialect::Dialect;
+use crate::dialect::{Dialect, Request as Parsed};
 use crate::error::GatewayError;
 use crate::metrics::{RejectReason, RequestTimer, Route};
 use crate::recall::HistorySource;
@@ -33,13 +36,13 @@ use std::time::Instant;
 /// Response header carrying the session id.
 pub const SESSION_HEADER: &str = "x-ctxgate-session";
 
-/// Handles `POST /v1/chat/completions`.
-pub async fn chat(state: Arc<AppState>, req: Request) -> Response {
+/// Handles `POST /v1/chat/completions` (chat) and `POST /v1/messages` (Anthropic).
+pub async fn conversation(state: Arc<AppState>, req: Request, dialect: Dialect) -> Response {
     let started = Instant::now();
     // Counts the request in flight; the turn takes it over when the upstream answers, otherwise it records the
     // error answered here (or 499 when the client went away first).
-    let mut timer = Some(state.metrics.start(Route::Chat, Dialect::Chat, started));
-    let resp = handle(state, req, started, &mut timer).await;
+    let mut timer = Some(state.metrics.start(Route::Chat, dialect, started));
+    let resp = handle(state, req, dialect, started, &mut timer).await;
     if let Some(t) = timer.as_mut() {
         t.set_status(resp.status().as_u16());
     }
@@ -49,6 +52,7 @@ pub async fn chat(state: Arc<AppState>, req: Request) -> Response {
 async fn handle(
     state: Arc<AppState>,
     req: Request,
+    dialect: Dialect,
     started: Instant,
     timer: &mut Option<RequestTimer>,
 ) -> Response {
@@ -63,29 +67,30 @@ async fn handle(
             if matches!(e, GatewayError::RequestTimeout { .. }) {
                 state
                     .metrics
-                    .rejected(Route::Chat, Dialect::Chat, RejectReason::BodyTimeout);
+                    .rejected(Route::Chat, dialect, RejectReason::BodyTimeout);
             }
-            return own_error(e, None, started, false, "");
+            return own_error(dialect, e, None, started, false, "");
         }
     };
-    // 2. Parse, keeping every field and its order; refuse what is not a chat request (or names no strategy).
-    let chat = match ChatRequest::parse(raw) {
+    // 2. Parse, keeping every field and its order; refuse what is not a request of the dialect (or names no
+    //    strategy).
+    let chat = match dialect.parse(raw) {
         Ok(c) => c,
-        Err(e) => return own_error(e, None, started, false, ""),
+        Err(e) => return own_error(dialect, e, None, started, false, ""),
     };
     if let Some(t) = timer.as_mut() {
         t.set_stream(chat.stream);
     }
     let strategy = match plan::strategy(&parts.headers, cfg.context.strategy) {
         Ok(s) => s,
-        Err(e) => return own_error(e, None, started, chat.stream, &chat.model),
+        Err(e) => return own_error(dialect, e, None, started, chat.stream, &chat.model),
     };
     // 3. Identify the conversation (namespaced by the caller's credentials); `None`: no history is kept.
     let session = identify(
         &parts.headers,
         &cfg.session,
         &state.tenant_key,
-        Dialect::Chat,
+        dialect,
         &chat.body,
     );
     // 3b. Reconcile with the stored history; new messages are queued for writing, not awaited. A store failure
@@ -94,25 +99,29 @@ async fn handle(
 
     // 4. Plan: count the request against its model's window; over budget, rewrite what goes upstream. Without a
     //    rewrite the client's own bytes go upstream, untouched.
-    let auth = parts.headers.get(http::header::AUTHORIZATION);
     let outgoing =
-        match plan_request(&state, strategy, &chat, mark.as_ref(), auth, now_secs()).await {
+        match plan_request(&state, strategy, &chat, mark.as_ref(), &parts.headers, now_secs()).await {
             Ok(o) => o,
             Err(e) => {
-                measure::plan_failed(&state, Dialect::Chat, strategy, &chat.model, &e);
-                return own_error(e, session.as_ref(), started, chat.stream, &chat.model);
+                measure::plan_failed(&state, dialect, strategy, &chat.model, &e);
+                return own_error(dialect, e, session.as_ref(), started, chat.stream, &chat.model);
             }
         };
     if let Some(rw) = &outgoing.rewrite {
-        measure::rewrite(&state, Dialect::Chat, strategy, &chat.model, &rw.record);
+        measure::rewrite(&state, dialect, strategy, &chat.model, &rw.record);
     }
     if let (Some(rw), Some(mark)) = (&outgoing.rewrite, &mark) {
         record_compression(&state, mark, rw, &chat.model);
     }
 
     // 5. Forward.
-    let url = state.upstream.url("chat/completions", parts.uri.query());
-    let mut headers = state.upstream.request_headers(&parts.headers, true);
+    let api = dialect.api();
+    let url = state
+        .upstream
+        .url_for(api, dialect.upstream_path(), parts.uri.query());
+    let mut headers = state
+        .upstream
+        .request_headers_for(api, &parts.headers, true);
     headers.remove(STRATEGY_HEADER);
     let upstream_started = Instant::now();
     if let Some(t) = timer.as_mut() {
@@ -130,8 +139,8 @@ async fn handle(
     {
         Ok(r) => r,
         Err(e) => {
-            measure::send_failed(&state, Dialect::Chat, timer, &e);
-            return own_error(e, session.as_ref(), started, chat.stream, &chat.model);
+            measure::send_failed(&state, dialect, timer, &e);
+            return own_error(dialect, e, session.as_ref(), started, chat.stream, &chat.model);
         }
     };
     let upstream_wait = upstream_started.elapsed();
@@ -151,6 +160,7 @@ async fn handle(
         state: state.clone(),
         mark: mark.clone(),
         session_id: session.as_ref().map(|s| s.id.clone()).unwrap_or_default(),
+        dialect,
         model: chat.model.clone(),
         stream: chat.stream,
         status,
@@ -169,14 +179,18 @@ async fn handle(
         .as_ref()
         .is_some_and(|r| r.injected && status.is_success())
     {
-        let source = match &mark {
-            Some(m) => m
-                .entry
-                .with_tree(|t| HistorySource::new(chat.messages(), Some(t))),
-            None => HistorySource::new(chat.messages(), None),
+        let stored = match &mark {
+            Some(m) => m.entry.with_tree(|t| {
+                t.nodes()
+                    .map(|n| (n.position, n.message.clone()))
+                    .collect()
+            }),
+            None => Vec::new(),
         };
+        let source = HistorySource::from_parts(chat.messages(), dialect.neutral_history(stored));
         let rounds = rounds::Rounds {
             state: state.clone(),
+            dialect,
             url,
             headers,
             sent: outgoing.body.clone(),
@@ -186,16 +200,12 @@ async fn handle(
             finisher: turn.finisher(None),
             on_round: record_round(&state, mark.clone()),
         };
-        let usage = chat
-            .body
-            .get("stream_options")
-            .and_then(|o| o.get("include_usage"))
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
-        return respond::after_rounds(&state, rounds, resp, is_sse, usage, session.as_ref()).await;
+        return respond::after_rounds(&state, rounds, resp, is_sse, &chat.body, session.as_ref())
+            .await;
     }
     respond::relayed(
         &state,
+        dialect,
         resp,
         is_sse,
         session.as_ref(),
@@ -208,12 +218,12 @@ async fn handle(
 async fn reconcile(
     state: &AppState,
     session: Option<&SessionIdentity>,
-    chat: &ChatRequest,
+    chat: &Parsed,
 ) -> Option<RequestMark> {
     let session = session?;
     match state
         .sessions
-        .record_request(session, chat.messages(), &raw_message_hashes(&chat.raw))
+        .record_request(session, chat.native(), &raw_message_hashes(&chat.raw))
         .await
     {
         Ok(m) => Some(m),
@@ -229,6 +239,7 @@ struct Turn {
     state: Arc<AppState>,
     mark: Option<RequestMark>,
     session_id: String,
+    dialect: Dialect,
     model: String,
     stream: bool,
     status: http::StatusCode,
@@ -264,13 +275,14 @@ impl Turn {
                 }
                 measure::turn(
                     state,
-                    Dialect::Chat,
+                    self.dialect,
                     &self.model,
                     self.status,
                     self.planned,
                     &outcome,
                 );
                 log_turn(
+                    self.dialect,
                     self.status.as_u16(),
                     &self.model,
                     self.stream,
@@ -388,6 +400,7 @@ async fn record_reply(
 }
 
 fn log_turn(
+    dialect: Dialect,
     status: u16,
     model: &str,
     stream: bool,
@@ -399,7 +412,8 @@ fn log_turn(
     tracing::info!(
         target: "ctxgate::access",
         method = "POST",
-        path = "/v1/chat/completions",
+        path = dialect.client_path(),
+        dialect = dialect.as_str(),
         status,
         model,
         stream,
@@ -410,6 +424,6 @@ fn log_turn(
         complete = outcome.reply.complete,
         client_disconnected = outcome.client_disconnected,
         upstream_error = outcome.upstream_error.as_deref().unwrap_or(""),
-        "chat"
+        "conversation"
     );
 }

@@ -1,18 +1,19 @@
 //! The plan stage: counts a chat request against its model's window and, when it is over budget, rewrites its
 //! messages and offers the recall tools; otherwise the client's own bytes go upstream.
 
-use super::ChatRequest;
 use crate::app::AppState;
 use crate::config::Strategy;
 use crate::context::decide::{self, Decision};
+use crate::context::long_context::wants_1m;
 use crate::context::tokens::Encoding;
 use crate::context::{CompressionRecord, Plan, PrunedCall};
+use crate::dialect::Request;
 use crate::error::GatewayError;
 use crate::recall;
 use crate::session::RequestMark;
 use crate::summary;
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue};
+use http::HeaderMap;
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -57,27 +58,42 @@ pub fn strategy(headers: &HeaderMap, default: Strategy) -> Result<Strategy, Gate
 
 /// Plans the request (the pure part is [`decide`], shared with `ctxgate replay`): reads the summaries written for
 /// the session, has the one the plan wants written, and may wait for it. `mark` is where its messages landed in
-/// the session (for first-seen times and summaries).
+/// the session (for first-seen times and summaries); `headers` are the client's (the long-context beta, and the
+/// credentials summary requests may use).
 pub async fn plan_request(
     state: &Arc<AppState>,
     strategy: Strategy,
-    chat: &ChatRequest,
+    chat: &Request,
     mark: Option<&RequestMark>,
-    auth: Option<&HeaderValue>,
+    headers: &HeaderMap,
     now: i64,
 ) -> Result<Outgoing, GatewayError> {
+    let credentials = &credentials(headers);
     let cfg = &state.config;
     let messages = chat.messages();
-    let aligned = mark.filter(|m| m.path.len() == messages.len());
+    let aligned = mark.filter(|m| m.path.len() == chat.native().len());
+    // First-seen times and summaries are kept per client message; the planner counts neutral messages.
+    let first_seen: Option<std::borrow::Cow<'_, [i64]>> = aligned.map(|m| match chat.converted() {
+        None => std::borrow::Cow::Borrowed(m.first_seen.as_slice()),
+        Some(_) => (0..messages.len())
+            .map(|i| {
+                let native = chat.native_index(i).unwrap_or(0);
+                m.first_seen.get(native).copied().unwrap_or(now)
+            })
+            .collect(),
+    });
     let req = decide::Request {
         body: &chat.body,
         messages,
         raw_len: chat.raw.len(),
         encoding: Encoding::for_model(&chat.model),
-        window: state.models.context_window(&chat.model),
+        // The `context-1m` beta widens the window of the models that have a 1M one.
+        window: state
+            .models
+            .context_window_with(&chat.model, wants_1m(headers)),
         ratio: state.counter.ratio(&chat.model),
         strategy,
-        first_seen: aligned.map(|m| m.first_seen.as_slice()),
+        first_seen: first_seen.as_deref(),
         now,
         summarizer: state.summarizer.is_some(),
     };
@@ -97,10 +113,10 @@ pub async fn plan_request(
         .filter(|_| matches!(strategy, Strategy::Summarize | Strategy::Hybrid))
         .zip(aligned);
     let mut ready = match summarizer {
-        Some((_, m)) => summary::ready(&m.entry.compressions(), &m.path),
+        Some((_, m)) => ready_summaries(chat, m),
         None => Vec::new(),
     };
-    let offer = recall::Offer::new(&chat.body, &cfg.recall);
+    let offer = recall::Offer::new(chat.dialect, &chat.body, &cfg.recall);
     let pairs = |ready: &[(usize, Value, String)]| -> Vec<(usize, Value)> {
         ready.iter().map(|(u, m, _)| (*u, m.clone())).collect()
     };
@@ -111,12 +127,14 @@ pub async fn plan_request(
     let (first_pairs, later_pairs);
     first_pairs = pairs(&ready);
     let mut decision = plan_with(&first_pairs);
-    if let (Some((s, m)), Some(upto)) = (summarizer, decide::wanted_summary(&decision)) {
+    let wanted = decide::wanted_summary(&decision).and_then(|n| chat.summary_boundary(n));
+    if let (Some((s, m)), Some((upto, native_upto))) = (summarizer, wanted) {
         // A summary is wanted: have it written in the background. A request that is being pruned for want of it
         // may wait `summary.wait_ms` for it.
         // The job copies the history: built only once the summarizer is sure to start it.
         let precomputed = matches!(decision, Plan::Forward { .. });
-        let make = || summary_job(m, messages, upto, &ready, auth, req.encoding, precomputed);
+        let at = (upto, native_upto);
+        let make = || summary_job(m, messages, at, &ready, credentials, req.encoding, precomputed);
         let done = s.start_with(&m.entry.id, make, state.sessions.clone(), &state.tasks);
         let pruned_meanwhile =
             matches!(&decision, Plan::Rewrite(r) if !r.record.stages.contains(&"summarized"));
@@ -126,13 +144,14 @@ pub async fn plan_request(
                 .await
                 .is_ok()
             {
-                ready = summary::ready(&m.entry.compressions(), &m.path);
+                ready = ready_summaries(chat, m);
                 later_pairs = pairs(&ready);
                 decision = plan_with(&later_pairs);
             }
         }
     }
-    let rendered = decide::render(&req, decision, &offer, &state.counter)
+    let serialise = |b: &crate::context::RewrittenBody<'_>| chat.dialect.render(chat, b);
+    let rendered = decide::render(&req, decision, &offer, &state.counter, &serialise)
         .map_err(|e| GatewayError::Internal(format!("serialising the rewrite: {e}")))?;
     let rw = match rendered {
         Decision::Forward {
@@ -170,18 +189,43 @@ pub async fn plan_request(
     })
 }
 
+/// The summaries written for the session's path, as `(neutral messages covered, message, text)`: a summary
+/// covers whole client messages, which are counted in neutral messages here.
+fn ready_summaries(chat: &Request, mark: &RequestMark) -> Vec<(usize, Value, String)> {
+    let mut ready = summary::ready(&mark.entry.compressions(), &mark.path);
+    for r in &mut ready {
+        r.0 = chat.neutral_start(r.0);
+    }
+    ready
+}
+
+
+/// The client's credential headers (`authorization`, `x-api-key`), for summary requests made on its behalf.
+pub fn credentials(headers: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for name in [http::header::AUTHORIZATION.as_str(), "x-api-key"] {
+        if let Some(v) = headers.get(name) {
+            if let Ok(n) = http::HeaderName::from_bytes(name.as_bytes()) {
+                out.insert(n, v.clone());
+            }
+        }
+    }
+    out
+}
+
 /// Gives a planning closure one lifetime for its summaries and its plan (they borrow the summaries).
 fn same_lifetime<'x, F: Fn(&'x [(usize, Value)]) -> Plan<'x>>(f: F) -> F {
     f
 }
 
-/// The job writing the summary of the first `upto` messages, from the newest ready summary before it.
+/// The job writing the summary of the first `upto` messages (the first `native_upto` client messages), from the
+/// newest ready summary before it.
 fn summary_job(
     mark: &RequestMark,
     messages: &[Value],
-    upto: usize,
+    (upto, native_upto): (usize, usize),
     ready: &[(usize, Value, String)],
-    auth: Option<&HeaderValue>,
+    credentials: &HeaderMap,
     encoding: Encoding,
     precomputed: bool,
 ) -> summary::Job {
@@ -189,13 +233,13 @@ fn summary_job(
         entry: mark.entry.clone(),
         messages: Arc::new(messages[..upto].to_vec()),
         upto,
-        upto_node: mark.path[upto - 1].clone(),
+        upto_node: mark.path[native_upto - 1].clone(),
         previous: ready
             .iter()
             .filter(|(u, _, _)| *u < upto)
             .max_by_key(|(u, _, _)| *u)
             .map(|(u, _, t)| (*u, t.clone())),
-        auth: auth.cloned(),
+        credentials: credentials.clone(),
         precomputed,
         encoding,
     }

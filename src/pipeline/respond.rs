@@ -4,6 +4,7 @@
 use super::rounds::Rounds;
 use super::SESSION_HEADER;
 use crate::app::AppState;
+use crate::dialect::Dialect;
 use crate::error::GatewayError;
 use crate::relay::{self, Finisher};
 use crate::session::SessionIdentity;
@@ -12,12 +13,14 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue, StatusCode};
+use serde_json::{Map, Value};
 use std::time::Instant;
 
 /// The upstream's answer, relayed as it arrives (the tap beside it assembles the reply and `finisher` ends the
 /// turn). Its own `content-length` stays: the bytes are the upstream's.
 pub(super) fn relayed(
     state: &AppState,
+    dialect: Dialect,
     resp: reqwest::Response,
     is_sse: bool,
     session: Option<&SessionIdentity>,
@@ -26,6 +29,7 @@ pub(super) fn relayed(
     let builder = head(resp.status(), resp.headers(), true, session);
     let body = relay::relay(
         resp.bytes_stream().boxed(),
+        dialect,
         is_sse,
         state.upstream.timeout(),
         state.tasks.clone(),
@@ -41,23 +45,27 @@ pub(super) async fn after_rounds(
     rounds: Rounds,
     first: reqwest::Response,
     is_sse: bool,
-    include_usage: bool,
+    client_body: &Map<String, Value>,
     session: Option<&SessionIdentity>,
 ) -> Response {
     if is_sse {
         let builder = head(first.status(), first.headers(), false, session);
         return finish(
             builder,
-            Body::from_stream(rounds.stream(first, include_usage)),
+            Body::from_stream(rounds.stream(first, client_body)),
         );
     }
     // Tracked like the streaming rounds: a client that goes away mid-round does not cut the rounds (and the
     // turn's finisher) short.
+    let rounds_dialect = rounds.dialect;
     match state.tasks.spawn(rounds.json(first)).await {
         Ok((status, headers, bytes)) => {
             finish(head(status, &headers, false, session), Body::from(bytes))
         }
-        Err(e) => GatewayError::Internal(format!("recall rounds: {e}")).into_response(),
+        Err(e) => error_response(
+            rounds_dialect,
+            GatewayError::Internal(format!("recall rounds: {e}")),
+        ),
     }
 }
 
@@ -89,14 +97,28 @@ fn head(
     }
 }
 
+/// `e` as an answer in the dialect's error shape (with `retry-after` when overloaded).
+fn error_response(dialect: Dialect, e: GatewayError) -> Response {
+    if dialect == Dialect::Chat {
+        return e.into_response();
+    }
+    let body = dialect.error_body(&e);
+    let mut resp = e.into_response();
+    let (parts, _) = resp.into_parts();
+    resp = Response::from_parts(parts, Body::from(body.to_string()));
+    resp.headers_mut().remove(http::header::CONTENT_LENGTH);
+    resp
+}
+
 fn finish(builder: http::response::Builder, body: Body) -> Response {
     builder
         .body(body)
         .unwrap_or_else(|e| GatewayError::Internal(e.to_string()).into_response())
 }
 
-/// Our own error answer (logged; with the session header when the session is known).
+/// Our own error answer (logged; with the session header when the session is known), in the dialect's shape.
 pub(super) fn own_error(
+    dialect: Dialect,
     e: GatewayError,
     session: Option<&SessionIdentity>,
     started: Instant,
@@ -107,15 +129,16 @@ pub(super) fn own_error(
     tracing::warn!(
         target: "ctxgate::access",
         method = "POST",
-        path = "/v1/chat/completions",
+        path = dialect.client_path(),
+        dialect = dialect.as_str(),
         status,
         model,
         stream,
         total_ms = started.elapsed().as_secs_f64() * 1000.0,
         error = %e,
-        "chat request failed in ctxgate"
+        "conversation request failed in ctxgate"
     );
-    let mut resp = e.into_response();
+    let mut resp = error_response(dialect, e);
     if let Some(s) = session {
         if let Ok(v) = HeaderValue::from_str(&s.id) {
             resp.headers_mut().insert(SESSION_HEADER, v);

@@ -4,20 +4,18 @@
 
 use crate::app::AppState;
 use crate::context::splice_messages;
-use crate::dialect::Dialect;
+use crate::dialect::rounds::{Splice, SpliceEnd};
+use crate::dialect::{AssembledReply, Dialect};
 use crate::error::GatewayError;
 use crate::metrics::{RecallOutcome, RecallTool};
-use crate::recall::{
-    answer_call_with_outcome, merge_usage, strip_injected, Answered, HistorySource, InjectedNames,
-    RoundEnd, StreamSplicer,
-};
+use crate::recall::{answer_call_with_outcome, Answered, HistorySource, InjectedNames};
 use crate::relay::{Finisher, RelayOutcome};
-use crate::sse::{AssembledReply, MessageAssembler, SseParser};
+use crate::sse::SseParser;
 use crate::upstream::map_reqwest_error;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, Method};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
@@ -29,6 +27,8 @@ const MAX_ROUND_BODY: usize = crate::relay::MAX_TAPPED_JSON;
 pub struct Rounds {
     /// The gateway.
     pub state: Arc<AppState>,
+    /// The request's dialect.
+    pub dialect: Dialect,
     /// Where and how to send the follow-up requests.
     pub url: String,
     /// Headers for the follow-up requests.
@@ -52,12 +52,14 @@ impl Rounds {
         InjectedNames::from_config(&self.state.config.recall)
     }
 
-    /// Answers the injected calls of `assistant` and appends the exchange to the next request.
+    /// Answers the injected calls (neutral) of `assistant` (the dialect's message) and appends the exchange to
+    /// the next request.
     fn answer(&mut self, round: u32, assistant: Value, calls: &[Value]) {
         let names = self.names();
         let metrics = &self.state.metrics;
-        metrics.recall_round(Dialect::Chat);
-        let results: Vec<Value> = calls
+        let dialect = self.dialect;
+        metrics.recall_round(dialect);
+        let results: Vec<String> = calls
             .iter()
             .map(|c| {
                 let (content, answered) =
@@ -65,7 +67,7 @@ impl Rounds {
                 let search = c.pointer("/function/name").and_then(Value::as_str)
                     == Some(names.search.as_str());
                 metrics.recall_call(
-                    Dialect::Chat,
+                    dialect,
                     if search {
                         RecallTool::Search
                     } else {
@@ -77,13 +79,15 @@ impl Rounds {
                         Answered::Error => RecallOutcome::Error,
                     },
                 );
-                json!({"role": "tool", "tool_call_id": c.get("id").cloned().unwrap_or(Value::Null),
-                       "content": content})
+                content
             })
             .collect();
-        (self.on_round)(json!({"round": round, "assistant": assistant, "results": results}));
-        self.appended.push(assistant);
-        self.appended.extend(results);
+        let messages = self
+            .dialect
+            .round_messages(&assistant, &names, calls, &results);
+        (self.on_round)(json!({"round": round, "dialect": self.dialect.as_str(),
+                               "messages": messages}));
+        self.appended.extend(messages);
     }
 
     /// The next round's body: the first one with the rounds' messages spliced in where its messages end (no
@@ -124,12 +128,13 @@ impl Rounds {
         let mut last_good: Option<Value> = None;
         let mut round = 0;
         let final_value = loop {
+            let dialect = self.dialect;
             let parsed = body
                 .as_ref()
                 .ok()
                 .filter(|_| status.is_success())
                 .and_then(|b| serde_json::from_slice::<Value>(b).ok())
-                .filter(|v| v.pointer("/choices/0/message").is_some());
+                .filter(|v| dialect.answer_message(v).is_some());
             let Some(mut v) = parsed else {
                 // A failed follow-up: give the last good answer, without our calls.
                 match last_good.take() {
@@ -144,7 +149,8 @@ impl Rounds {
                                     http::header::CONTENT_TYPE,
                                     http::HeaderValue::from_static("application/json"),
                                 );
-                                (err.status(), Bytes::from(err.body().to_string()))
+                                let body = dialect.error_body(&err).to_string();
+                                (err.status(), Bytes::from(body))
                             }
                         };
                         self.finish(&raw, None).await;
@@ -153,25 +159,16 @@ impl Rounds {
                 }
             };
             if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-                merge_usage(&mut usage, u);
+                dialect.add_usage(&mut usage, u);
             }
             first_id.get_or_insert_with(|| v.get("id").cloned().unwrap_or(Value::Null));
-            let message = v
-                .pointer("/choices/0/message")
-                .cloned()
-                .unwrap_or(Value::Null);
-            let calls: Vec<Value> = names
-                .injected_calls(&message)
-                .into_iter()
-                .cloned()
-                .collect();
+            let message = dialect.answer_message(&v).unwrap_or(Value::Null);
+            let calls = dialect.injected_calls(&message, &names);
             if calls.is_empty() || round >= max_rounds {
                 break v;
             }
             round += 1;
-            let mut assistant = message.clone();
-            assistant["tool_calls"] = Value::Array(calls.clone());
-            self.answer(round, assistant, &calls);
+            self.answer(round, message, &calls);
             if let Some(o) = v.as_object_mut() {
                 o.remove("usage");
             }
@@ -187,7 +184,9 @@ impl Rounds {
                 }
             }
         };
-        let out = finalize(final_value, &names, usage, first_id);
+        let out = self
+            .dialect
+            .finalize_answer(final_value, &names, usage, first_id);
         let raw = Bytes::from(serde_json::to_vec(&out).unwrap_or_default());
         self.finish(&raw, None).await;
         (http::StatusCode::OK, headers, raw)
@@ -195,7 +194,7 @@ impl Rounds {
 
     async fn finish(&mut self, body: &[u8], error: Option<String>) {
         let f = std::mem::replace(&mut self.finisher, Box::new(|_| Box::pin(async {})));
-        let reply = MessageAssembler::from_completion_body(body);
+        let reply = self.dialect.reply_from_body(body);
         f(outcome(reply, false, error, body.len() as u64, None)).await;
     }
 
@@ -203,11 +202,12 @@ impl Rounds {
     pub fn stream(
         self,
         first: reqwest::Response,
-        include_usage: bool,
+        client_body: &Map<String, Value>,
     ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send {
         let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(32);
         let tasks = self.state.tasks.clone();
-        tasks.spawn(self.drive(first, include_usage, tx));
+        let splicer = self.dialect.splicer(self.names(), client_body);
+        tasks.spawn(self.drive(first, splicer, tx));
         futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|item| (item, rx))
         })
@@ -216,14 +216,11 @@ impl Rounds {
     async fn drive(
         mut self,
         first: reqwest::Response,
-        include_usage: bool,
+        mut splicer: Box<dyn Splice>,
         tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
     ) {
-        let names = self.names();
         let max_rounds = self.state.config.recall.max_rounds;
         let idle = self.state.upstream.timeout();
-        let mut splicer = StreamSplicer::new(names, include_usage);
-        let mut seen = MessageAssembler::new();
         let (mut bytes, mut first_byte_at) = (0u64, None);
         let mut resp = first;
         let mut round = 0;
@@ -245,38 +242,27 @@ impl Rounds {
                     }
                 };
                 first_byte_at.get_or_insert_with(Instant::now);
-                for ev in parser.feed(&chunk) {
-                    let data = ev.data.trim();
-                    if data == "[DONE]" || data.is_empty() {
-                        continue;
-                    }
-                    let Ok(v) = serde_json::from_str::<Value>(data) else {
-                        continue;
-                    };
-                    for out in splicer.on_chunk(v) {
-                        seen.on_chunk(&out);
-                        let b = sse(&out);
-                        bytes += b.len() as u64;
-                        if tx.send(Ok(b)).await.is_err() {
-                            return self.gone(seen, bytes, first_byte_at).await;
-                        }
+                let events = parser.feed(&chunk);
+                for b in events.iter().flat_map(|ev| splicer.on_event(ev)) {
+                    bytes += b.len() as u64;
+                    if tx.send(Ok(b)).await.is_err() {
+                        return self.gone(splicer.reply(), bytes, first_byte_at).await;
                     }
                 }
             }
             if let Some(ev) = parser.finish() {
-                if let Ok(v) = serde_json::from_str::<Value>(ev.data.trim()) {
-                    for out in splicer.on_chunk(v) {
-                        seen.on_chunk(&out);
-                        let _ = tx.send(Ok(sse(&out))).await;
-                    }
+                for b in splicer.on_event(&ev) {
+                    bytes += b.len() as u64;
+                    let _ = tx.send(Ok(b)).await;
                 }
             }
             round += 1;
             let rounds_left = error.is_none() && round <= max_rounds;
             match splicer.end_round(rounds_left) {
-                RoundEnd::Continue { assistant, calls } => {
+                SpliceEnd::Continue { assistant, calls } => {
                     self.answer(round, assistant, &calls);
-                    match self.send().await {
+                    let next = keep_alive(self.send(), splicer.keepalive(), &tx, &mut bytes);
+                    match next.await {
                         Ok(r) if r.status().is_success() => resp = r,
                         Ok(r) => {
                             tracing::warn!(
@@ -284,60 +270,86 @@ impl Rounds {
                                 round,
                                 "recall: follow-up request refused; ending the stream"
                             );
-                            return self
-                                .end(splicer.abort(), seen, tx, bytes, first_byte_at, None)
-                                .await;
+                            let tail = splicer.abort();
+                            return self.end(tail, splicer, tx, bytes, first_byte_at, None).await;
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, round, "recall: follow-up request failed; ending the stream");
-                            return self
-                                .end(splicer.abort(), seen, tx, bytes, first_byte_at, None)
-                                .await;
+                            let tail = splicer.abort();
+                            return self.end(tail, splicer, tx, bytes, first_byte_at, None).await;
                         }
                     }
                 }
-                RoundEnd::Finish(tail) => {
-                    return self.end(tail, seen, tx, bytes, first_byte_at, error).await;
+                SpliceEnd::Finish(tail) => {
+                    return self.end(tail, splicer, tx, bytes, first_byte_at, error).await;
                 }
             }
         }
     }
 
-    /// Sends the last chunks, records the reply, then `[DONE]` (or, when the upstream broke the stream, an error
-    /// event: the client's stream is re-serialised by the splicer, so it always stops between events).
+    /// Sends the last bytes, records the reply, then the stream's end (or, when the upstream broke the stream, an
+    /// error event: the client's stream is re-serialised by the splicer, so it always stops between events).
     async fn end(
         self,
-        tail: Vec<Value>,
-        mut seen: MessageAssembler,
+        tail: Vec<Bytes>,
+        splicer: Box<dyn Splice>,
         tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
         mut bytes: u64,
         first_byte_at: Option<Instant>,
         error: Option<GatewayError>,
     ) {
-        for c in &tail {
-            seen.on_chunk(c);
-            let b = sse(c);
+        for b in tail {
             bytes += b.len() as u64;
             if tx.send(Ok(b)).await.is_err() {
-                return self.gone(seen, bytes, first_byte_at).await;
+                return self.gone(splicer.reply(), bytes, first_byte_at).await;
             }
         }
-        let mut reply = seen.finish();
+        let mut reply = splicer.reply();
         reply.complete = error.is_none();
         let last = match &error {
-            None => Bytes::from_static(b"data: [DONE]\n\n"),
-            Some(e) => crate::relay::error_event(e, false),
+            None => splicer.done(),
+            Some(e) => Some(self.dialect.error_event(e, false)),
         };
         let message = error.map(|e| format!("upstream body: {e}"));
-        bytes += last.len() as u64;
+        bytes += last.as_ref().map_or(0, |b| b.len() as u64);
         (self.finisher)(outcome(reply, false, message, bytes, first_byte_at)).await;
-        let _ = tx.send(Ok(last)).await;
+        if let Some(last) = last {
+            let _ = tx.send(Ok(last)).await;
+        }
     }
 
-    async fn gone(self, seen: MessageAssembler, bytes: u64, first_byte_at: Option<Instant>) {
-        (self.finisher)(outcome(seen.finish(), true, None, bytes, first_byte_at)).await;
+    async fn gone(self, reply: AssembledReply, bytes: u64, first_byte_at: Option<Instant>) {
+        (self.finisher)(outcome(reply, true, None, bytes, first_byte_at)).await;
     }
 }
+
+/// Awaits the next round's response, keeping the client's stream alive with `ping` (the dialect's keep-alive
+/// event, at once and every few seconds) while the upstream has not answered.
+async fn keep_alive(
+    send: impl std::future::Future<Output = Result<reqwest::Response, GatewayError>>,
+    ping: Option<Bytes>,
+    tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
+    bytes: &mut u64,
+) -> Result<reqwest::Response, GatewayError> {
+    tokio::pin!(send);
+    let Some(ping) = ping else {
+        return send.await;
+    };
+    let mut every = tokio::time::interval(KEEPALIVE_EVERY);
+    loop {
+        tokio::select! {
+            r = &mut send => return r,
+            _ = every.tick() => {
+                *bytes += ping.len() as u64;
+                // A client gone away is noticed by the next send of the answer itself.
+                let _ = tx.send(Ok(ping.clone())).await;
+            }
+        }
+    }
+}
+
+/// How often a keep-alive event goes to the client while a follow-up round is in flight.
+const KEEPALIVE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn outcome(
     reply: AssembledReply,
@@ -355,13 +367,6 @@ fn outcome(
     }
 }
 
-fn sse(v: &Value) -> Bytes {
-    let mut b = b"data: ".to_vec();
-    b.extend(serde_json::to_vec(v).unwrap_or_default());
-    b.extend_from_slice(b"\n\n");
-    Bytes::from(b)
-}
-
 async fn read_body(r: reqwest::Response, idle: std::time::Duration) -> Result<Bytes, String> {
     let mut out = Vec::new();
     let mut s = r.bytes_stream();
@@ -377,31 +382,4 @@ async fn read_body(r: reqwest::Response, idle: std::time::Duration) -> Result<By
         out.extend_from_slice(&c);
     }
     Ok(Bytes::from(out))
-}
-
-/// The client's answer: our calls removed, usage summed over the rounds, the first round's id.
-fn finalize(
-    mut v: Value,
-    names: &InjectedNames,
-    usage: Option<Value>,
-    first_id: Option<Value>,
-) -> Value {
-    if let Some(msg) = v.pointer_mut("/choices/0/message") {
-        let removed = strip_injected(msg, names);
-        let has_calls = msg.get("tool_calls").is_some();
-        if removed > 0 && !has_calls {
-            if let Some(c) = v.pointer_mut("/choices/0") {
-                c["finish_reason"] = json!("stop");
-            }
-        }
-    }
-    if let Some(o) = v.as_object_mut() {
-        if let Some(id) = first_id {
-            o.insert("id".into(), id);
-        }
-        if let Some(u) = usage {
-            o.insert("usage".into(), u);
-        }
-    }
-    v
 }

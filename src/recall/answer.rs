@@ -19,9 +19,14 @@ pub struct HistorySource {
 impl HistorySource {
     /// A snapshot of the request's messages and the session's nodes.
     pub fn new(request: &[Value], session: Option<&Tree>) -> Self {
-        let mut stored: Vec<(u32, Arc<Value>)> = session
+        let stored: Vec<(u32, Arc<Value>)> = session
             .map(|t| t.nodes().map(|n| (n.position, n.message.clone())).collect())
             .unwrap_or_default();
+        Self::from_parts(request, stored)
+    }
+
+    /// The request's (neutral) messages and stored (neutral) messages with their positions.
+    pub fn from_parts(request: &[Value], mut stored: Vec<(u32, Arc<Value>)>) -> Self {
         stored.sort_by_key(|(p, _)| *p);
         Self {
             request: request.iter().cloned().map(Arc::new).collect(),

@@ -2,6 +2,8 @@
 
 use crate::config::RecallConfig;
 use crate::context::decide::Additions;
+use crate::dialect::{Dialect, InjectedNames};
+use crate::message::Source;
 use crate::context::RewrittenBody;
 use serde_json::{json, Map, Value};
 use std::borrow::Cow;
@@ -21,6 +23,7 @@ pub enum Injection {
 /// Adds the recall tools and the note to `body` (an outgoing, already rewritten request). Deterministic: the same
 /// list gives the same bytes. The client's own `tools` entries and `tool_choice` stay as they were.
 pub fn inject(
+    dialect: Dialect,
     body: &mut RewrittenBody<'_>,
     recallable: &[Recallable],
     cfg: &RecallConfig,
@@ -28,7 +31,7 @@ pub fn inject(
     if recallable.is_empty() {
         return Injection::Skipped("nothing to recall");
     }
-    if let Err(why) = can_inject(&body.fields, cfg) {
+    if let Err(why) = can_inject(dialect, &body.fields, cfg) {
         return Injection::Skipped(why);
     }
     let tools = body
@@ -39,10 +42,10 @@ pub fn inject(
         *tools = Value::Array(Vec::new());
     }
     if let Value::Array(list) = tools {
-        list.push(recall_tool(&cfg.tool_name));
-        list.push(search_tool(&cfg.search_tool_name));
+        list.push(recall_tool(dialect, &cfg.tool_name));
+        list.push(search_tool(dialect, &cfg.search_tool_name));
     }
-    add_note(&mut body.messages, &note(recallable, cfg));
+    add_note(dialect, body, &note(recallable, cfg));
     Injection::Injected
 }
 
@@ -50,16 +53,18 @@ pub fn inject(
 /// them for the client's body.
 #[derive(Debug, Clone, Copy)]
 pub struct Offer<'a> {
+    dialect: Dialect,
     cfg: &'a RecallConfig,
     allowed: bool,
 }
 
 impl<'a> Offer<'a> {
     /// The offer for a request whose client body is `body`.
-    pub fn new(body: &Map<String, Value>, cfg: &'a RecallConfig) -> Self {
+    pub fn new(dialect: Dialect, body: &Map<String, Value>, cfg: &'a RecallConfig) -> Self {
         Self {
+            dialect,
             cfg,
-            allowed: can_inject(body, cfg).is_ok(),
+            allowed: can_inject(dialect, body, cfg).is_ok(),
         }
     }
 }
@@ -78,7 +83,7 @@ impl Additions for Offer<'_> {
     }
 
     fn add(&self, body: &mut RewrittenBody<'_>, pruned: &[Recallable]) -> bool {
-        match inject(body, pruned, self.cfg) {
+        match inject(self.dialect, body, pruned, self.cfg) {
             Injection::Injected => true,
             Injection::Skipped(why) => {
                 if !pruned.is_empty() {
@@ -90,61 +95,42 @@ impl Additions for Offer<'_> {
     }
 }
 
-/// Whether the recall tools may be added to `body`: not when disabled, when the client forbids tools
-/// (`tool_choice: "none"`) or forces a function, when a client tool already has one of their names, or when the
-/// client asks for several choices (`n > 1`: only one choice's calls could be answered within the response).
-pub fn can_inject(body: &Map<String, Value>, cfg: &RecallConfig) -> Result<(), &'static str> {
+/// Whether the recall tools may be added to `body` (a request of `dialect`): not when disabled, nor when the
+/// dialect says the client's body leaves no room for them (see `Dialect::may_add_tools`).
+pub fn can_inject(
+    dialect: Dialect,
+    body: &Map<String, Value>,
+    cfg: &RecallConfig,
+) -> Result<(), &'static str> {
     if !cfg.enabled {
         return Err("disabled");
     }
-    // Several choices would each need their own recall rounds; the rewrite still applies, without the tools.
-    if body.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
-        return Err("n > 1");
-    }
-    match body.get("tool_choice") {
-        Some(Value::String(s)) if s == "none" => return Err("tool_choice none"),
-        Some(Value::Object(_)) => return Err("tool_choice forces a function"),
-        _ => {}
-    }
-    match body.get("tools") {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Array(tools)) => {
-            let clash = tools.iter().any(|t| {
-                t.pointer("/function/name")
-                    .and_then(Value::as_str)
-                    .is_some_and(|n| n == cfg.tool_name || n == cfg.search_tool_name)
-            });
-            if clash {
-                Err("a client tool has the same name")
-            } else {
-                Ok(())
-            }
-        }
-        Some(_) => Err("client tools are not an array"),
-    }
+    dialect.may_add_tools(body, &InjectedNames::from_config(cfg))
 }
 
-fn recall_tool(name: &str) -> Value {
-    json!({"type": "function", "function": {
-        "name": name,
-        "description": "Return the full original result of an earlier tool call whose output was removed from this \
+fn recall_tool(dialect: Dialect, name: &str) -> Value {
+    dialect.tool_def(
+        name,
+        "Return the full original result of an earlier tool call whose output was removed from this \
             conversation to save space. Call it when you need the details of a call listed as recallable; pass its id.",
-        "parameters": {"type": "object",
+        json!({"type": "object",
             "properties": {"call_id": {"type": "string", "description": "The id of the earlier tool call."}},
-            "required": ["call_id"], "additionalProperties": false}}})
+            "required": ["call_id"], "additionalProperties": false}),
+    )
 }
 
-fn search_tool(name: &str) -> Value {
-    json!({"type": "function", "function": {
-        "name": name,
-        "description": "Search this conversation's full earlier history, including removed tool results, for \
+fn search_tool(dialect: Dialect, name: &str) -> Value {
+    dialect.tool_def(
+        name,
+        "Search this conversation's full earlier history, including removed tool results, for \
             words or a phrase (case-insensitive). Returns matching snippets with their message position and tool \
             call id.",
-        "parameters": {"type": "object",
+        json!({"type": "object",
             "properties": {
                 "query": {"type": "string", "description": "Words or a phrase to look for."},
                 "limit": {"type": "integer", "description": "Most snippets to return (1-20, default 5)."}},
-            "required": ["query"], "additionalProperties": false}}})
+            "required": ["query"], "additionalProperties": false}),
+    )
 }
 
 /// Most characters of the note.
@@ -183,14 +169,22 @@ fn note(recallable: &[Recallable], cfg: &RecallConfig) -> String {
     s
 }
 
-/// Appends the note to the first system (or developer) message, or inserts a system message first.
-fn add_note(messages: &mut Vec<Cow<'_, Value>>, note: &str) {
-    let first_system = messages.iter().position(|m| {
-        matches!(
-            m.get("role").and_then(Value::as_str),
-            Some("system") | Some("developer")
-        )
-    });
+/// Adds the note: chat appends it to the first system (or developer) message, or inserts a system message first;
+/// a dialect whose system prompt lies outside its messages (Anthropic: never touched) gets it as a message of its
+/// own after the leading system messages.
+fn add_note(dialect: Dialect, body: &mut RewrittenBody<'_>, note: &str) {
+    let new = |note: &str| Cow::Owned(json!({"role": "system", "content": note}));
+    let messages = &mut body.messages;
+    if dialect != Dialect::Chat {
+        let at = messages
+            .iter()
+            .position(|m| !crate::message::is_system(m))
+            .unwrap_or(messages.len());
+        messages.insert(at, new(note));
+        body.sources.insert(at, Source::Added);
+        return;
+    }
+    let first_system = messages.iter().position(|m| crate::message::is_system(m));
     match first_system {
         Some(i) => {
             let msg = messages[i].to_mut();
@@ -201,12 +195,15 @@ fn add_note(messages: &mut Vec<Cow<'_, Value>>, note: &str) {
                 }
                 Some(Value::Array(parts)) => parts.push(json!({"type": "text", "text": note})),
                 _ => {
-                    let m = json!({"role": "system", "content": note});
-                    messages.insert(i + 1, Cow::Owned(m));
+                    messages.insert(i + 1, new(note));
+                    body.sources.insert(i + 1, Source::Added);
                 }
             }
         }
-        None => messages.insert(0, Cow::Owned(json!({"role": "system", "content": note}))),
+        None => {
+            messages.insert(0, new(note));
+            body.sources.insert(0, Source::Added);
+        }
     }
 }
 
@@ -232,7 +229,12 @@ mod tests {
             .iter()
             .map(Cow::Borrowed)
             .collect();
-        RewrittenBody::new(v.as_object().unwrap(), messages)
+        let n = v["messages"].as_array().unwrap().len();
+        RewrittenBody::new(
+            v.as_object().unwrap(),
+            messages,
+            (0..n).map(Source::Client).collect(),
+        )
     }
 
     fn json_of(b: &RewrittenBody) -> Value {
@@ -246,8 +248,8 @@ mod tests {
             "tools":[{"type":"function","function":{"name":"read_file","parameters":{}}}],"tool_choice":"auto"});
         let mut a = body(&client);
         let mut b = a.clone();
-        assert_eq!(inject(&mut a, &rec(3), &cfg), Injection::Injected);
-        inject(&mut b, &rec(3), &cfg);
+        assert_eq!(inject(Dialect::Chat, &mut a, &rec(3), &cfg), Injection::Injected);
+        inject(Dialect::Chat, &mut b, &rec(3), &cfg);
         assert_eq!(a.to_vec().unwrap(), b.to_vec().unwrap());
         assert!(
             matches!(a.messages[1], Cow::Borrowed(_)),
@@ -277,7 +279,7 @@ mod tests {
         ] {
             let mut b = body(&v);
             assert!(matches!(
-                inject(&mut b, &rec(1), &cfg),
+                inject(Dialect::Chat, &mut b, &rec(1), &cfg),
                 Injection::Skipped(_)
             ));
             assert_eq!(json_of(&b), v, "untouched");
@@ -285,7 +287,7 @@ mod tests {
         let only = json!({"messages": m});
         let mut b = body(&only);
         assert_eq!(
-            inject(&mut b, &[], &cfg),
+            inject(Dialect::Chat, &mut b, &[], &cfg),
             Injection::Skipped("nothing to recall")
         );
         let off = RecallConfig {
@@ -293,7 +295,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            inject(&mut b, &rec(1), &off),
+            inject(Dialect::Chat, &mut b, &rec(1), &off),
             Injection::Skipped("disabled")
         );
     }
@@ -306,7 +308,7 @@ mod tests {
         };
         let client = json!({"messages":[{"role":"user","content":"u"}]});
         let mut b = body(&client);
-        inject(&mut b, &rec(40), &cfg);
+        inject(Dialect::Chat, &mut b, &rec(40), &cfg);
         let b = json_of(&b);
         let note = b["messages"][0]["content"].as_str().unwrap();
         assert_eq!(b["messages"][0]["role"], "system");

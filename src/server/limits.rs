@@ -50,12 +50,13 @@ pub async fn limit(
     let Ok(permit) = slots.clone().try_acquire_owned() else {
         // Counted like any answered request (route and status class), and as a rejection (the overload panel
         // and alert).
-        let (route, dialect) =
-            if req.uri().path() == "/v1/chat/completions" && req.method() == Method::POST {
-                (Route::Chat, DialectLabel::from(Dialect::Chat))
-            } else {
-                (Route::Passthrough, DialectLabel::NoDialect)
-            };
+        let conversation = [Dialect::Chat, Dialect::Anthropic]
+            .into_iter()
+            .find(|d| req.method() == Method::POST && req.uri().path() == d.client_path());
+        let (route, dialect) = match conversation {
+            Some(d) => (Route::Chat, DialectLabel::from(d)),
+            None => (Route::Passthrough, DialectLabel::NoDialect),
+        };
         state
             .metrics
             .rejected(route, dialect, RejectReason::Overloaded);

@@ -7,6 +7,7 @@ mod metrics;
 mod passthrough;
 
 use crate::app::AppState;
+use crate::dialect::Dialect;
 use crate::error::GatewayError;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
@@ -30,6 +31,14 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/chat/completions",
             post(chat).fallback(passthrough::handle),
         )
+        .route(
+            "/v1/messages",
+            post(messages).fallback(passthrough::handle),
+        )
+        .route(
+            "/v1/messages/count_tokens",
+            post(count_tokens).fallback(passthrough::handle),
+        )
         .route("/v1/{*rest}", any(passthrough::handle))
         .route_layer(axum::middleware::from_fn_with_state(
             (state.clone(), in_flight),
@@ -37,6 +46,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         ));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        // Claude Code checks that its base URL answers before its first request.
+        .route("/", axum::routing::head(|| async { http::StatusCode::OK }))
         .route("/metrics", get(metrics::handle))
         .merge(v1)
         .merge(
@@ -50,7 +61,15 @@ pub fn router(state: Arc<AppState>) -> Router {
 }
 
 async fn chat(State(state): State<Arc<AppState>>, req: Request) -> Response {
-    crate::pipeline::chat(state, req).await
+    crate::pipeline::conversation(state, req, Dialect::Chat).await
+}
+
+async fn count_tokens(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    crate::pipeline::count_tokens(state, req).await
+}
+
+async fn messages(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    crate::pipeline::conversation(state, req, Dialect::Anthropic).await
 }
 
 async fn not_found(req: Request) -> Response {

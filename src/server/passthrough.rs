@@ -4,7 +4,7 @@ use crate::app::AppState;
 use crate::error::GatewayError;
 use crate::metrics::{DialectLabel, Route, UpstreamErrorClass};
 use crate::relay;
-use crate::upstream::strip_hop_by_hop;
+use crate::upstream::{strip_hop_by_hop, Api};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
@@ -12,7 +12,8 @@ use futures_util::{StreamExt, TryStreamExt};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Forwards any `/v1/<rest>` request to `<upstream.base_url>/<rest>`; a path with a `.` or `..` segment (raw or
+/// Forwards any `/v1/<rest>` request to `<upstream.base_url>/<rest>` (`<anthropic.base_url>/<rest>` for an
+/// Anthropic request: see `Api::of`); a path with a `.` or `..` segment (raw or
 /// percent-encoded) is refused with 400, since the URL parser would resolve it onto another upstream path.
 pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Response {
     let started = Instant::now();
@@ -39,8 +40,9 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
         .path()
         .strip_prefix("/v1")
         .unwrap_or(parts.uri.path());
-    let url = state.upstream.url(rest, parts.uri.query());
-    let headers = state.upstream.request_headers(&parts.headers, false);
+    let api = Api::of(rest, &parts.headers);
+    let url = state.upstream.url_for(api, rest, parts.uri.query());
+    let headers = state.upstream.request_headers_for(api, &parts.headers, false);
     let body = reqwest::Body::wrap_stream(body.into_data_stream().map_err(std::io::Error::other));
     let path = parts.uri.path().to_string();
     timer.upstream_sent();

@@ -13,6 +13,8 @@ pub struct SessionEntry {
     /// The owner's tenant: HMAC-SHA256 (hex), under the per-install secret, of every credential header its
     /// requests carry (name and value), or `anonymous` when they carry none (see `session::tenant`).
     pub tenant: String,
+    /// The wire format of its requests (`chat`, `anthropic`).
+    pub dialect: &'static str,
     /// Unix seconds of the first request.
     pub created_at: i64,
     pub(super) state: Mutex<EntryState>,
@@ -81,10 +83,17 @@ fn record_weight(record: &Record) -> usize {
 const ENTRY_OVERHEAD: usize = 512;
 
 impl SessionEntry {
-    pub(super) fn new(id: String, tenant: String, created_at: i64, st: EntryState) -> Self {
+    pub(super) fn new(
+        id: String,
+        tenant: String,
+        dialect: &'static str,
+        created_at: i64,
+        st: EntryState,
+    ) -> Self {
         let e = Self {
             id,
             tenant,
+            dialect,
             created_at,
             state: Mutex::new(st),
             weight: AtomicU32::new(0),
@@ -97,6 +106,7 @@ impl SessionEntry {
         SessionMeta {
             id: self.id.clone(),
             tenant: self.tenant.clone(),
+            dialect: self.dialect.to_string(),
             created_at: self.created_at,
             last_active: st.last_active,
             message_count: st.tree.len() as u64,

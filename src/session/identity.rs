@@ -26,6 +26,8 @@ pub struct SessionIdentity {
     pub id: String,
     /// How the id was found.
     pub source: IdSource,
+    /// The wire format of the request.
+    pub dialect: Dialect,
 }
 
 /// Where a session id came from.
@@ -79,6 +81,7 @@ pub fn identify(
         id: scoped_id(prefix, &v),
         tenant: tenant.clone(),
         source,
+        dialect,
     };
     if let Some(v) = header_value(&cfg.header) {
         return Some(named(v, IdSource::Header));
@@ -106,6 +109,7 @@ pub fn identify(
         id: format!("{prefix}-fp{}", &fp[..24]),
         tenant,
         source: IdSource::Fingerprint,
+        dialect,
     })
 }
 

@@ -14,6 +14,7 @@ pub use super::entry::SessionEntry;
 use super::identity::SessionIdentity;
 use super::registry::Registry;
 use super::tree::{NodeId, Tree};
+use crate::dialect::Dialect;
 use crate::context::runloop::run_loops;
 use crate::message::message_text;
 use crate::metrics::{CacheResult, SessionMetrics, StoreMetrics, StoreOp};
@@ -60,6 +61,8 @@ pub struct RequestMark {
 pub struct SessionView {
     /// Public id.
     pub id: String,
+    /// The wire format of its requests (`chat`, `anthropic`); `messages` are in its shape.
+    pub dialect: &'static str,
     /// Unix seconds of the first request.
     pub created_at: i64,
     /// Unix seconds of the latest activity.
@@ -68,7 +71,7 @@ pub struct SessionView {
     pub message_count: u64,
     /// Rough token count of the history.
     pub token_estimate: u64,
-    /// The full history (the path to the latest leaf), as OpenAI message objects.
+    /// The full history (the path to the latest leaf), as the client sent it (in its dialect's shape).
     pub messages: Vec<Value>,
     /// Positions in `messages` of replies that were cut short.
     pub partial: Vec<u32>,
@@ -109,19 +112,44 @@ fn preview(m: &Value) -> String {
     p
 }
 
-fn run_loop_views(messages: &[Value], timestamps: &[i64]) -> Vec<RunLoopView> {
-    run_loops(messages, Some(timestamps))
+/// The run loops of a history in `dialect`'s shape, found on its neutral form; positions are the history's.
+fn run_loop_views(dialect: Dialect, messages: &[Value], timestamps: &[i64]) -> Vec<RunLoopView> {
+    let converted = match dialect {
+        Dialect::Chat => None,
+        Dialect::Anthropic => Some(crate::dialect::anthropic::Converted::new(None, messages)),
+    };
+    let (neutral, native_of): (&[Value], Vec<usize>) = match &converted {
+        None => (messages, (0..messages.len()).collect()),
+        Some(c) => (
+            c.messages(),
+            (0..c.messages().len())
+                .map(|i| c.native_index(i).unwrap_or(0))
+                .collect(),
+        ),
+    };
+    let at = |i: usize| native_of.get(i).copied().unwrap_or(i);
+    let times: Vec<i64> = (0..neutral.len())
+        .map(|i| timestamps.get(at(i)).copied().unwrap_or(0))
+        .collect();
+    run_loops(neutral, Some(&times))
         .loops
         .into_iter()
         .map(|l| RunLoopView {
-            start: l.start,
-            end: l.end,
-            user: l.user.map(|i| preview(&messages[i])),
-            final_reply: l.final_reply.map(|i| preview(&messages[i])),
+            start: at(l.start),
+            end: at(l.end.saturating_sub(1)) + 1,
+            user: l.user.map(|i| preview(&neutral[i])),
+            final_reply: l.final_reply.map(|i| preview(&neutral[i])),
             tool_calls: l
                 .tool_calls
                 .iter()
-                .map(|c| serde_json::to_value(c).unwrap_or(Value::Null))
+                .map(|c| {
+                    let mut v = serde_json::to_value(c).unwrap_or(Value::Null);
+                    v["position"] = Value::from(at(c.position));
+                    if let Some(r) = c.result {
+                        v["result"] = Value::from(at(r));
+                    }
+                    v
+                })
                 .collect(),
         })
         .collect()
@@ -173,7 +201,8 @@ fn entry_from_stored(s: StoredSession) -> SessionEntry {
     for i in s.internal {
         st.push_record(Record::Internal(i));
     }
-    SessionEntry::new(s.meta.id, s.meta.tenant, s.meta.created_at, st)
+    let dialect = Dialect::named(&s.meta.dialect).as_str();
+    SessionEntry::new(s.meta.id, s.meta.tenant, dialect, s.meta.created_at, st)
 }
 
 /// Sessions: cache over store.
@@ -395,6 +424,7 @@ impl Sessions {
             SessionEntry::new(
                 ident.id.clone(),
                 ident.tenant.clone(),
+                ident.dialect.as_str(),
                 now,
                 EntryState::new(Tree::new(), now, false),
             )
@@ -620,6 +650,7 @@ impl Sessions {
         let timestamps: Vec<i64> = history.iter().map(|n| n.created_at).collect();
         Ok(Some(SessionView {
             id: entry.id.clone(),
+            dialect: entry.dialect,
             created_at: entry.created_at,
             last_active: meta.last_active,
             message_count: meta.message_count,
@@ -629,7 +660,7 @@ impl Sessions {
                 .filter(|n| n.partial)
                 .map(|n| n.position)
                 .collect(),
-            run_loops: run_loop_views(&messages, &timestamps),
+            run_loops: run_loop_views(Dialect::named(entry.dialect), &messages, &timestamps),
             messages,
             branches,
             compressions: st.compressions.clone(),

@@ -1,9 +1,6 @@
 //! Server-sent events over raw bytes: an incremental parser that accepts any chunking, and the assembler of an
 //! assistant message from chat-completion chunks. Pure: no I/O.
 
-mod assemble;
-
-pub use assemble::{AssembledReply, MessageAssembler, MAX_ASSEMBLED_BYTES};
 
 /// One dispatched SSE event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -68,6 +68,8 @@ pub struct SessionMeta {
     /// requests carry (name and value), or `anonymous` when they carry none (see `session::tenant`).
     #[serde(skip)]
     pub tenant: String,
+    /// The wire format its requests speak: `chat` or `anthropic`.
+    pub dialect: String,
     /// Unix seconds of the first request.
     pub created_at: i64,
     /// Unix seconds of the latest request or reply.

@@ -4,14 +4,15 @@
 
 pub mod prompt;
 
-use crate::config::{Config, UpstreamConfig};
+use crate::config::{AnthropicConfig, Config, UpstreamConfig};
 use crate::context::tokens::{count_text, Encoding};
+use crate::dialect::Dialect;
 use crate::error::GatewayError;
 use crate::metrics::{Metrics, SummaryOutcome};
 use crate::session::manager::{now_secs, SessionEntry, Sessions};
 use crate::store::records::{Covers, SummaryRecord};
 use crate::store::{Compression, Record};
-use crate::upstream::Upstream;
+use crate::upstream::{Api, Upstream};
 use http::{HeaderMap, HeaderValue, Method};
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -34,8 +35,9 @@ pub struct Job {
     pub upto_node: String,
     /// The newest ready summary covering fewer messages: (messages covered, its text).
     pub previous: Option<(usize, String)>,
-    /// The client's Authorization, when summary requests use the client's credentials (never stored).
-    pub auth: Option<HeaderValue>,
+    /// The client's credential headers (`authorization`, `x-api-key`), for summary requests that use the
+    /// client's credentials (never stored).
+    pub credentials: HeaderMap,
     /// Started ahead of the threshold.
     pub precomputed: bool,
     /// Tokenizer of the conversation's model (for the record's counts).
@@ -48,6 +50,8 @@ pub struct Summarizer {
     prompt: String,
     max_tokens: u64,
     client_credentials: bool,
+    /// The API of the summary model: Anthropic Messages for a Claude model, chat completions otherwise.
+    api: Api,
     upstream: Upstream,
     in_flight: Mutex<HashMap<String, watch::Receiver<bool>>>,
     failures: Mutex<Failures>,
@@ -133,21 +137,33 @@ impl Summarizer {
         let Some(model) = s.model.clone() else {
             return Ok(None);
         };
-        let upstream = Upstream::new(&UpstreamConfig {
-            base_url: s
-                .base_url
-                .clone()
-                .unwrap_or_else(|| cfg.upstream.base_url.clone()),
-            api_key: s.api_key.clone().or_else(|| cfg.upstream.api_key.clone()),
-            timeout_secs: s.timeout_secs,
-            connect_timeout_secs: cfg.upstream.connect_timeout_secs,
-        })?;
+        // `summary.base_url` and `api_key` stand in for those of the summary model's API.
+        let api = prompt::api_of(&model);
+        let upstream = Upstream::new(
+            &UpstreamConfig {
+                base_url: s
+                    .base_url
+                    .clone()
+                    .unwrap_or_else(|| cfg.upstream.base_url.clone()),
+                api_key: s.api_key.clone().or_else(|| cfg.upstream.api_key.clone()),
+                timeout_secs: s.timeout_secs,
+                connect_timeout_secs: cfg.upstream.connect_timeout_secs,
+            },
+            &AnthropicConfig {
+                base_url: s
+                    .base_url
+                    .clone()
+                    .unwrap_or_else(|| cfg.anthropic.base_url.clone()),
+                api_key: s.api_key.clone().or_else(|| cfg.anthropic.api_key.clone()),
+            },
+        )?;
         let prompt = prompt::load_prompt(s).map_err(GatewayError::Internal)?;
         Ok(Some(Self {
             model,
             prompt,
             max_tokens: s.max_tokens,
             client_credentials: s.api_key.is_none(),
+            api,
             upstream,
             in_flight: Mutex::new(HashMap::new()),
             failures: Mutex::new(Failures::default()),
@@ -256,17 +272,33 @@ impl Summarizer {
             job.upto,
             job.previous.as_ref().map(|(_, t)| t.as_str()),
         );
-        let body = prompt::request_body(&self.model, &self.prompt, &transcript, self.max_tokens);
+        let body = prompt::request_body(
+            self.api,
+            &self.model,
+            &self.prompt,
+            &transcript,
+            self.max_tokens,
+        );
         let mut headers = HeaderMap::new();
         headers.insert(
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        if let (true, Some(a)) = (self.client_credentials, &job.auth) {
-            headers.insert(http::header::AUTHORIZATION, a.clone());
+        if self.api == Api::Anthropic {
+            headers.insert(
+                "anthropic-version",
+                HeaderValue::from_static(prompt::ANTHROPIC_VERSION),
+            );
         }
-        let headers = self.upstream.request_headers(&headers, true);
-        let url = self.upstream.url("chat/completions", None);
+        if self.client_credentials {
+            for (k, v) in &job.credentials {
+                headers.insert(k.clone(), v.clone());
+            }
+        }
+        let headers = self.upstream.request_headers_for(self.api, &headers, true);
+        let url = self
+            .upstream
+            .url_for(self.api, prompt::upstream_path(self.api), None);
         let failed = |e: String| SummaryError::Failed(e);
         let bytes = serde_json::to_vec(&body).map_err(|e| failed(e.to_string()))?;
         let timeout = self.upstream.timeout();
@@ -292,10 +324,10 @@ impl Summarizer {
         })
         .await
         .map_err(|_| SummaryError::Timeout(timeout.as_secs()))??;
-        if answer.pointer("/choices/0/message").is_none() {
-            return Err(failed("the answer is not a chat completion".into()));
-        }
-        let text = prompt::summary_text(&answer, self.max_tokens, |t| count_text(job.encoding, t))
+        let Some(answer_text) = prompt::answer_text(self.api, &answer) else {
+            return Err(failed("the answer is not a completion of the summary model's API".into()));
+        };
+        let text = prompt::summary_text(&answer_text, self.max_tokens, |t| count_text(job.encoding, t))
             .map_err(SummaryError::Unusable)?;
         let counter = crate::context::tokens::TokenCounter::new();
         let covered: u64 = job.messages[..job.upto]
@@ -338,12 +370,22 @@ pub fn manual_job(
             .map(|n| ((*n.message).clone(), n.id.to_string()))
             .unzip()
     });
-    let at = messages.len().saturating_sub(keep_recent);
-    let upto = crate::context::units::units(&messages)
+    // The cut is found on the neutral form (a unit keeps calls with their results) and must fall between two
+    // stored messages: a summary covers whole messages.
+    let converted = match Dialect::named(entry.dialect) {
+        Dialect::Chat => None,
+        Dialect::Anthropic => Some(crate::dialect::anthropic::Converted::new(None, &messages)),
+    };
+    let neutral: &[Value] = converted.as_ref().map_or(&messages, |c| c.messages());
+    let start_of = |native: usize| converted.as_ref().map_or(native, |c| c.neutral_start(native));
+    let at = start_of(messages.len().saturating_sub(keep_recent));
+    let boundaries: Vec<(usize, usize)> = (1..messages.len()).map(|k| (start_of(k), k)).collect();
+    let (upto, native_upto) = crate::context::units::units(neutral)
         .iter()
         .rev()
-        .find(|u| u.start <= at)
-        .map_or(0, |u| u.start);
+        .filter(|u| u.start <= at)
+        .find_map(|u| boundaries.iter().find(|(n, _)| *n == u.start).copied())
+        .unwrap_or((0, 0));
     if upto == 0 {
         return Err(format!(
             "nothing to summarize: the session has {} messages and the newest {keep_recent} are kept \
@@ -355,14 +397,15 @@ pub fn manual_job(
     Ok(Job {
         previous: ready
             .iter()
-            .filter(|(u, _, _)| *u < upto)
-            .max_by_key(|(u, _, _)| *u)
-            .map(|(u, _, t)| (*u, t.clone())),
-        upto_node: path[upto - 1].clone(),
-        messages: Arc::new(messages[..upto].to_vec()),
+            .map(|(u, _, t)| (start_of(*u), t))
+            .filter(|(u, _)| *u < upto)
+            .max_by_key(|(u, _)| *u)
+            .map(|(u, t)| (u, t.clone())),
+        upto_node: path[native_upto - 1].clone(),
+        messages: Arc::new(neutral[..upto].to_vec()),
         upto,
         entry,
-        auth: None,
+        credentials: HeaderMap::new(),
         precomputed: false,
         encoding: Encoding::for_model(model),
     })

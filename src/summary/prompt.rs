@@ -3,6 +3,7 @@
 
 use crate::config::SummaryConfig;
 use crate::message::{is_system, message_text, role};
+use crate::upstream::Api;
 use serde_json::{json, Value};
 
 /// The shipped prompt (`config/summary_prompt.txt`).
@@ -87,32 +88,90 @@ fn cut(s: &str) -> String {
     format!("{kept}…[cut]")
 }
 
-/// The body of the summary chat request.
-pub fn request_body(model: &str, prompt: &str, transcript: &str, max_tokens: u64) -> Value {
-    json!({
-        "model": model,
-        "messages": [
-            {"role": "system", "content": prompt},
-            {"role": "user", "content": transcript},
-        ],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": false,
-    })
+/// The `anthropic-version` of summary requests to the Anthropic Messages API.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// The API of a summary model: Anthropic Messages for a Claude model (`claude-*`), chat completions otherwise.
+pub fn api_of(model: &str) -> Api {
+    if model.starts_with("claude") {
+        Api::Anthropic
+    } else {
+        Api::OpenAi
+    }
 }
 
-/// The text of a chat.completion answering the summary request, checked: not empty, at most `max_tokens`
-/// (counted by `count`).
+/// Where summary requests go, below the API's base URL.
+pub fn upstream_path(api: Api) -> &'static str {
+    match api {
+        Api::OpenAi => "chat/completions",
+        Api::Anthropic => "messages",
+    }
+}
+
+/// The body of the summary request: a chat completion, or a Messages request (no thinking, no context
+/// management: a plain, deterministic text answer).
+pub fn request_body(
+    api: Api,
+    model: &str,
+    prompt: &str,
+    transcript: &str,
+    max_tokens: u64,
+) -> Value {
+    match api {
+        Api::OpenAi => json!({
+            "model": model,
+            "messages": [
+                {"role": "system", "content": prompt},
+                {"role": "user", "content": transcript},
+            ],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": false,
+        }),
+        Api::Anthropic => json!({
+            "model": model,
+            "system": prompt,
+            "messages": [{"role": "user", "content": transcript}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": false,
+        }),
+    }
+}
+
+/// The text of the answer to a summary request (`None` when it is not an answer of `api`): a chat completion's
+/// message content, or a Messages answer's text blocks.
+pub fn answer_text(api: Api, answer: &Value) -> Option<String> {
+    match api {
+        Api::OpenAi => {
+            let message = answer.pointer("/choices/0/message")?;
+            Some(
+                message
+                    .get("content")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        }
+        Api::Anthropic => {
+            let blocks = answer.get("content")?.as_array()?;
+            let texts: Vec<&str> = blocks
+                .iter()
+                .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+                .filter_map(|b| b.get("text").and_then(Value::as_str))
+                .collect();
+            Some(texts.join("\n"))
+        }
+    }
+}
+
+/// The text answering the summary request, checked: not empty, at most `max_tokens` (counted by `count`).
 pub fn summary_text(
-    answer: &Value,
+    text: &str,
     max_tokens: u64,
     count: impl Fn(&str) -> u64,
 ) -> Result<String, String> {
-    let text = answer
-        .pointer("/choices/0/message/content")
-        .and_then(Value::as_str)
-        .map(str::trim)
-        .unwrap_or("");
+    let text = text.trim();
     if text.is_empty() {
         return Err("empty summary".into());
     }
@@ -183,14 +242,19 @@ mod tests {
 
     #[test]
     fn answers_are_checked() {
-        let ok = json!({"choices":[{"message":{"content":"  Goals: fix.  "}}]});
+        let chat = json!({"choices":[{"message":{"content":"  Goals: fix.  "}}]});
+        let ok = answer_text(Api::OpenAi, &chat).unwrap();
         assert_eq!(
             summary_text(&ok, 100, |s| s.len() as u64).unwrap(),
             "Goals: fix."
         );
-        let empty = json!({"choices":[{"message":{"content":"  "}}]});
-        assert!(summary_text(&empty, 100, |_| 0).is_err());
-        assert!(summary_text(&json!({"error":{}}), 100, |_| 0).is_err());
+        let claude = json!({"type":"message","content":[{"type":"thinking","thinking":"x","signature":"s"},
+            {"type":"text","text":"  Goals: fix.  "}]});
+        assert_eq!(answer_text(Api::Anthropic, &claude).unwrap(), ok);
+        assert_eq!(answer_text(Api::Anthropic, &chat), None);
+        assert_eq!(answer_text(Api::OpenAi, &claude), None);
+        assert!(summary_text("  ", 100, |_| 0).is_err());
+        assert_eq!(answer_text(Api::OpenAi, &json!({"error":{}})), None);
         assert!(summary_text(&ok, 5, |s| s.len() as u64)
             .unwrap_err()
             .contains("max_tokens"));
@@ -198,9 +262,12 @@ mod tests {
             summary_message("S")["content"],
             "Summary of the earlier conversation: S"
         );
-        let body = request_body("m", "P", "T", 300);
+        let body = request_body(Api::OpenAi, "m", "P", "T", 300);
         assert_eq!(body["max_tokens"], 300);
         assert_eq!(body["messages"][1]["content"], "T");
+        let body = request_body(api_of("claude-haiku-4-5"), "claude-haiku-4-5", "P", "T", 300);
+        assert_eq!((&body["system"], &body["messages"][0]["content"]), (&json!("P"), &json!("T")));
+        assert!(body.get("thinking").is_none() && body.get("context_management").is_none());
         assert!(load_prompt(&SummaryConfig::default())
             .unwrap()
             .contains("call id"));

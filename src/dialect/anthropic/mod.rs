@@ -1,3 +1,189 @@
-//! The Anthropic Messages dialect (`POST /v1/messages`): its requests, rewritten bodies, answers and errors.
+//! The Anthropic Messages dialect (`POST /v1/messages`): its requests (converted to the neutral conversation and
+//! rendered back with every untouched message borrowed), its answers (JSON and SSE), recall rounds and errors.
 
+pub mod assemble;
+pub mod convert;
+pub mod errors;
 pub mod from_chat;
+mod rebuild;
+pub mod request;
+pub mod rounds;
+pub mod splice;
+pub mod validate;
+
+#[cfg(test)]
+mod fixtures;
+#[cfg(test)]
+mod tests;
+
+pub use assemble::Assembler;
+
+use super::{Assemble, AssembledReply, Dialect, InjectedNames, Request};
+use crate::context::RewrittenBody;
+use crate::error::GatewayError;
+use crate::sse::SseEvent;
+use bytes::Bytes;
+use convert::{Neutral, Origin};
+use serde_json::{Map, Value};
+
+/// The neutral form of a request's messages, with where each came from.
+#[derive(Debug, Clone)]
+pub struct Converted {
+    neutral: Neutral,
+    /// For each client message, the index of its first neutral message; one more entry: the neutral length.
+    starts: Vec<usize>,
+}
+
+impl Converted {
+    /// The conversion of `messages` (and the top-level `system`).
+    pub fn new(system: Option<&Value>, messages: &[Value]) -> Self {
+        let neutral = convert::to_neutral(system, messages);
+        let mut starts = vec![usize::MAX; messages.len() + 1];
+        for (i, o) in neutral.origins.iter().enumerate().rev() {
+            if let Some(k) = native_of(*o) {
+                if let Some(s) = starts.get_mut(k) {
+                    *s = i;
+                }
+            }
+        }
+        let mut next = neutral.messages.len();
+        for s in starts.iter_mut().rev() {
+            if *s == usize::MAX {
+                *s = next;
+            }
+            next = *s;
+        }
+        Self { neutral, starts }
+    }
+
+    /// The neutral messages.
+    pub fn messages(&self) -> &[Value] {
+        &self.neutral.messages
+    }
+
+    /// The client message the neutral message `i` comes from (`None`: the top-level `system`).
+    pub fn native_index(&self, i: usize) -> Option<usize> {
+        self.neutral.origins.get(i).copied().and_then(native_of)
+    }
+
+    /// The index of the first neutral message of client message `native` (the neutral length past the end).
+    pub fn neutral_start(&self, native: usize) -> usize {
+        self.starts
+            .get(native)
+            .copied()
+            .unwrap_or(self.neutral.messages.len())
+    }
+}
+
+fn native_of(o: Origin) -> Option<usize> {
+    match o {
+        Origin::System => None,
+        Origin::Whole(k) | Origin::ToolResult(k, _) | Origin::Rest(k) => Some(k),
+    }
+}
+
+/// Parses and checks a Messages request.
+pub fn parse(raw: Bytes) -> Result<Request, GatewayError> {
+    let value: Value = serde_json::from_slice(&raw).map_err(|e| GatewayError::BadRequest {
+        message: format!("request body is not valid JSON: {e}"),
+        param: None,
+    })?;
+    let Value::Object(body) = value else {
+        return Err(GatewayError::bad_request(
+            "request body must be a JSON object",
+        ));
+    };
+    request::check(&body)?;
+    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let model = body
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let messages = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let converted = Converted::new(body.get("system"), messages);
+    Ok(Request::new(
+        Dialect::Anthropic,
+        raw,
+        body,
+        stream,
+        model,
+        Some(converted),
+    ))
+}
+
+/// The neutral messages of one stored client message.
+pub fn neutral_of(message: &Value) -> Vec<Value> {
+    convert::to_neutral(None, std::slice::from_ref(message)).messages
+}
+
+/// See `Dialect::may_add_tools`: not with `tool_choice` `none` or forcing one tool, nor when a client tool has
+/// one of our names.
+pub fn may_add_tools(body: &Map<String, Value>, names: &InjectedNames) -> Result<(), &'static str> {
+    match body
+        .get("tool_choice")
+        .and_then(|c| c.get("type"))
+        .and_then(Value::as_str)
+    {
+        Some("none") => return Err("tool_choice none"),
+        Some("tool") => return Err("tool_choice forces a tool"),
+        _ => {}
+    }
+    match body.get("tools") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Array(tools)) => {
+            let clash = tools.iter().any(|t| {
+                t.get("name")
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| names.is_injected(n))
+            });
+            if clash {
+                Err("a client tool has the same name")
+            } else {
+                Ok(())
+            }
+        }
+        Some(_) => Err("client tools are not an array"),
+    }
+}
+
+/// The rewritten body: the client's fields in their order (its `system` untouched; its `tools` with ours
+/// appended), its messages rendered back from the rewritten neutral ones (untouched ones borrowed).
+pub fn render(request: &Request, body: &RewrittenBody<'_>) -> serde_json::Result<(Vec<u8>, usize)> {
+    let Some(converted) = request.converted() else {
+        return body.to_vec();
+    };
+    let messages = convert::from_neutral(
+        request.native(),
+        &converted.neutral,
+        &body.messages,
+        &body.sources,
+    );
+    body.to_vec_with(&messages)
+}
+
+/// The reply of a whole JSON answer.
+pub fn reply_from_body(body: &[u8]) -> AssembledReply {
+    assemble::from_body(body)
+}
+
+/// Our error in Anthropic's shape.
+pub fn error_body(e: &GatewayError) -> Value {
+    errors::error_body(e)
+}
+
+impl Assemble for Assembler {
+    fn on_event(&mut self, ev: &SseEvent) -> bool {
+        Assembler::on_event(self, ev);
+        ev.event.as_deref() == Some("message_stop")
+            || (ev.event.is_none() && ev.data.contains("\"message_stop\""))
+    }
+
+    fn finish(&mut self) -> AssembledReply {
+        Assembler::finish(self)
+    }
+}

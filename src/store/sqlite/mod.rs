@@ -55,7 +55,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     message_count INTEGER NOT NULL,
     token_estimate INTEGER NOT NULL,
     head TEXT,
-    version INTEGER NOT NULL DEFAULT 0
+    version INTEGER NOT NULL DEFAULT 0,
+    dialect TEXT NOT NULL DEFAULT 'chat'
 );
 CREATE INDEX IF NOT EXISTS sessions_by_activity ON sessions(last_active DESC);
 CREATE TABLE IF NOT EXISTS nodes (
@@ -79,15 +80,21 @@ CREATE TABLE IF NOT EXISTS records (
 ) WITHOUT ROWID;
 ";
 
-/// Databases created before sessions had a version get the column (0: any newer write replaces the row).
+/// Databases created before sessions had a version get the column (0: any newer write replaces the row); before
+/// sessions had a dialect, theirs is `chat` (the only one there was).
 fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
-    let has_version: i64 = conn.query_row(
-        "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = 'version'",
-        [],
-        |r| r.get(0),
-    )?;
-    if has_version == 0 {
-        conn.execute_batch("ALTER TABLE sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0")?;
+    for (column, ddl) in [
+        ("version", "ALTER TABLE sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0"),
+        ("dialect", "ALTER TABLE sessions ADD COLUMN dialect TEXT NOT NULL DEFAULT 'chat'"),
+    ] {
+        let has: i64 = conn.query_row(
+            "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = ?1",
+            [column],
+            |r| r.get(0),
+        )?;
+        if has == 0 {
+            conn.execute_batch(ddl)?;
+        }
     }
     Ok(())
 }
@@ -285,11 +292,12 @@ fn meta_from_row(row: &rusqlite::Row<'_>) -> Result<SessionMeta, rusqlite::Error
         token_estimate: row.get::<_, i64>(5)? as u64,
         head: row.get(6)?,
         version: row.get::<_, i64>(7)? as u64,
+        dialect: row.get(8)?,
     })
 }
 
 const META_COLS: &str =
-    "id, tenant, created_at, last_active, message_count, token_estimate, head, version";
+    "id, tenant, created_at, last_active, message_count, token_estimate, head, version, dialect";
 
 fn load(conn: &Connection, id: &str) -> Result<Option<StoredSession>, rusqlite::Error> {
     let meta = conn

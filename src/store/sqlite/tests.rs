@@ -36,6 +36,7 @@ fn meta(id: &str, last: i64) -> SessionMeta {
     SessionMeta {
         id: id.into(),
         tenant: "t".into(),
+        dialect: "anthropic".into(),
         created_at: 1,
         last_active: last,
         message_count: 2,
@@ -328,7 +329,8 @@ fn old_databases_get_the_version_column() {
     c.execute_batch(SCHEMA).unwrap();
     migrate(&c).unwrap();
     migrate(&c).unwrap();
-    assert_eq!(load(&c, "s").unwrap().unwrap().meta.version, 0);
+    let m = load(&c, "s").unwrap().unwrap().meta;
+    assert_eq!((m.version, m.dialect.as_str()), (0, "chat"), "old rows are chat sessions");
 }
 
 /// Records written before compression records were typed: a rewrite had no `kind` (and, before summaries, four

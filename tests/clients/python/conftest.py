@@ -12,6 +12,7 @@ import re
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -48,9 +49,61 @@ def _start(args: list[str], log: Path, pattern: str) -> tuple[subprocess.Popen, 
     raise RuntimeError(f"{args[0]} {args[1]} did not start:\n{log.read_text(errors='replace')}")
 
 
+def _stop(*procs: subprocess.Popen) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def _has_anthropic_section(binary: str) -> bool:
+    """Whether this ctxgate has an `[anthropic]` config section (its own upstream for the Messages API)."""
+    ref = subprocess.run([binary, "config-reference"], capture_output=True, text=True, check=True).stdout
+    return "`[anthropic]`" in ref
+
+
+def start_gateway(binary: str, tmp: Path, mock_url: str, extra: str = "", name: str = "ctxgate") -> tuple:
+    """Starts `ctxgate serve` in front of the mock (both APIs), with `extra` TOML appended to the config; returns
+    the process and its listen address."""
+    anthropic = f'[anthropic]\nbase_url = "{mock_url}"\n' if _has_anthropic_section(binary) else ""
+    config = tmp / f"{name}.toml"
+    config.write_text(
+        f"""
+[server]
+listen = "127.0.0.1:0"
+[upstream]
+base_url = "{mock_url}"
+timeout_secs = 30
+{anthropic}[store]
+path = "{tmp / f'{name}.db'}"
+{extra}
+"""
+    )
+    return _start(
+        [binary, "serve", "--config", str(config), "--log-format", "json"],
+        tmp / f"{name}.log",
+        r'"listen":"(127\.0\.0\.1:\d+)"',
+    )
+
+
+@dataclass
+class Upstream:
+    """The running mock upstream, and what it takes to start gateways in front of it."""
+
+    binary: str
+    tmp: Path
+    mock_url: str  # with /v1
+
+    def gateway(self, extra: str = "", name: str = "ctxgate") -> tuple[subprocess.Popen, str]:
+        return start_gateway(self.binary, self.tmp, self.mock_url, extra, name)
+
+
 @pytest.fixture(scope="session")
-def stack():
-    """The mock upstream and ctxgate in front of it (small default window, so long histories get rewritten)."""
+def upstream():
+    """`ctxgate mock-upstream` on a loopback port, for the whole session."""
     binary = str(_binary())
     with tempfile.TemporaryDirectory(prefix="ctxgate-clients-") as tmp:
         tmp = Path(tmp)
@@ -59,35 +112,20 @@ def stack():
             tmp / "mock.log",
             r"base_url\W+(http://127\.0\.0\.1:\d+/v1)",
         )
-        config = tmp / "ctxgate.toml"
-        config.write_text(
-            f"""
-[server]
-listen = "127.0.0.1:0"
-[upstream]
-base_url = "{mock_url}"
-timeout_secs = 30
-[store]
-path = "{tmp / 'ctxgate.db'}"
-[context]
-default_context_window = 8000
-"""
-        )
-        gw_proc, listen = _start(
-            [binary, "serve", "--config", str(config), "--log-format", "json"],
-            tmp / "ctxgate.log",
-            r'"listen":"(127\.0\.0\.1:\d+)"',
-        )
         try:
-            yield Gateway(base_url=f"http://{listen}/v1", mock=Mock(mock_url.removesuffix("/v1")))
+            yield Upstream(binary, tmp, mock_url)
         finally:
-            for p in (gw_proc, mock_proc):
-                p.terminate()
-            for p in (gw_proc, mock_proc):
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            _stop(mock_proc)
+
+
+@pytest.fixture(scope="session")
+def stack(upstream: Upstream):
+    """The mock upstream and ctxgate in front of it (small default window, so long histories get rewritten)."""
+    gw_proc, listen = upstream.gateway("[context]\ndefault_context_window = 8000\n")
+    try:
+        yield Gateway(base_url=f"http://{listen}/v1", mock=Mock(upstream.mock_url.removesuffix("/v1")))
+    finally:
+        _stop(gw_proc)
 
 
 @pytest.fixture
@@ -110,3 +148,12 @@ def http_client(gw: Gateway) -> httpx.Client:
 @pytest.fixture
 def async_http_client(gw: Gateway) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=gw.tap.async_transport())
+
+
+@pytest.fixture
+def http2_client(gw: Gateway):
+    """An httpx2 client (what the anthropic SDK takes) whose exchanges the tap records."""
+    import httpx2
+
+    with httpx2.Client(transport=gw.tap.transport(httpx2)) as c:
+        yield c

@@ -1,6 +1,6 @@
 """Helpers for the client-library suites: scripting the mock upstream over its control API (`/_mock/*`, see
-src/mock.rs), recording what clients receive (an httpx transport that tees every response), and checking every
-response strictly against the `openai` SDK's types."""
+src/mock.rs), recording what clients receive (an httpx or httpx2 transport that tees every response), and checking
+every response strictly against the SDK's types (`openai` for chat completions, `anthropic` for Messages)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import anthropic.types
 import httpx
+import pydantic
+from anthropic import BaseModel as AnthropicModel
 from openai import BaseModel as OpenAIModel
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
@@ -109,6 +112,28 @@ def sse_tool_call(id: str, name: str, arguments: dict, *, usage: bool = True) ->
     return spec
 
 
+# --- Anthropic replies (rendered by the mock as JSON or as the event stream, as the request asks) ---------------
+
+
+def a_text(text: str, **extra: Any) -> dict:
+    """A `{"anthropic": …}` reply spec saying `text`; `extra` adds `model` (fits only that model), `usage`, …"""
+    return a_blocks([{"type": "text", "text": text}], **extra)
+
+
+def a_tool_use(id: str, name: str, input: dict, *, text: str | None = None, **extra: Any) -> dict:
+    """A reply spec calling one tool (after a text block when `text` is given)."""
+    blocks = [{"type": "text", "text": text}] if text else []
+    return a_blocks(blocks + [{"type": "tool_use", "id": id, "name": name, "input": input}], **extra)
+
+
+def a_blocks(content: list[dict], *, model: str | None = None, **fields: Any) -> dict:
+    """A reply spec of any content blocks; `fields` go into the reply (`usage`, `stop_reason`, `stream_error`, …)."""
+    spec: dict[str, Any] = {"anthropic": {"content": content, **fields}}
+    if model:
+        spec["model"] = model
+    return spec
+
+
 # --- recording what clients receive -----------------------------------------------------------------------------
 
 
@@ -122,6 +147,7 @@ class Exchange:
     status: int
     content_type: str
     session: str | None  # the x-ctxgate-session response header
+    request_headers: dict[str, str] = field(default_factory=dict)  # as the client sent them (names lower-case)
     body: bytearray = field(default_factory=bytearray)
 
 
@@ -139,19 +165,21 @@ class Tap:
             response.status_code,
             response.headers.get("content-type", ""),
             response.headers.get("x-ctxgate-session"),
+            {k.lower(): v for k, v in request.headers.items()},
         )
         self.exchanges.append(ex)
         return ex
 
-    def transport(self) -> httpx.BaseTransport:
-        tap, inner = self, httpx.HTTPTransport()
+    def transport(self, http: Any = httpx) -> httpx.BaseTransport:
+        """A transport for `http`'s clients: the `httpx` module (the openai SDK) or `httpx2` (the anthropic SDK)."""
+        tap, inner = self, http.HTTPTransport()
 
-        class Tee(httpx.BaseTransport):
+        class Tee(http.BaseTransport):
             def handle_request(self, request: httpx.Request) -> httpx.Response:
                 resp = inner.handle_request(request)
                 ex, stream = tap._record(request, resp), resp.stream
 
-                class Body(httpx.SyncByteStream):
+                class Body(http.SyncByteStream):
                     def __iter__(self):
                         for b in stream:
                             ex.body.extend(b)
@@ -160,22 +188,22 @@ class Tap:
                     def close(self):
                         stream.close()
 
-                return httpx.Response(resp.status_code, headers=resp.headers, stream=Body(), extensions=resp.extensions)
+                return http.Response(resp.status_code, headers=resp.headers, stream=Body(), extensions=resp.extensions)
 
             def close(self) -> None:
                 inner.close()
 
         return Tee()
 
-    def async_transport(self) -> httpx.AsyncBaseTransport:
-        tap, inner = self, httpx.AsyncHTTPTransport()
+    def async_transport(self, http: Any = httpx) -> httpx.AsyncBaseTransport:
+        tap, inner = self, http.AsyncHTTPTransport()
 
-        class Tee(httpx.AsyncBaseTransport):
+        class Tee(http.AsyncBaseTransport):
             async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
                 resp = await inner.handle_async_request(request)
                 ex, stream = tap._record(request, resp), resp.stream
 
-                class Body(httpx.AsyncByteStream):
+                class Body(http.AsyncByteStream):
                     async def __aiter__(self):
                         async for b in stream:
                             ex.body.extend(b)
@@ -184,7 +212,7 @@ class Tap:
                     async def aclose(self):
                         await stream.aclose()
 
-                return httpx.Response(resp.status_code, headers=resp.headers, stream=Body(), extensions=resp.extensions)
+                return http.Response(resp.status_code, headers=resp.headers, stream=Body(), extensions=resp.extensions)
 
             async def aclose(self) -> None:
                 await inner.aclose()
@@ -196,12 +224,16 @@ class Tap:
 class Gateway:
     """ctxgate's base URL, the mock behind it, and this test's tap."""
 
-    base_url: str
+    base_url: str  # with /v1 (the openai SDK's base URL); the anthropic SDK's is `root`
     mock: Mock
     tap: Tap = field(default_factory=Tap)
     # Set by tests whose requests ctxgate rewrites: their bodies are not forwarded byte for byte.
     rewritten: bool = False
     api_key: str = "sk-client-test"
+
+    @property
+    def root(self) -> str:
+        return self.base_url.removesuffix("/v1")
 
 
 # --- strict checks ------------------------------------------------------------------------------------------------
@@ -209,7 +241,7 @@ class Gateway:
 
 def no_extras(obj: Any, where: str = "$") -> None:
     """Fails when any SDK model in `obj` holds a field its type does not declare."""
-    if isinstance(obj, OpenAIModel):
+    if isinstance(obj, (OpenAIModel, AnthropicModel)):
         assert not obj.model_extra, f"{where}: fields unknown to {type(obj).__name__}: {sorted(obj.model_extra)}"
         for name in type(obj).model_fields:
             no_extras(getattr(obj, name), f"{where}.{name}")
@@ -256,6 +288,64 @@ def validate_stream(raw: bytes | str) -> list[ChatCompletionChunk]:
     return chunks
 
 
+_EVENT = pydantic.TypeAdapter(anthropic.types.RawMessageStreamEvent)
+
+
+def validate_message(raw: bytes | str) -> anthropic.types.Message:
+    """Parses a Messages API `message` body with the anthropic SDK's type, as strictly as `validate_completion`."""
+    data = json.loads(raw)
+    obj = anthropic.types.Message.model_validate(data, strict=True)
+    no_extras(obj)
+    assert obj.model_dump(mode="json", exclude_unset=True) == data, "the SDK's type does not hold the body as sent"
+    return obj
+
+
+def sse_events(raw: bytes | str) -> list[tuple[str, dict]]:
+    """The `(event, data)` pairs of an Anthropic event stream."""
+    text = raw.decode() if isinstance(raw, (bytes, bytearray)) else raw
+    out = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        lines = block.split("\n")
+        names = [ln[6:].strip() for ln in lines if ln.startswith("event:")]
+        data = [ln[5:].lstrip(" ") for ln in lines if ln.startswith("data:")]
+        if data:
+            out.append((names[0] if names else "", json.loads("\n".join(data))))
+    return out
+
+
+def validate_event_stream(raw: bytes | str) -> list[Any]:
+    """Checks an Anthropic event stream: each event named as its data's `type`, each of the SDK's event types (ping
+    and error aside), one `message_start` first, then either one `message_stop` last (after the `message_delta`)
+    or an `error` event last; block indexes start and stop in order."""
+    events = sse_events(raw)
+    assert events, "an empty stream"
+    names = [n for n, _ in events]
+    for name, data in events:
+        assert name == data.get("type"), f"event {name!r} carries a {data.get('type')!r}"
+    assert names[0] == "message_start" and names.count("message_start") == 1, names
+    if names[-1] == "error":
+        assert isinstance(events[-1][1].get("error"), dict)
+    else:
+        assert names[-1] == "message_stop" and names.count("message_stop") == 1, names
+        assert names[-2] == "message_delta" and names.count("message_delta") == 1, names
+    parsed, open_index, next_index = [], None, 0
+    for name, data in events:
+        if name in ("ping", "error"):
+            continue
+        ev = _EVENT.validate_python(data)
+        no_extras(ev)
+        parsed.append(ev)
+        if name == "content_block_start":
+            assert open_index is None and data["index"] == next_index, f"block {data['index']} starts out of order"
+            open_index = data["index"]
+        elif name == "content_block_delta":
+            assert data["index"] == open_index, "a delta outside its block"
+        elif name == "content_block_stop":
+            assert data["index"] == open_index
+            open_index, next_index = None, next_index + 1
+    return parsed
+
+
 def key_paths(v: Any, prefix: str = "") -> set[str]:
     """Every object key path in a JSON value (array positions ignored)."""
     out: set[str] = set()
@@ -273,6 +363,8 @@ def key_paths(v: Any, prefix: str = "") -> set[str]:
 def _reply_values(reply: dict) -> list[Any]:
     if "sse" in reply:
         return [json.loads(d) for d in sse_data(reply["sse"]) if d != "[DONE]"]
+    if not reply.get("body"):
+        return []
     try:
         return [json.loads(reply["body"])]
     except ValueError:
@@ -280,12 +372,14 @@ def _reply_values(reply: dict) -> list[Any]:
 
 
 def check_exchanges(exchanges: list[Exchange], upstream: list[dict], rewritten: bool) -> None:
-    """Every chat exchange a client made: valid for the SDK's types; and when ctxgate forwarded the request as it
-    was (byte for byte), the answer is exactly what the mock sent. When it was rewritten (recall rounds), the
+    """Every chat completions or Messages exchange a client made: valid for the SDK's types; and when ctxgate
+    forwarded the request as it was (byte for byte), the answer is exactly what the mock sent. When it was rewritten (recall rounds), the
     answer holds no field that none of the mock's replies had, and no more chunks than they had."""
     unmatched = list(upstream)
     for ex in exchanges:
-        if not ex.url.endswith("/chat/completions"):
+        path = ex.url.split("?")[0]
+        anthropic_api = path.endswith("/v1/messages")
+        if not path.endswith("/chat/completions") and not anthropic_api:
             continue
         sent = ex.request.decode()
         same = [u for u in unmatched if u["raw"] == sent]
@@ -303,6 +397,8 @@ def check_exchanges(exchanges: list[Exchange], upstream: list[dict], rewritten: 
             allowed = set().union(*(key_paths(v) for u in unmatched for v in _reply_values(u["reply"])))
             if ex.content_type.startswith("text/event-stream"):
                 got = [json.loads(d) for d in sse_data(bytes(ex.body)) if d != "[DONE]"]
+                if anthropic_api:  # pings are ctxgate's own keep-alives while it answers a recall round
+                    got = [g for g in got if g.get("type") != "ping"]
                 sent_chunks = sum(len(_reply_values(u["reply"])) for u in unmatched)
                 assert len(got) <= sent_chunks, "ctxgate added chunks"
             else:
@@ -310,10 +406,17 @@ def check_exchanges(exchanges: list[Exchange], upstream: list[dict], rewritten: 
             for g in got:
                 extra = key_paths(g) - allowed
                 assert not extra, f"fields the upstream never sent: {sorted(extra)}"
-        if ex.status == 200 and ex.content_type.startswith("text/event-stream"):
+        stream = ex.content_type.startswith("text/event-stream")
+        if ex.status == 200 and anthropic_api and stream:
+            validate_event_stream(bytes(ex.body))
+        elif ex.status == 200 and anthropic_api:
+            validate_message(bytes(ex.body))
+        elif ex.status == 200 and stream:
             validate_stream(bytes(ex.body))
         elif ex.status == 200:
             validate_completion(bytes(ex.body))
         else:
             err = json.loads(bytes(ex.body))
             assert isinstance(err.get("error"), dict), err
+            if anthropic_api:
+                assert err["type"] == "error" and set(err["error"]) >= {"type", "message"}, err

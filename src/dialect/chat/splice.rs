@@ -1,8 +1,8 @@
 //! Hiding the injected tools from the client: removing their calls from a reply, summing usage over rounds, and
 //! splicing several upstream streams into one client stream (one id, one role chunk, one finish, one usage).
 
-use super::InjectedNames;
-use crate::sse::MessageAssembler;
+use super::MessageAssembler;
+use crate::dialect::InjectedNames;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 

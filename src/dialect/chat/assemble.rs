@@ -1,56 +1,8 @@
 //! Assembles the assistant message from chat-completion chunks (streaming) or a whole completion body.
 
+use crate::dialect::AssembledReply;
+
 use serde_json::{json, Map, Value};
-
-/// What the upstream answered, reduced to the assistant message and its metadata.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct AssembledReply {
-    /// The assistant message as an OpenAI message object (`role`, `content`, and `tool_calls`/`refusal` when any).
-    pub message: Value,
-    /// `finish_reason` of the first choice.
-    pub finish_reason: Option<String>,
-    /// The `usage` object, when the upstream sent one.
-    pub usage: Option<Value>,
-    /// The completion's `id`.
-    pub id: Option<String>,
-    /// The `model` the upstream reported.
-    pub model: Option<String>,
-    /// An `error` object sent by the upstream (inside a 200 stream, or as an error body).
-    pub error: Option<Value>,
-    /// The reply ended properly: `[DONE]` or a `finish_reason` was seen and no error event, or a whole JSON body
-    /// was parsed.
-    pub complete: bool,
-    /// Number of `data:` events that carried a chunk.
-    pub chunks: usize,
-}
-
-impl AssembledReply {
-    /// `usage.prompt_tokens`, when reported.
-    pub fn prompt_tokens(&self) -> Option<u64> {
-        self.usage.as_ref()?.get("prompt_tokens")?.as_u64()
-    }
-
-    /// The message says nothing: no text, no tool or function call, no refusal (e.g. a bare `[DONE]`).
-    pub fn is_empty(&self) -> bool {
-        let Some(m) = self.message.as_object() else {
-            return true;
-        };
-        let said = |k: &str| match m.get(k) {
-            None | Some(Value::Null) => false,
-            Some(Value::String(s)) => !s.is_empty(),
-            Some(Value::Array(a)) => !a.is_empty(),
-            Some(_) => true,
-        };
-        !["content", "tool_calls", "function_call", "refusal", "audio"]
-            .into_iter()
-            .any(said)
-    }
-
-    /// `usage.completion_tokens`, when reported.
-    pub fn completion_tokens(&self) -> Option<u64> {
-        self.usage.as_ref()?.get("completion_tokens")?.as_u64()
-    }
-}
 
 #[derive(Debug, Default, Clone)]
 struct ToolCallAcc {
@@ -82,8 +34,7 @@ pub struct MessageAssembler {
     overflow: bool,
 }
 
-/// Largest message the assembler builds (16 MiB of text); a bigger reply is relayed but not assembled.
-pub const MAX_ASSEMBLED_BYTES: usize = 16 * 1024 * 1024;
+use crate::dialect::MAX_ASSEMBLED_BYTES;
 
 impl MessageAssembler {
     /// A fresh assembler.
@@ -430,6 +381,30 @@ mod tests {
         a.on_event_data("[DONE]");
         let r = a.finish();
         assert!(r.message.is_null() && !r.complete && r.is_empty());
+    }
+
+    #[test]
+    fn anthropic_usage_counts_the_cached_prompt_too() {
+        let reply = |usage: Value| AssembledReply {
+            usage: Some(usage),
+            ..Default::default()
+        };
+        let r = reply(json!({"input_tokens":12,"cache_read_input_tokens":3000,
+            "cache_creation_input_tokens":400,"output_tokens":7}));
+        assert_eq!(r.prompt_tokens(), Some(3412));
+        assert_eq!(r.completion_tokens(), Some(7));
+        let r = reply(json!({"input_tokens":12,"cache_read_input_tokens":null,"output_tokens":1}));
+        assert_eq!(r.prompt_tokens(), Some(12));
+        // chat's own fields win, and a usage with neither says nothing
+        let r = reply(
+            json!({"prompt_tokens":5,"input_tokens":9,"completion_tokens":2,"output_tokens":8}),
+        );
+        assert_eq!(
+            (r.prompt_tokens(), r.completion_tokens()),
+            (Some(5), Some(2))
+        );
+        let r = reply(json!({"total_tokens":5}));
+        assert_eq!((r.prompt_tokens(), r.completion_tokens()), (None, None));
     }
 
     #[test]

@@ -1,0 +1,75 @@
+//! What the upstream answered, reduced to the assistant message (in the dialect's own shape) and its metadata:
+//! what every dialect's assembler produces and the pipeline records.
+
+use serde_json::Value;
+
+/// Largest message an assembler builds (16 MiB of text); a bigger reply is relayed but not assembled.
+pub const MAX_ASSEMBLED_BYTES: usize = 16 * 1024 * 1024;
+
+/// What the upstream answered, reduced to the assistant message and its metadata.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct AssembledReply {
+    /// The assistant message as an OpenAI message object (`role`, `content`, and `tool_calls`/`refusal` when any).
+    pub message: Value,
+    /// `finish_reason` of the first choice.
+    pub finish_reason: Option<String>,
+    /// The `usage` object, when the upstream sent one.
+    pub usage: Option<Value>,
+    /// The completion's `id`.
+    pub id: Option<String>,
+    /// The `model` the upstream reported.
+    pub model: Option<String>,
+    /// An `error` object sent by the upstream (inside a 200 stream, or as an error body).
+    pub error: Option<Value>,
+    /// The reply ended properly: `[DONE]` or a `finish_reason` was seen and no error event, or a whole JSON body
+    /// was parsed.
+    pub complete: bool,
+    /// Number of `data:` events that carried a chunk.
+    pub chunks: usize,
+}
+
+impl AssembledReply {
+    /// `usage.prompt_tokens`, when reported; else Anthropic's whole prompt: `input_tokens` plus
+    /// `cache_read_input_tokens` and `cache_creation_input_tokens`.
+    pub fn prompt_tokens(&self) -> Option<u64> {
+        let u = self.usage.as_ref()?;
+        if let Some(n) = u.get("prompt_tokens") {
+            return n.as_u64();
+        }
+        let parts = [
+            "input_tokens",
+            "cache_read_input_tokens",
+            "cache_creation_input_tokens",
+        ]
+        .map(|k| u.get(k).and_then(Value::as_u64));
+        parts
+            .iter()
+            .any(Option::is_some)
+            .then(|| parts.iter().flatten().sum())
+    }
+
+    /// The message says nothing: no text, no tool or function call, no refusal (e.g. a bare `[DONE]`).
+    pub fn is_empty(&self) -> bool {
+        let Some(m) = self.message.as_object() else {
+            return true;
+        };
+        let said = |k: &str| match m.get(k) {
+            None | Some(Value::Null) => false,
+            Some(Value::String(s)) => !s.is_empty(),
+            Some(Value::Array(a)) => !a.is_empty(),
+            Some(_) => true,
+        };
+        !["content", "tool_calls", "function_call", "refusal", "audio"]
+            .into_iter()
+            .any(said)
+    }
+
+    /// `usage.completion_tokens`, when reported; else Anthropic's `output_tokens`.
+    pub fn completion_tokens(&self) -> Option<u64> {
+        let u = self.usage.as_ref()?;
+        u.get("completion_tokens")
+            .or_else(|| u.get("output_tokens"))?
+            .as_u64()
+    }
+}
+

@@ -1,0 +1,99 @@
+//! A parsed conversation request of any dialect: the client's bytes, its body with every field in order, and the
+//! neutral messages the context engine plans on.
+
+use super::anthropic::Converted;
+use super::Dialect;
+use bytes::Bytes;
+use serde_json::{Map, Value};
+
+/// A parsed request. `raw` is what the client sent; it is forwarded as is when no rewrite is needed.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// Its dialect.
+    pub dialect: Dialect,
+    /// The original body bytes.
+    pub raw: Bytes,
+    /// The body, every field kept in its original order.
+    pub body: Map<String, Value>,
+    /// `stream: true` was asked for.
+    pub stream: bool,
+    /// The requested model (empty when absent).
+    pub model: String,
+    /// The neutral form of the messages, for a dialect whose own messages are not already neutral.
+    converted: Option<Box<Converted>>,
+}
+
+impl Request {
+    /// A parsed request; `converted` is `None` when the body's `messages` are already neutral (chat).
+    pub fn new(
+        dialect: Dialect,
+        raw: Bytes,
+        body: Map<String, Value>,
+        stream: bool,
+        model: String,
+        converted: Option<Converted>,
+    ) -> Self {
+        Self {
+            dialect,
+            raw,
+            body,
+            stream,
+            model,
+            converted: converted.map(Box::new),
+        }
+    }
+
+    /// The client's own messages, as sent (what the session keeps).
+    pub fn native(&self) -> &[Value] {
+        self.body
+            .get("messages")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+    }
+
+    /// The neutral messages the context engine plans on (the client's own for chat).
+    pub fn messages(&self) -> &[Value] {
+        match &self.converted {
+            Some(c) => c.messages(),
+            None => self.native(),
+        }
+    }
+
+    /// The conversion of the client's messages, for a dialect that converts.
+    pub fn converted(&self) -> Option<&Converted> {
+        self.converted.as_deref()
+    }
+
+    /// Index of the client message the neutral message `i` comes from; `None` for one that comes from elsewhere
+    /// in the body (Anthropic's top-level `system`).
+    pub fn native_index(&self, i: usize) -> Option<usize> {
+        match &self.converted {
+            Some(c) => c.native_index(i),
+            None => Some(i),
+        }
+    }
+
+    /// A summary of the first `n` neutral messages as `(n, client messages covered)`, when `n` ends on a client
+    /// message's boundary (a summary covers whole client messages, the unit the session keeps).
+    pub fn summary_boundary(&self, n: usize) -> Option<(usize, usize)> {
+        if n == 0 {
+            return None;
+        }
+        let native = match self.native_index(n) {
+            Some(k) => k,
+            None if n >= self.messages().len() => self.native().len(),
+            None => return None,
+        };
+        (native > 0 && self.neutral_start(native) == n).then_some((n, native))
+    }
+
+    /// Number of neutral messages before the client message `native` (its first neutral message's index; the
+    /// neutral length for `native` = the number of client messages).
+    pub fn neutral_start(&self, native: usize) -> usize {
+        match &self.converted {
+            Some(c) => c.neutral_start(native),
+            None => native,
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! `POST /v1/messages/count_tokens`: the count a client sees agrees with the usage ctxgate relays. Usage is the
+//! upstream's count of what ctxgate sent (the rewritten request), so the request is planned like a real turn
+//! (read-only: nothing is recorded, no summary started) and the upstream counts the body that turn would send.
+//! Claude Code sizes its own compaction from these numbers; the client's full size would make it compact what
+//! ctxgate already manages.
+
+use super::{plan, plan_request, read_body};
+use crate::app::AppState;
+use crate::dialect::Dialect;
+use crate::error::GatewayError;
+use crate::metrics::Route;
+use crate::relay;
+use crate::session::manager::now_secs;
+use crate::upstream::strip_hop_by_hop;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use http::Method;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Handles `POST /v1/messages/count_tokens`.
+pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
+    let dialect = Dialect::Anthropic;
+    let started = Instant::now();
+    let mut timer = state.metrics.start(Route::Passthrough, dialect, started);
+    let (parts, body) = req.into_parts();
+    let cfg = &state.config;
+    let fail = |e: GatewayError, timer: &mut crate::metrics::RequestTimer| {
+        timer.set_status(e.status().as_u16());
+        super::respond::own_error(dialect, e, None, started, false, "")
+    };
+    let timeout = Duration::from_secs(cfg.server.body_read_timeout_secs);
+    let raw = match read_body(body, cfg.server.max_body_bytes, timeout).await {
+        Ok(b) => b,
+        Err(e) => return fail(e, &mut timer),
+    };
+    let request = match dialect.parse(raw) {
+        Ok(r) => r,
+        Err(e) => return fail(e, &mut timer),
+    };
+    let strategy = match plan::strategy(&parts.headers, cfg.context.strategy) {
+        Ok(s) => s,
+        Err(e) => return fail(e, &mut timer),
+    };
+    // A request ctxgate would refuse is counted whole: its true size is what tells the client to compact.
+    let body = match plan_request(&state, strategy, &request, None, &parts.headers, now_secs()).await {
+        Ok(outgoing) => outgoing.body,
+        Err(_) => request.raw.clone(),
+    };
+    let api = dialect.api();
+    let url = state
+        .upstream
+        .url_for(api, "messages/count_tokens", parts.uri.query());
+    let mut headers = state
+        .upstream
+        .request_headers_for(api, &parts.headers, true);
+    headers.remove(plan::STRATEGY_HEADER);
+    timer.upstream_sent();
+    let resp = match state
+        .upstream
+        .send(Method::POST, &url, headers, body.into())
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return fail(e, &mut timer),
+    };
+    timer.set_status(resp.status().as_u16());
+    let mut builder = Response::builder().status(resp.status());
+    for (k, v) in strip_hop_by_hop(resp.headers()).iter() {
+        if k != http::header::CONTENT_LENGTH {
+            builder = builder.header(k, v);
+        }
+    }
+    let stream = relay::passthrough(resp.bytes_stream().boxed(), state.upstream.timeout()).map(
+        move |chunk| {
+            let _in_flight = &timer;
+            chunk
+        },
+    );
+    builder
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|e| GatewayError::Internal(e.to_string()).into_response())
+}

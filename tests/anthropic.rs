@@ -1,0 +1,284 @@
+//! The Anthropic Messages dialect through the gateway: transparency, sessions, rewriting (valid for the API),
+//! recall rounds in JSON and SSE, count_tokens, errors in Anthropic's shape.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::Harness;
+use ctxgate::context::shape::PLACEHOLDER_PREFIX;
+use ctxgate::dialect::anthropic::validate::{check_rewrite, check_sequence};
+use ctxgate::mock::AnthropicReply;
+use serde_json::{json, Value};
+
+const SIG: &str = "EqQBCkgIARABGAIiQL0signature+byte/exact==";
+
+/// A Claude Code-like history: a task, then `turns` rounds of thinking + a Bash call and its (long) result, the
+/// last result still unanswered.
+fn history(turns: usize, words: usize) -> Vec<Value> {
+    let mut m = vec![json!({"role":"user","content":[{"type":"text","text":"Fix the failing build, please."}]})];
+    for i in 0..turns {
+        m.push(json!({"role":"assistant","content":[
+            {"type":"thinking","thinking":format!("Step {i}: look at the logs."),"signature":format!("{SIG}{i}")},
+            {"type":"text","text":format!("Running step {i}.")},
+            {"type":"tool_use","id":format!("toolu_{i:02}"),"name":"Bash","input":{"command":format!("make step{i}")}}]}));
+        let out: String = (0..words).map(|w| format!("line{i}-{w} ")).collect();
+        m.push(json!({"role":"user","content":[
+            {"type":"tool_result","tool_use_id":format!("toolu_{i:02}"),"content":out}]}));
+    }
+    m
+}
+
+fn body(messages: &[Value]) -> Value {
+    json!({"model":"claude-sonnet-4-5","max_tokens":1024,
+           "system":[{"type":"text","text":"You are Claude Code."},{"type":"text","text":"Be brief.","cache_control":{"type":"ephemeral"}}],
+           "tools":[{"name":"Bash","description":"Run a command","input_schema":{"type":"object","properties":{"command":{"type":"string"}}}}],
+           "metadata":{"user_id":"{\"device_id\":\"d\",\"session_id\":\"6f1c-claude-session\"}"},
+           "messages":messages})
+}
+
+async fn post(h: &Harness, path: &str, body: &Value) -> reqwest::Response {
+    h.client
+        .post(h.url(path))
+        .header("x-api-key", "sk-ant-test-key")
+        .header("anthropic-version", "2023-06-01")
+        .header("anthropic-beta", "interleaved-thinking-2025-05-14,fine-grained-tool-streaming")
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(body).unwrap())
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn small_window() -> Harness {
+    Harness::start_with(|c| {
+        c.context.default_context_window = 6_000;
+        c.models.insert(
+            "claude-*".into(),
+            ctxgate::config::ModelEntry {
+                context_window: 6_000,
+            },
+        );
+    })
+    .await
+}
+
+#[tokio::test]
+async fn an_untouched_request_goes_upstream_byte_for_byte_and_the_answer_comes_back_unchanged() {
+    let h = Harness::start().await;
+    h.mock.push_anthropic(AnthropicReply::text("Done."));
+    let b = body(&history(2, 10));
+    let raw = serde_json::to_vec(&b).unwrap();
+    let resp = post(&h, "/v1/messages?beta=true", &b).await;
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get("x-ctxgate-session").is_some());
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(answer["content"][0]["text"], "Done.");
+    assert_eq!(answer["type"], "message");
+    let rec = &h.mock.requests()[0];
+    assert_eq!(rec.uri, "/v1/messages?beta=true", "the query as is");
+    assert_eq!(&rec.body[..], &raw[..], "byte for byte");
+    for (k, v) in [
+        ("x-api-key", "sk-ant-test-key"),
+        ("anthropic-version", "2023-06-01"),
+        ("anthropic-beta", "interleaved-thinking-2025-05-14,fine-grained-tool-streaming"),
+    ] {
+        assert_eq!(rec.headers.get(k).unwrap(), v, "{k}");
+    }
+}
+
+#[tokio::test]
+async fn claude_code_turns_share_one_session_and_the_admin_api_shows_anthropic_messages() {
+    let mut h = Harness::start().await;
+    let mut m = history(1, 5);
+    h.mock.push_anthropic(AnthropicReply::text("First."));
+    let r1 = post(&h, "/v1/messages", &body(&m)).await;
+    let sid = r1.headers()["x-ctxgate-session"].to_str().unwrap().to_string();
+    r1.text().await.unwrap();
+    h.next_turn().await;
+    m.push(json!({"role":"assistant","content":[{"type":"text","text":"First."}]}));
+    m.push(json!({"role":"user","content":"And now?"}));
+    h.mock.push_anthropic(AnthropicReply::text("Second."));
+    let r2 = post(&h, "/v1/messages", &body(&m)).await;
+    assert_eq!(r2.headers()["x-ctxgate-session"], sid.as_str(), "metadata.user_id's session");
+    r2.text().await.unwrap();
+    h.next_turn().await;
+    h.state.drain().await;
+    let v: Value = h
+        .client
+        .get(h.url(&format!("/admin/sessions/{sid}")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["dialect"], "anthropic");
+    let msgs = v["messages"].as_array().unwrap();
+    assert_eq!(msgs.len(), m.len() + 1, "full history and the last reply");
+    assert_eq!(msgs[1]["content"][0]["signature"], format!("{SIG}0"), "stored as sent");
+    assert_eq!(msgs.last().unwrap()["content"][0]["text"], "Second.");
+}
+
+#[tokio::test]
+async fn over_the_threshold_old_results_are_cleared_inside_their_tool_result_and_the_request_stays_valid() {
+    let h = small_window().await;
+    h.mock.push_anthropic(AnthropicReply::text("ok"));
+    let m = history(8, 200);
+    let b = body(&m);
+    let resp = post(&h, "/v1/messages", &b).await;
+    assert_eq!(resp.status(), 200);
+    resp.text().await.unwrap();
+    let sent = h.mock.requests()[0].json();
+    check_rewrite(&b, &sent).unwrap();
+    let out = sent["messages"].as_array().unwrap();
+    check_sequence(out).unwrap();
+    let placeholders = out
+        .iter()
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .filter(|blk| blk["type"] == "tool_result")
+        .filter(|blk| {
+            blk["content"]
+                .as_str()
+                .is_some_and(|c| c.starts_with(PLACEHOLDER_PREFIX))
+        })
+        .count();
+    assert!(placeholders >= 3, "old results cleared in place: {placeholders}");
+    assert_eq!(out.last(), m.last(), "the newest result is whole");
+    assert_eq!(sent["system"], b["system"], "system untouched");
+    let tools = sent["tools"].as_array().unwrap();
+    assert_eq!(tools[0], b["tools"][0], "the client's tools first, untouched");
+    assert!(
+        tools.iter().any(|t| t["name"] == "recall_tool_call" && t.get("input_schema").is_some()),
+        "the recall tool is offered as an Anthropic tool"
+    );
+    assert!(sent.to_string().len() < b.to_string().len());
+}
+
+/// The answer calls the recall tool first; ctxgate answers it and the client gets one answer without it.
+async fn recall_round_trip(stream: bool) {
+    let h = small_window().await;
+    let m = history(8, 200);
+    let mut b = body(&m);
+    b["stream"] = json!(stream);
+    h.mock.push_anthropic(AnthropicReply::blocks(vec![
+        json!({"type":"thinking","thinking":"I need the first output.","signature":SIG}),
+        json!({"type":"tool_use","id":"toolu_recall","name":"recall_tool_call","input":{"call_id":"toolu_00"}}),
+    ]));
+    h.mock.push_anthropic(AnthropicReply::text("The first step printed line0-0."));
+    let resp = post(&h, "/v1/messages", &b).await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(!text.contains("recall_tool_call"), "our tool is hidden: {text}");
+    assert!(!text.contains("toolu_recall"));
+    if stream {
+        assert_eq!(text.matches("event: message_start").count(), 1, "{text}");
+        assert_eq!(text.matches("event: message_stop").count(), 1, "{text}");
+        assert_eq!(text.matches("event: message_delta").count(), 1, "{text}");
+        let said: String = ctxgate::sse::SseParser::new()
+            .feed(text.as_bytes())
+            .iter()
+            .filter_map(|e| serde_json::from_str::<Value>(&e.data).ok())
+            .filter(|v| v["delta"]["type"] == "text_delta")
+            .map(|v| v["delta"]["text"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(said, "The first step printed line0-0.");
+        // the mock pings once per answer; ctxgate pings while its follow-up round is in flight
+        assert!(text.matches("event: ping").count() >= 3, "{text}");
+        assert!(text.contains("\"index\":1"), "blocks numbered on: {text}");
+        assert!(!text.contains("\"index\":2"), "no gap for our hidden block: {text}");
+    } else {
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let content = v["content"].as_array().unwrap();
+        assert!(content.iter().all(|c| c["type"] != "tool_use"), "{v}");
+        assert_eq!(content.last().unwrap()["text"], "The first step printed line0-0.");
+        assert_eq!(v["stop_reason"], "end_turn");
+    }
+    let reqs = h.mock.requests();
+    assert_eq!(reqs.len(), 2, "one follow-up");
+    let second = reqs[1].json();
+    let msgs = second["messages"].as_array().unwrap();
+    check_sequence(msgs).unwrap();
+    let (asst, answer) = (&msgs[msgs.len() - 2], &msgs[msgs.len() - 1]);
+    assert_eq!(asst["content"][0]["signature"], SIG, "the thinking that led to the call, signed");
+    assert_eq!(asst["content"][1]["name"], "recall_tool_call");
+    assert_eq!(answer["content"][0]["tool_use_id"], "toolu_recall");
+    let result = answer["content"][0]["content"].to_string();
+    assert!(result.contains("line0-199"), "the original result: {result}");
+}
+
+#[tokio::test]
+async fn a_recall_call_is_answered_by_ctxgate_in_a_json_answer() {
+    recall_round_trip(false).await;
+}
+
+#[tokio::test]
+async fn a_recall_call_is_answered_by_ctxgate_within_one_stream() {
+    recall_round_trip(true).await;
+}
+
+#[tokio::test]
+async fn an_unfittable_request_is_refused_as_claude_code_expects() {
+    let h = Harness::start_with(|c| {
+        c.context.default_context_window = 600;
+        c.models.insert(
+            "claude-*".into(),
+            ctxgate::config::ModelEntry { context_window: 600 },
+        );
+    })
+    .await;
+    let mut m = history(0, 0);
+    m[0] = json!({"role":"user","content":"word ".repeat(3000)});
+    let resp = post(&h, "/v1/messages", &body(&m)).await;
+    assert_eq!(resp.status(), 400);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("prompt is too long: ") && msg.contains(" tokens > ") && msg.ends_with(" maximum"),
+        "{msg}"
+    );
+    assert!(h.mock.requests().is_empty(), "never sent upstream");
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_in_anthropics_error_shape() {
+    let h = Harness::start().await;
+    for bad in [json!({"model":"claude-x"}), json!({"messages":[{"role":"robot","content":"x"}]})] {
+        let resp = post(&h, "/v1/messages", &bad).await;
+        assert_eq!(resp.status(), 400);
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["type"], "error", "{v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    }
+    assert!(h.mock.requests().is_empty());
+}
+
+#[tokio::test]
+async fn count_tokens_counts_what_ctxgate_would_send() {
+    let h = small_window().await;
+    let m = history(8, 200);
+    let mut b = body(&m);
+    b.as_object_mut().unwrap().remove("max_tokens");
+    let resp = post(&h, "/v1/messages/count_tokens", &b).await;
+    assert_eq!(resp.status(), 200);
+    let counted: Value = resp.json().await.unwrap();
+    let rec = &h.mock.requests()[0];
+    assert_eq!(rec.path(), "/v1/messages/count_tokens");
+    let sent = rec.json();
+    check_rewrite(&b, &sent).unwrap();
+    assert!(sent.to_string().len() < b.to_string().len(), "the rewritten body is counted");
+    let whole = ctxgate::mock::estimate_tokens(&b);
+    assert!(counted["input_tokens"].as_u64().unwrap() < whole);
+    // a small request is counted as it is
+    let small = body(&history(1, 3));
+    post(&h, "/v1/messages/count_tokens", &small).await.text().await.unwrap();
+    assert_eq!(h.mock.requests()[1].json(), small);
+}
+
+#[tokio::test]
+async fn claude_codes_base_url_check_is_answered() {
+    let h = Harness::start().await;
+    let resp = h.client.head(h.url("/")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+}
