@@ -221,6 +221,23 @@ async fn script(h: &Harness) {
         json!({"error":{"message":"no such file"}}),
     ));
     assert_eq!(get(h, "/v1/files/file-x").await, 404);
+    // an Anthropic Messages request, streamed (the mock's default answer)
+    let anthropic = json!({"model": "claude-sonnet-4-5", "max_tokens": 64, "stream": true,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let resp = h
+        .client
+        .post(h.url("/v1/messages"))
+        .header("content-type", "application/json")
+        .header("x-api-key", "sk-ant-metrics")
+        .header("anthropic-version", "2023-06-01")
+        .header("x-claude-code-session-id", "metrics-anthropic")
+        .body(anthropic.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("event: message_stop"), "{text}");
     // admin (loopback, no token)
     assert_eq!(get(h, "/admin/sessions").await, 200);
     assert_eq!(get(h, "/admin/sessions/nope").await, 404);
@@ -235,7 +252,12 @@ async fn scripted_traffic_moves_every_family() {
         sum(
             &m,
             names::REQUESTS_TOTAL,
-            &[("route", route), ("status", status), ("stream", stream)],
+            &[
+                ("route", route),
+                ("dialect", if route == "chat" { "chat" } else { "none" }),
+                ("status", status),
+                ("stream", stream),
+            ],
         )
     };
     // traffic
@@ -253,23 +275,53 @@ async fn scripted_traffic_moves_every_family() {
     assert_eq!(req("admin", "4xx", "false"), 1.0);
     assert_eq!(sum(&m, names::REQUESTS_IN_FLIGHT, &[]), 0.0);
     assert_eq!(sum(&m, names::ACTIVE_STREAMS, &[]), 0.0);
-    // dialects: chat completions are `chat`; passthrough and admin are outside any dialect
-    for (route, dialect) in [("chat", "chat"), ("passthrough", "none"), ("admin", "none")] {
-        let all = sum(&m, names::REQUESTS_TOTAL, &[("route", route)]);
-        let labelled = sum(
+    // dialects: conversations are `chat` or `anthropic`; passthrough and admin are outside any dialect
+    let anthropic = [("route", "chat"), ("dialect", "anthropic")];
+    assert_eq!(sum(&m, names::REQUESTS_TOTAL, &anthropic), 1.0);
+    let streamed = [("status", "2xx"), ("stream", "true")];
+    assert_eq!(
+        sum(
             &m,
             names::REQUESTS_TOTAL,
-            &[("route", route), ("dialect", dialect)],
-        );
+            &[anthropic[0], anthropic[1], streamed[0], streamed[1]]
+        ),
+        1.0
+    );
+    for (route, dialects) in [
+        ("chat", &["chat", "anthropic"][..]),
+        ("passthrough", &["none"][..]),
+        ("admin", &["none"][..]),
+    ] {
+        let all = sum(&m, names::REQUESTS_TOTAL, &[("route", route)]);
+        let labelled: f64 = dialects
+            .iter()
+            .map(|d| {
+                sum(
+                    &m,
+                    names::REQUESTS_TOTAL,
+                    &[("route", route), ("dialect", d)],
+                )
+            })
+            .sum();
         assert!(all > 0.0 && labelled == all, "{route}: {labelled} of {all}");
     }
-    assert!(has(&m, names::REQUESTS_TOTAL, &[("dialect", "anthropic")]));
     assert_eq!(
-        sum(&m, names::REQUESTS_TOTAL, &[("dialect", "anthropic")]),
+        sum(
+            &m,
+            names::REQUESTS_TOTAL,
+            &[("dialect", "anthropic"), ("route", "passthrough")]
+        ),
         0.0
     );
     // latency: every chat request has a duration; the five that went upstream an upstream wait and an overhead
-    let count = |name: &str, route| sum(&m, &format!("{name}_count"), &[("route", route)]);
+    let count = |name: &str, route| {
+        let dialect = if route == "chat" { "chat" } else { "none" };
+        sum(
+            &m,
+            &format!("{name}_count"),
+            &[("route", route), ("dialect", dialect)],
+        )
+    };
     assert_eq!(count(names::REQUEST_DURATION_SECONDS, "chat"), 7.0);
     assert_eq!(count(names::UPSTREAM_DURATION_SECONDS, "chat"), 5.0);
     assert_eq!(count(names::OVERHEAD_SECONDS, "chat"), 5.0);
@@ -278,24 +330,40 @@ async fn scripted_traffic_moves_every_family() {
     let overhead = sum(
         &m,
         &format!("{}_sum", names::OVERHEAD_SECONDS),
-        &[("route", "chat")],
+        &[("route", "chat"), ("dialect", "chat")],
     );
     let total = sum(
         &m,
         &format!("{}_sum", names::REQUEST_DURATION_SECONDS),
-        &[("route", "chat")],
+        &[("route", "chat"), ("dialect", "chat")],
     );
     assert!(
         overhead > 0.0 && overhead < total,
         "overhead {overhead} of {total}"
     );
+    for dialect in ["chat", "anthropic"] {
+        assert_eq!(
+            sum(
+                &m,
+                &format!("{}_count", names::STREAM_FIRST_BYTE_SECONDS),
+                &[("dialect", dialect)]
+            ),
+            1.0,
+            "{dialect}"
+        );
+    }
     assert_eq!(
+        count(names::REQUEST_DURATION_SECONDS, "chat")
+            + sum(
+                &m,
+                &format!("{}_count", names::REQUEST_DURATION_SECONDS),
+                &anthropic
+            ),
         sum(
             &m,
-            &format!("{}_count", names::STREAM_FIRST_BYTE_SECONDS),
-            &[]
-        ),
-        1.0
+            &format!("{}_count", names::REQUEST_DURATION_SECONDS),
+            &[("route", "chat")]
+        )
     );
     // tokens: the upstream's counts (10 prompt per call; 5 completion per JSON call, 2 for the stream); the
     // rewritten request counts the client's estimate, and its two rounds' usage
@@ -404,6 +472,8 @@ async fn scripted_traffic_moves_every_family() {
     // bounded labels only: no session ids, keys, paths or unknown model names
     for secret in [
         "sk-metrics",
+        "sk-ant-metrics",
+        "metrics-anthropic",
         "agent",
         "counted",
         "file-x",
@@ -419,7 +489,8 @@ async fn scripted_traffic_moves_every_family() {
         .iter()
         .filter_map(|s| s.labels.get("model").map(String::as_str))
         .collect();
-    assert_eq!(models, BTreeSet::from([LABEL, "other"]));
+    // the Anthropic request's model under its shipped family entry
+    assert_eq!(models, BTreeSet::from([LABEL, "claude-sonnet-4*", "other"]));
 }
 
 #[tokio::test]

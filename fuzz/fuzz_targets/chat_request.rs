@@ -133,7 +133,7 @@ fuzz_target!(|data: &[u8]| {
             panic!("a valid history was rewritten into an invalid one: {e}");
         }
     }
-    let body = RewrittenBody::new(&chat.body, rw.messages);
+    let body = RewrittenBody::new(&chat.body, rw.messages, rw.sources);
     let Ok((bytes, close)) = body.to_vec() else {
         panic!("a rewritten body failed to serialise");
     };
