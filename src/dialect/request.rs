@@ -6,6 +6,7 @@ use super::Dialect;
 use crate::error::GatewayError;
 use bytes::Bytes;
 use serde_json::{Map, Value};
+use std::sync::OnceLock;
 
 /// The body as a JSON object, or a 400 saying why it is not one.
 pub fn json_object(raw: &[u8]) -> Result<Map<String, Value>, GatewayError> {
@@ -57,19 +58,19 @@ pub struct Request {
     pub stream: bool,
     /// The requested model (empty when absent).
     pub model: String,
-    /// The neutral form of the messages, for a dialect whose own messages are not already neutral.
-    converted: Option<Box<Converted>>,
+    /// The neutral form of the messages, for a dialect whose own messages are not already neutral: made when
+    /// first asked for (a request clearly under its budget, the common case, never needs it).
+    converted: OnceLock<Box<Converted>>,
 }
 
 impl Request {
-    /// A parsed request; `converted` is `None` when the body's `messages` are already neutral (chat).
+    /// A parsed request.
     pub fn new(
         dialect: Dialect,
         raw: Bytes,
         body: Map<String, Value>,
         stream: bool,
         model: String,
-        converted: Option<Converted>,
     ) -> Self {
         Self {
             dialect,
@@ -77,7 +78,7 @@ impl Request {
             body,
             stream,
             model,
-            converted: converted.map(Box::new),
+            converted: OnceLock::new(),
         }
     }
 
@@ -92,21 +93,28 @@ impl Request {
 
     /// The neutral messages the context engine plans on (the client's own for chat).
     pub fn messages(&self) -> &[Value] {
-        match &self.converted {
+        match self.converted() {
             Some(c) => c.messages(),
             None => self.native(),
         }
     }
 
-    /// The conversion of the client's messages, for a dialect that converts.
+    /// The conversion of the client's messages, for a dialect that converts (made on first use).
     pub fn converted(&self) -> Option<&Converted> {
-        self.converted.as_deref()
+        match self.dialect {
+            Dialect::Chat => None,
+            Dialect::Anthropic => {
+                Some(self.converted.get_or_init(|| {
+                    Box::new(Converted::new(self.body.get("system"), self.native()))
+                }))
+            }
+        }
     }
 
     /// Index of the client message the neutral message `i` comes from; `None` for one that comes from elsewhere
     /// in the body (Anthropic's top-level `system`).
     pub fn native_index(&self, i: usize) -> Option<usize> {
-        match &self.converted {
+        match self.converted() {
             Some(c) => c.native_index(i),
             None => Some(i),
         }
@@ -129,7 +137,7 @@ impl Request {
     /// Number of neutral messages before the client message `native` (its first neutral message's index; the
     /// neutral length for `native` = the number of client messages).
     pub fn neutral_start(&self, native: usize) -> usize {
-        match &self.converted {
+        match self.converted() {
             Some(c) => c.neutral_start(native),
             None => native,
         }

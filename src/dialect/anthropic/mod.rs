@@ -92,20 +92,7 @@ pub fn parse(raw: Bytes) -> Result<Request, GatewayError> {
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let messages = body
-        .get("messages")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    let converted = Converted::new(body.get("system"), messages);
-    Ok(Request::new(
-        Dialect::Anthropic,
-        raw,
-        body,
-        stream,
-        model,
-        Some(converted),
-    ))
+    Ok(Request::new(Dialect::Anthropic, raw, body, stream, model))
 }
 
 /// The neutral messages of one stored client message.

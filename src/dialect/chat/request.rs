@@ -41,7 +41,7 @@ pub fn parse(raw: Bytes) -> Result<Request, GatewayError> {
             })
         }
     };
-    Ok(Request::new(Dialect::Chat, raw, body, stream, model, None))
+    Ok(Request::new(Dialect::Chat, raw, body, stream, model))
 }
 
 /// Every message must be an object with a string `role` (what the session tree, the planner and the recall tools
