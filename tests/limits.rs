@@ -88,6 +88,22 @@ async fn beyond_max_in_flight_requests_get_503_with_retry_after_until_a_stream_e
     let e: Value = refused.json().await.unwrap();
     assert_eq!(e["error"]["code"], "overloaded");
     assert_eq!(e["error"]["type"], "server_error");
+    // an Anthropic client is refused in its own API's error shape
+    let anthropic = h
+        .client
+        .post(h.url("/v1/messages"))
+        .header("anthropic-version", "2023-06-01")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anthropic.status(), 503);
+    assert_eq!(anthropic.headers()["retry-after"], "1");
+    let e: Value = anthropic.json().await.unwrap();
+    assert_eq!(
+        (&e["type"], &e["error"]["type"]),
+        (&json!("error"), &json!("overloaded_error"))
+    );
     // passthrough shares the limit; health and metrics do not
     let models = h.client.get(h.url("/v1/models")).send().await.unwrap();
     assert_eq!(models.status(), 503);

@@ -12,6 +12,7 @@ mod rounds;
 pub use count::count_tokens;
 pub use plan::{plan_request, Outgoing, Rewritten, STRATEGY_HEADER};
 pub use request::read_body;
+pub use respond::error_response;
 
 use respond::own_error;
 

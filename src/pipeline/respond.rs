@@ -98,7 +98,7 @@ fn head(
 }
 
 /// `e` as an answer in the dialect's error shape (with `retry-after` when overloaded).
-fn error_response(dialect: Dialect, e: GatewayError) -> Response {
+pub fn error_response(dialect: Dialect, e: GatewayError) -> Response {
     if dialect == Dialect::Chat {
         return e.into_response();
     }

@@ -5,10 +5,11 @@ use crate::app::AppState;
 use crate::dialect::Dialect;
 use crate::error::GatewayError;
 use crate::metrics::{DialectLabel, RejectReason, Route};
+use crate::upstream::Api;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use http::Method;
 use http_body::{Frame, SizeHint};
@@ -68,11 +69,18 @@ pub async fn limit(
             max_in_flight = in_flight.limit,
             "server busy: refused a request (server.max_in_flight)"
         );
-        return GatewayError::Overloaded {
+        // In the error shape of the API the client speaks.
+        let rest = req.uri().path().strip_prefix("/v1").unwrap_or_default();
+        let shape = match conversation {
+            Some(d) => d,
+            None if Api::of(rest, req.headers()) == Api::Anthropic => Dialect::Anthropic,
+            None => Dialect::Chat,
+        };
+        let e = GatewayError::Overloaded {
             limit: in_flight.limit,
             retry_after_secs: RETRY_AFTER_SECS,
-        }
-        .into_response();
+        };
+        return crate::pipeline::error_response(shape, e);
     };
     let resp = next.run(req).await;
     resp.map(|body| {
