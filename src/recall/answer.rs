@@ -25,8 +25,14 @@ impl HistorySource {
         Self::from_parts(request, stored)
     }
 
-    /// The request's (neutral) messages and stored (neutral) messages with their positions.
+    /// The request's (neutral) messages and stored (neutral) messages with their positions. A stored message
+    /// identical to one of the request's is left out (the request's copy is read first): positions of the two
+    /// need not line up (a dialect's stored message may stand for several neutral ones).
     pub fn from_parts(request: &[Value], mut stored: Vec<(u32, Arc<Value>)>) -> Self {
+        let digest =
+            |m: &Value| xxhash_rust::xxh3::xxh3_64(&serde_json::to_vec(m).unwrap_or_default());
+        let sent: std::collections::HashSet<u64> = request.iter().map(digest).collect();
+        stored.retain(|(_, m)| !sent.contains(&digest(m)) || !request.contains(m));
         stored.sort_by_key(|(p, _)| *p);
         Self {
             request: request.iter().cloned().map(Arc::new).collect(),
@@ -34,17 +40,14 @@ impl HistorySource {
         }
     }
 
-    /// Every message with its position: the request's first, then stored ones not identical to a request message.
+    /// Every message with its position: the request's first, then the stored ones it does not hold.
     fn all(&self) -> impl Iterator<Item = (u32, &Value)> {
         let req = self
             .request
             .iter()
             .enumerate()
             .map(|(i, m)| (i as u32, &**m));
-        let stored = self.stored.iter().filter_map(|(p, m)| {
-            let dup = self.request.get(*p as usize).is_some_and(|r| **r == **m);
-            (!dup).then_some((*p, &**m))
-        });
+        let stored = self.stored.iter().map(|(p, m)| (*p, &**m));
         req.chain(stored)
     }
 
@@ -313,5 +316,31 @@ mod tests {
             &cfg,
         );
         assert!(out.len() < 1200 && out.contains("truncated: 49000"));
+    }
+
+    #[test]
+    fn a_stored_copy_of_a_request_message_is_found_once_whatever_its_position() {
+        let h = history();
+        // stored at other positions than the request's (a dialect's stored message stands for several neutral
+        // ones), plus one the request no longer carries
+        let other = json!({"role":"tool","tool_call_id":"call_z","content":"zebra-42 elsewhere"});
+        let stored = vec![(9, Arc::new(h[2].clone())), (11, Arc::new(other))];
+        let src = HistorySource::from_parts(&h, stored);
+        let out = answer_call(
+            &call("search_history", json!({"query":"zebra-42"})),
+            &names(),
+            &src,
+            &RecallConfig::default(),
+        );
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let mut ids: Vec<&str> = v["matches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["call_id"].as_str().unwrap())
+            .collect();
+        ids.sort_unstable();
+        assert_eq!(ids, ["call_a", "call_z"], "{out}");
+        assert_eq!(v["total_matches"], 2);
     }
 }
