@@ -268,6 +268,7 @@ fn replay(
         let req = decide::Request {
             body: &request.body,
             messages: sent,
+            key: dialect.conversation_key(),
             raw_len: raw.len(),
             encoding,
             window,

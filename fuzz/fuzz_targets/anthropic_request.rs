@@ -35,6 +35,7 @@ fuzz_target!(|data: &[u8]| {
     let req = decide::Request {
         body: &request.body,
         messages: request.messages(),
+        key: Dialect::Anthropic.conversation_key(),
         raw_len: request.raw.len(),
         encoding: Encoding::Cl100k,
         window: 200 + u64::from(knob) * 40,

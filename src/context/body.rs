@@ -9,8 +9,10 @@ use std::borrow::Cow;
 /// A rewritten request body, ready to be extended (recall tools, note) and serialised.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RewrittenBody<'a> {
-    /// The client's fields but its messages, in the client's order (`messages` keeps its place as `null`).
+    /// The client's fields but its messages, in the client's order (the conversation keeps its place as `null`).
     pub fields: Map<String, Value>,
+    /// The field holding the conversation: `messages`, or `input` (Responses).
+    pub key: &'static str,
     /// The messages to send (neutral).
     pub messages: Vec<Cow<'a, Value>>,
     /// Where each message comes from (aligned with `messages`): a dialect renders the client's own messages back
@@ -25,18 +27,25 @@ impl<'a> RewrittenBody<'a> {
         messages: Vec<Cow<'a, Value>>,
         sources: Vec<Source>,
     ) -> Self {
+        Self::new_at("messages", client, messages, sources)
+    }
+
+    /// [`RewrittenBody::new`] for a conversation kept under `key` (`input` for the Responses API).
+    pub fn new_at(
+        key: &'static str,
+        client: &Map<String, Value>,
+        messages: Vec<Cow<'a, Value>>,
+        sources: Vec<Source>,
+    ) -> Self {
         let mut fields = Map::with_capacity(client.len() + 1);
         for (k, v) in client {
-            let v = if k == "messages" {
-                Value::Null
-            } else {
-                v.clone()
-            };
+            let v = if k == key { Value::Null } else { v.clone() };
             fields.insert(k.clone(), v);
         }
-        fields.entry("messages").or_insert(Value::Null);
+        fields.entry(key).or_insert(Value::Null);
         Self {
             fields,
+            key,
             messages,
             sources,
         }
@@ -60,7 +69,7 @@ impl<'a> RewrittenBody<'a> {
             }
             serde_json::to_writer(&mut out, k)?;
             out.push(b':');
-            if k == "messages" {
+            if k == self.key {
                 serde_json::to_writer(&mut out, messages)?;
                 close = out.len() - 1;
             } else {
@@ -75,7 +84,7 @@ impl<'a> RewrittenBody<'a> {
     pub fn to_map(&self) -> Map<String, Value> {
         let mut out = self.fields.clone();
         out.insert(
-            "messages".into(),
+            self.key.into(),
             Value::Array(self.messages.iter().map(|m| m.as_ref().clone()).collect()),
         );
         out
@@ -102,7 +111,7 @@ impl Serialize for RewrittenBody<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut map = s.serialize_map(Some(self.fields.len()))?;
         for (k, v) in &self.fields {
-            if k == "messages" {
+            if k == self.key {
                 map.serialize_entry(k, &self.messages)?;
             } else {
                 map.serialize_entry(k, v)?;

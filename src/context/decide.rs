@@ -25,8 +25,10 @@ pub trait Additions {
 pub struct Request<'a> {
     /// The client's parsed body (every field; its `tools` are counted and kept).
     pub body: &'a Map<String, Value>,
-    /// Its messages.
+    /// Its messages (neutral).
     pub messages: &'a [Value],
+    /// The body field holding the conversation (`messages`; `input` for the Responses API).
+    pub key: &'static str,
     /// Length of the client's body in bytes.
     pub raw_len: usize,
     /// The tokenizer of the model.
@@ -184,7 +186,7 @@ pub fn render(
         Plan::Rewrite(rw) => *rw,
     };
     let encoding = req.encoding;
-    let mut body = RewrittenBody::new(req.body, rw.messages, rw.sources);
+    let mut body = RewrittenBody::new_at(req.key, req.body, rw.messages, rw.sources);
     let sent_before = body.messages.len();
     // The note goes into the first system message, or a new message right after it (first when there is none),
     // or (a dialect whose system prompt stays outside its messages) a new message after the leading system

@@ -56,6 +56,13 @@ impl Dialect {
         }
     }
 
+    /// The body field holding the conversation: `messages` (`input` for the Responses API).
+    pub fn conversation_key(self) -> &'static str {
+        match self {
+            Dialect::Chat | Dialect::Anthropic => "messages",
+        }
+    }
+
     /// The API its requests go to.
     pub fn api(self) -> Api {
         match self {

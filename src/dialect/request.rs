@@ -85,7 +85,7 @@ impl Request {
     /// The client's own messages, as sent (what the session keeps).
     pub fn native(&self) -> &[Value] {
         self.body
-            .get("messages")
+            .get(self.dialect.conversation_key())
             .and_then(Value::as_array)
             .map(Vec::as_slice)
             .unwrap_or_default()

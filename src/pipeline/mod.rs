@@ -23,7 +23,7 @@ use crate::metrics::{RejectReason, RequestTimer, Route};
 use crate::recall::HistorySource;
 use crate::relay::{self, RelayOutcome};
 use crate::session::manager::now_secs;
-use crate::session::tree::raw_message_hashes;
+use crate::session::tree::raw_item_hashes;
 use crate::session::{identify, RequestMark, SessionIdentity};
 use crate::store::records::RewriteRecord;
 use crate::store::{Compression, Record};
@@ -240,7 +240,11 @@ async fn reconcile(
     let session = session?;
     match state
         .sessions
-        .record_request(session, chat.native(), &raw_message_hashes(&chat.raw))
+        .record_request(
+            session,
+            chat.native(),
+            &raw_item_hashes(&chat.raw, chat.dialect.conversation_key()),
+        )
         .await
     {
         Ok(m) => Some(m),

@@ -85,6 +85,7 @@ pub async fn plan_request(
     let req = decide::Request {
         body: &chat.body,
         messages,
+        key: chat.dialect.conversation_key(),
         raw_len: chat.raw.len(),
         encoding: Encoding::for_model(&chat.model),
         // The `context-1m` beta widens the window of the models that have a 1M one.

@@ -380,14 +380,22 @@ fn chain_hashes(raw: &[u64]) -> Vec<u64> {
 
 /// Fast hashes of each message's raw bytes in a chat body (empty when the body cannot be read that way).
 pub fn raw_message_hashes(body: &[u8]) -> Vec<u64> {
-    #[derive(serde::Deserialize)]
-    struct Msgs<'a> {
-        #[serde(borrow)]
-        messages: Vec<&'a serde_json::value::RawValue>,
-    }
-    match serde_json::from_slice::<Msgs>(body) {
-        Ok(m) => m
-            .messages
+    raw_item_hashes(body, "messages")
+}
+
+/// [`raw_message_hashes`] for a conversation kept under `key` (`input` for the Responses API); empty when the
+/// field is not an array.
+pub fn raw_item_hashes(body: &[u8], key: &str) -> Vec<u64> {
+    let Ok(fields) = serde_json::from_slice::<
+        std::collections::HashMap<std::borrow::Cow<'_, str>, &serde_json::value::RawValue>,
+    >(body) else {
+        return Vec::new();
+    };
+    let Some(list) = fields.get(key) else {
+        return Vec::new();
+    };
+    match serde_json::from_str::<Vec<&serde_json::value::RawValue>>(list.get()) {
+        Ok(items) => items
             .iter()
             .map(|r| xxhash_rust::xxh3::xxh3_64(r.get().as_bytes()))
             .collect(),
