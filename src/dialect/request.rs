@@ -82,6 +82,14 @@ impl Request {
         }
     }
 
+    /// Whether ctxgate manages the conversation: it carries its whole history (not a reference to history the
+    /// upstream keeps) and asks for an ordinary answer. An unmanaged request is forwarded as sent.
+    pub fn managed(&self) -> bool {
+        match self.dialect {
+            Dialect::Chat | Dialect::Anthropic => true,
+        }
+    }
+
     /// The client's own messages, as sent (what the session keeps).
     pub fn native(&self) -> &[Value] {
         self.body

@@ -105,7 +105,8 @@ pub async fn plan_request(
         estimate,
         client_tokens,
     };
-    if decide::clearly_under(&req, cfg) {
+    // A request whose history the upstream keeps (or that asks the upstream to compact it) goes as sent.
+    if !chat.managed() || decide::clearly_under(&req, cfg) {
         return Ok(forward(None, None));
     }
     let summarizer = state
