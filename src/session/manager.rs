@@ -528,22 +528,40 @@ impl Sessions {
         message: Value,
         partial: bool,
     ) -> Result<(), StoreError> {
+        self.record_replies(mark, vec![message], partial).await
+    }
+
+    /// [`Sessions::record_reply`] for a reply made of several messages (a Responses answer's output items), stored
+    /// as a chain after the request's messages, in order.
+    pub async fn record_replies(
+        &self,
+        mark: &RequestMark,
+        messages: Vec<Value>,
+        partial: bool,
+    ) -> Result<(), StoreError> {
         self.admit(mark).await;
         let now = now_secs();
         let entry = &mark.entry;
         let (rx, new, accepted) = {
             let mut st = entry.state.lock();
-            let (id, new) = st
-                .tree
-                .append_reply(mark.leaf.clone(), message, partial, now);
+            let mut parent = mark.leaf.clone();
+            let mut created = Vec::new();
+            for message in messages {
+                let (id, new) = st.tree.append_reply(parent, message, partial, now);
+                if new {
+                    created.push(id.clone());
+                }
+                parent = Some(id);
+            }
+            let new = !created.is_empty();
             st.last_active = now;
             entry.reweigh(&st);
             if !st.writable() {
                 return Ok(());
             }
-            let mut ops = Vec::with_capacity(2);
-            if new {
-                if let Some(n) = st.tree.get(&id) {
+            let mut ops = Vec::with_capacity(created.len() + 1);
+            for id in &created {
+                if let Some(n) = st.tree.get(id) {
                     ops.push(WriteOp::Node {
                         session: entry.id.clone(),
                         node: NodeRow::from(n),

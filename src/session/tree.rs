@@ -84,6 +84,15 @@ pub fn node_id(parent: Option<&str>, message: &Value) -> NodeId {
 /// tool call id, and tool calls reduced to id, name and arguments. Fields such as `refusal: null` that some
 /// clients add when resending an answer do not change its identity.
 pub fn normalize(m: &Value) -> Value {
+    // An item without a role (the Responses API's calls, outputs, reasoning, compaction, …) is the whole item but
+    // its `status`, which a client may drop or change when it sends the item back.
+    if m.get("role").is_none() {
+        if let Value::Object(o) = m {
+            let mut o = o.clone();
+            o.remove("status");
+            return Value::Object(o);
+        }
+    }
     let mut out = serde_json::Map::new();
     let get = |k: &str| m.get(k).filter(|v| !v.is_null());
     if let Some(r) = get("role") {
@@ -554,5 +563,26 @@ mod tests {
         assert_eq!(contents(&t2), ["q", "a", "r"]);
         let mut t2 = t2;
         assert!(append(&mut t2, &m).created.is_empty());
+    }
+
+    #[test]
+    fn items_without_a_role_are_told_apart_by_everything_but_their_status() {
+        let call = |id: &str, status: &str| json!({"type":"function_call","call_id":id,"name":"shell","arguments":"{}","status":status});
+        let (a, b) = (call("c1", "completed"), call("c2", "completed"));
+        assert_ne!(
+            node_id(Some("p"), &a),
+            node_id(Some("p"), &b),
+            "two calls are two nodes"
+        );
+        let out = json!({"type":"function_call_output","call_id":"c1","output":"x"});
+        assert_ne!(node_id(Some("p"), &a), node_id(Some("p"), &out));
+        assert_eq!(
+            node_id(Some("p"), &a),
+            node_id(Some("p"), &call("c1", "in_progress")),
+            "a resend with another status is the same item"
+        );
+        let mut no_status = a.clone();
+        no_status.as_object_mut().unwrap().remove("status");
+        assert_eq!(node_id(Some("p"), &a), node_id(Some("p"), &no_status));
     }
 }
