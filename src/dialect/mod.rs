@@ -56,6 +56,14 @@ impl Dialect {
         }
     }
 
+    /// The messages a reply is kept as in the session: the assembled message itself, or (Responses) each of its
+    /// output items, as the client will send them back.
+    pub fn reply_messages(self, message: Value) -> Vec<Value> {
+        match self {
+            Dialect::Chat | Dialect::Anthropic => vec![message],
+        }
+    }
+
     /// The body field holding the conversation: `messages` (`input` for the Responses API).
     pub fn conversation_key(self) -> &'static str {
         match self {

@@ -83,9 +83,16 @@ impl AssembledReply {
             Some(Value::Array(a)) => !a.is_empty(),
             Some(_) => true,
         };
-        !["content", "tool_calls", "function_call", "refusal", "audio"]
-            .into_iter()
-            .any(said)
+        ![
+            "content",
+            "tool_calls",
+            "function_call",
+            "refusal",
+            "audio",
+            "output",
+        ]
+        .into_iter()
+        .any(said)
     }
 
     /// `usage.completion_tokens`, when reported; else Anthropic's `output_tokens`.

@@ -289,7 +289,7 @@ impl Turn {
                     }
                 }
                 if let Some(mark) = &self.mark {
-                    record_reply(state, mark, self.status, &outcome).await;
+                    record_reply(state, self.dialect, mark, self.status, &outcome).await;
                 }
                 if let (Some(est), Some(actual)) = (estimate, outcome.reply.prompt_tokens()) {
                     state.counter.observe(&self.model, est, actual);
@@ -401,6 +401,7 @@ fn record_round(
 /// stored marked partial, and a reply that says nothing (e.g. a bare `[DONE]`) is not stored: the head stays.
 async fn record_reply(
     state: &AppState,
+    dialect: Dialect,
     mark: &RequestMark,
     status: http::StatusCode,
     outcome: &RelayOutcome,
@@ -411,7 +412,11 @@ async fn record_reply(
     }
     if let Err(e) = state
         .sessions
-        .record_reply(mark, reply.message.clone(), !reply.complete)
+        .record_replies(
+            mark,
+            dialect.reply_messages(reply.message.clone()),
+            !reply.complete,
+        )
         .await
     {
         tracing::warn!(error = %e, session = %mark.entry.id, "session: could not record the reply");
