@@ -75,16 +75,16 @@ async fn handle(
     };
     // 2. Parse, keeping every field and its order; refuse what is not a request of the dialect (or names no
     //    strategy).
-    let chat = match dialect.parse(raw) {
+    let request = match dialect.parse(raw) {
         Ok(c) => c,
         Err(e) => return own_error(dialect, e, None, started, false, ""),
     };
     if let Some(t) = timer.as_mut() {
-        t.set_stream(chat.stream);
+        t.set_stream(request.stream);
     }
     let strategy = match plan::strategy(&parts.headers, cfg.context.strategy) {
         Ok(s) => s,
-        Err(e) => return own_error(dialect, e, None, started, chat.stream, &chat.model),
+        Err(e) => return own_error(dialect, e, None, started, request.stream, &request.model),
     };
     // 3. Identify the conversation (namespaced by the caller's credentials); `None`: no history is kept.
     let session = identify(
@@ -92,19 +92,19 @@ async fn handle(
         &cfg.session,
         &state.tenant_key,
         dialect,
-        &chat.body,
+        &request.body,
     );
     // 3b. Reconcile with the stored history; new messages are queued for writing, not awaited. A store failure
     //     only costs this turn its recording.
-    let mark = reconcile(&state, session.as_ref(), &chat).await;
+    let mark = reconcile(&state, session.as_ref(), &request).await;
     let fail = |e| {
         own_error(
             dialect,
             e,
             session.as_ref(),
             started,
-            chat.stream,
-            &chat.model,
+            request.stream,
+            &request.model,
         )
     };
 
@@ -113,7 +113,7 @@ async fn handle(
     let outgoing = match plan_request(
         &state,
         strategy,
-        &chat,
+        &request,
         mark.as_ref(),
         &parts.headers,
         now_secs(),
@@ -122,15 +122,15 @@ async fn handle(
     {
         Ok(o) => o,
         Err(e) => {
-            measure::plan_failed(&state, dialect, strategy, &chat.model, &e);
+            measure::plan_failed(&state, dialect, strategy, &request.model, &e);
             return fail(e);
         }
     };
     if let Some(rw) = &outgoing.rewrite {
-        measure::rewrite(&state, dialect, strategy, &chat.model, &rw.record);
+        measure::rewrite(&state, dialect, strategy, &request.model, &rw.record);
     }
     if let (Some(rw), Some(mark)) = (&outgoing.rewrite, &mark) {
-        record_compression(&state, mark, rw, &chat.model);
+        record_compression(&state, mark, rw, &request.model);
     }
 
     // 5. Forward.
@@ -180,8 +180,8 @@ async fn handle(
         mark: mark.clone(),
         session_id: session.as_ref().map(|s| s.id.clone()).unwrap_or_default(),
         dialect,
-        model: chat.model.clone(),
-        stream: chat.stream,
+        model: request.model.clone(),
+        stream: request.stream,
         status,
         upstream_wait,
         started,
@@ -204,7 +204,7 @@ async fn handle(
                 .with_tree(|t| t.nodes().map(|n| (n.position, n.message.clone())).collect()),
             None => Vec::new(),
         };
-        let source = HistorySource::from_parts(chat.messages(), dialect.neutral_history(stored));
+        let source = HistorySource::from_parts(request.messages(), dialect.neutral_history(stored));
         let rounds = rounds::Rounds {
             state: state.clone(),
             dialect,
@@ -217,8 +217,15 @@ async fn handle(
             finisher: turn.finisher(None),
             on_round: record_round(&state, mark.clone()),
         };
-        return respond::after_rounds(&state, rounds, resp, is_sse, &chat.body, session.as_ref())
-            .await;
+        return respond::after_rounds(
+            &state,
+            rounds,
+            resp,
+            is_sse,
+            &request.body,
+            session.as_ref(),
+        )
+        .await;
     }
     respond::relayed(
         &state,
@@ -235,15 +242,15 @@ async fn handle(
 async fn reconcile(
     state: &AppState,
     session: Option<&SessionIdentity>,
-    chat: &Parsed,
+    request: &Parsed,
 ) -> Option<RequestMark> {
     let session = session?;
     match state
         .sessions
         .record_request(
             session,
-            chat.native(),
-            &raw_item_hashes(&chat.raw, chat.dialect.conversation_key()),
+            request.native(),
+            &raw_item_hashes(&request.raw, request.dialect.conversation_key()),
         )
         .await
     {

@@ -1,4 +1,4 @@
-//! The plan stage: counts a chat request against its model's window and, when it is over budget, rewrites its
+//! The plan stage: counts a conversation request against its model's window and, when it is over budget, rewrites its
 //! messages and offers the recall tools; otherwise the client's own bytes go upstream.
 
 use crate::app::AppState;
@@ -63,50 +63,51 @@ pub fn strategy(headers: &HeaderMap, default: Strategy) -> Result<Strategy, Gate
 pub async fn plan_request(
     state: &Arc<AppState>,
     strategy: Strategy,
-    chat: &Request,
+    request: &Request,
     mark: Option<&RequestMark>,
     headers: &HeaderMap,
     now: i64,
 ) -> Result<Outgoing, GatewayError> {
     let credentials = &credentials(headers);
     let cfg = &state.config;
-    let messages = chat.messages();
-    let aligned = mark.filter(|m| m.path.len() == chat.native().len());
+    let messages = request.messages();
+    let aligned = mark.filter(|m| m.path.len() == request.native().len());
     // First-seen times and summaries are kept per client message; the planner counts neutral messages.
-    let first_seen: Option<std::borrow::Cow<'_, [i64]>> = aligned.map(|m| match chat.converted() {
-        None => std::borrow::Cow::Borrowed(m.first_seen.as_slice()),
-        Some(_) => (0..messages.len())
-            .map(|i| {
-                let native = chat.native_index(i).unwrap_or(0);
-                m.first_seen.get(native).copied().unwrap_or(now)
-            })
-            .collect(),
-    });
+    let first_seen: Option<std::borrow::Cow<'_, [i64]>> =
+        aligned.map(|m| match request.converted() {
+            None => std::borrow::Cow::Borrowed(m.first_seen.as_slice()),
+            Some(_) => (0..messages.len())
+                .map(|i| {
+                    let native = request.native_index(i).unwrap_or(0);
+                    m.first_seen.get(native).copied().unwrap_or(now)
+                })
+                .collect(),
+        });
     let req = decide::Request {
-        body: &chat.body,
+        body: &request.body,
         messages,
-        key: chat.dialect.conversation_key(),
-        raw_len: chat.raw.len(),
-        encoding: Encoding::for_model(&chat.model),
+        key: request.dialect.conversation_key(),
+        raw_len: request.raw.len(),
+        encoding: Encoding::for_model(&request.model),
         // The `context-1m` beta widens the window of the models that have a 1M one.
         window: state
             .models
-            .context_window_with(&chat.model, wants_1m(headers)),
-        ratio: state.counter.ratio(&chat.model),
+            .context_window_with(&request.model, wants_1m(headers)),
+        ratio: state.counter.ratio(&request.model),
         strategy,
         first_seen: first_seen.as_deref(),
         now,
         summarizer: state.summarizer.is_some(),
     };
     let forward = |estimate: Option<u64>, client_tokens: Option<u64>| Outgoing {
-        body: chat.raw.clone(),
+        body: request.raw.clone(),
         messages_close: 0,
         rewrite: None,
         estimate,
         client_tokens,
     };
     // A request whose history the upstream keeps (or that asks the upstream to compact it) goes as sent.
-    if !chat.managed() || decide::clearly_under(&req, cfg) {
+    if !request.managed() || decide::clearly_under(&req, cfg) {
         return Ok(forward(None, None));
     }
     let summarizer = state
@@ -115,10 +116,10 @@ pub async fn plan_request(
         .filter(|_| matches!(strategy, Strategy::Summarize | Strategy::Hybrid))
         .zip(aligned);
     let mut ready = match summarizer {
-        Some((_, m)) => ready_summaries(chat, m),
+        Some((_, m)) => ready_summaries(request, m),
         None => Vec::new(),
     };
-    let offer = recall::Offer::new(chat.dialect, &chat.body, &cfg.recall);
+    let offer = recall::Offer::new(request.dialect, &request.body, &cfg.recall);
     let pairs = |ready: &[(usize, Value, String)]| -> Vec<(usize, Value)> {
         ready.iter().map(|(u, m, _)| (*u, m.clone())).collect()
     };
@@ -129,7 +130,7 @@ pub async fn plan_request(
     let (first_pairs, later_pairs);
     first_pairs = pairs(&ready);
     let mut decision = plan_with(&first_pairs);
-    let wanted = decide::wanted_summary(&decision).and_then(|n| chat.summary_boundary(n));
+    let wanted = decide::wanted_summary(&decision).and_then(|n| request.summary_boundary(n));
     if let (Some((s, m)), Some((upto, native_upto))) = (summarizer, wanted) {
         // A summary is wanted: have it written in the background. A request that is being pruned for want of it
         // may wait `summary.wait_ms` for it.
@@ -156,13 +157,13 @@ pub async fn plan_request(
                 .await
                 .is_ok()
             {
-                ready = ready_summaries(chat, m);
+                ready = ready_summaries(request, m);
                 later_pairs = pairs(&ready);
                 decision = plan_with(&later_pairs);
             }
         }
     }
-    let serialise = |b: &crate::context::RewrittenBody<'_>| chat.dialect.render(chat, b);
+    let serialise = |b: &crate::context::RewrittenBody<'_>| request.dialect.render(request, b);
     let rendered = decide::render(&req, decision, &offer, &state.counter, &serialise)
         .map_err(|e| GatewayError::Internal(format!("serialising the rewrite: {e}")))?;
     let rw = match rendered {
@@ -203,10 +204,10 @@ pub async fn plan_request(
 
 /// The summaries written for the session's path, as `(neutral messages covered, message, text)`: a summary
 /// covers whole client messages, which are counted in neutral messages here.
-fn ready_summaries(chat: &Request, mark: &RequestMark) -> Vec<(usize, Value, String)> {
+fn ready_summaries(request: &Request, mark: &RequestMark) -> Vec<(usize, Value, String)> {
     let mut ready = summary::ready(&mark.entry.compressions(), &mark.path);
     for r in &mut ready {
-        r.0 = chat.neutral_start(r.0);
+        r.0 = request.neutral_start(r.0);
     }
     ready
 }
