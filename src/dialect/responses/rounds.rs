@@ -100,3 +100,41 @@ pub fn add_usage(acc: &mut Option<Value>, usage: &Value) {
 /// The client's answer: ctxgate's calls (and the reasoning that led only to them) removed, usage summed, the
 /// first round's id.
 pub use splice::finalize_body as finalize;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::config::RecallConfig;
+    use serde_json::json;
+
+    #[test]
+    fn a_json_answer_gives_its_output_and_our_calls_become_input_items() {
+        let n = InjectedNames::from_config(&RecallConfig::default());
+        let rs = json!({"id":"rs_1","type":"reasoning","encrypted_content":"gAAA==","summary":[]});
+        let ours = json!({"id":"fc_1","type":"function_call","status":"completed","arguments":"{\"query\":\"q\"}",
+                          "call_id":"call_1","name":n.search});
+        let answer =
+            json!({"id":"resp_1","object":"response","status":"completed","output":[rs, ours]});
+        let m = answer_message(&answer).unwrap();
+        assert_eq!(output_items(&m), [rs.clone(), ours.clone()]);
+        assert!(answer_message(&json!({"error":{"message":"x"}})).is_none());
+        let calls = injected_calls(&m, &n);
+        assert_eq!(calls[0]["id"], "call_1");
+        assert_eq!(
+            round_messages(&m, &n, &calls, &["found".into()]),
+            vec![
+                rs,
+                ours,
+                json!({"type":"function_call_output","call_id":"call_1","output":"found"})
+            ]
+        );
+    }
+
+    #[test]
+    fn the_splicer_keeps_the_stream_alive_with_a_comment_and_ends_it_with_its_terminal_event() {
+        let s = ResponsesSplice::new(InjectedNames::from_config(&RecallConfig::default()));
+        assert_eq!(s.keepalive().as_deref(), Some(&b": keep-alive\n\n"[..]));
+        assert_eq!(s.done(), None);
+    }
+}

@@ -483,3 +483,85 @@ proptest! {
         prop_assert_eq!(out.concat(), whole.concat());
     }
 }
+
+/// Every arrangement of up to four items (reasoning, message, our call, a client call) in a last round: the
+/// stream shows exactly what the JSON answer keeps, numbered without gaps, and its terminal output is what it
+/// streamed.
+#[test]
+fn the_stream_shows_what_the_json_answer_keeps() {
+    let n = names();
+    let mut arrangements: Vec<Vec<u8>> = vec![vec![]];
+    for _ in 0..4 {
+        let longer: Vec<Vec<u8>> = arrangements
+            .iter()
+            .filter(|a| a.len() == arrangements.last().unwrap().len())
+            .flat_map(|a| {
+                (0..4u8).map(move |k| {
+                    let mut b = a.clone();
+                    b.push(k);
+                    b
+                })
+            })
+            .collect();
+        arrangements.extend(longer);
+    }
+    assert_eq!(arrangements.len(), 1 + 4 + 16 + 64 + 256);
+    for a in arrangements.iter().filter(|a| !a.is_empty()) {
+        let mut u = Upstream::new("resp_x");
+        let items: Vec<Value> = a
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let (i, id) = (i as u64, format!("{k}_{i}"));
+                match k {
+                    0 => u.reasoning(i, &format!("rs_{id}"), &["th", "ink"]),
+                    1 => u.message(i, &format!("msg_{id}"), &["te", "xt"]),
+                    2 => u.function_call(i, &format!("r{id}"), &n.recall, &["{}"]),
+                    _ => u.function_call(i, &format!("c{id}"), "shell", &["{\"a\":", "1}"]),
+                }
+            })
+            .collect();
+        let upstream = u.end("completed", items.clone(), 10, 5);
+        let mut s = StreamSplicer::new(names());
+        let mut out = feed(&mut s, &upstream);
+        let RoundEnd::Finish(tail) = s.end_round(false) else {
+            panic!("no rounds left")
+        };
+        out.extend(tail);
+        let evs = client_events(&out);
+        let visible = visible_items(&items, &n);
+        let last = evs.last().unwrap();
+        assert_eq!(last["type"], "response.completed", "{a:?}");
+        assert_eq!(
+            last["response"]["output"],
+            Value::Array(visible.clone()),
+            "{a:?}"
+        );
+        let done: Vec<Value> = evs
+            .iter()
+            .filter(|v| v["type"] == "response.output_item.done")
+            .map(|v| v["item"].clone())
+            .collect();
+        assert_eq!(done, visible, "{a:?}");
+        let seqs: Vec<u64> = evs
+            .iter()
+            .map(|v| v["sequence_number"].as_u64().unwrap())
+            .collect();
+        assert_eq!(seqs, (0..evs.len() as u64).collect::<Vec<_>>(), "{a:?}");
+        let added: Vec<u64> = evs
+            .iter()
+            .filter(|v| v["type"] == "response.output_item.added")
+            .map(|v| v["output_index"].as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            added,
+            (0..visible.len() as u64).collect::<Vec<_>>(),
+            "{a:?}"
+        );
+        let text = String::from_utf8(out.concat()).unwrap();
+        assert!(!text.contains(&n.recall), "{a:?}");
+        let mut body = json!({"output": items});
+        strip_injected(&mut body, &n);
+        assert_eq!(body["output"], Value::Array(visible), "{a:?}");
+    }
+}
