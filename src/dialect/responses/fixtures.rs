@@ -14,14 +14,32 @@ pub struct Upstream {
     seq: u64,
     pub events: Vec<SseEvent>,
     id: String,
+    tools: Value,
+}
+
+/// A client tool, as a response echoes its request's `tools`.
+pub fn tool(name: &str) -> Value {
+    json!({"type":"function","name":name,"description":"d","parameters":{"type":"object"},"strict":false})
 }
 
 impl Upstream {
+    /// A stream whose response echoes the client's `shell` tool and ctxgate's two tools (default names).
     pub fn new(id: &str) -> Self {
+        let names =
+            crate::dialect::InjectedNames::from_config(&crate::config::RecallConfig::default());
+        Self::with_tools(
+            id,
+            json!([tool("shell"), tool(&names.recall), tool(&names.search)]),
+        )
+    }
+
+    /// A stream whose response echoes `tools`.
+    pub fn with_tools(id: &str, tools: Value) -> Self {
         let mut u = Self {
             seq: 0,
             events: Vec::new(),
             id: id.into(),
+            tools,
         };
         let r = u.response("in_progress", json!([]), Value::Null);
         u.push(json!({"type":"response.created","response": r}));
@@ -32,7 +50,7 @@ impl Upstream {
     pub fn response(&self, status: &str, output: Value, usage: Value) -> Value {
         json!({"id": self.id, "object":"response", "created_at": 1_760_000_000, "status": status,
                "error": null, "incomplete_details": null, "instructions": null, "model": "gpt-5-codex",
-               "output": output, "parallel_tool_calls": true, "store": false, "tools": [], "usage": usage})
+               "output": output, "parallel_tool_calls": true, "store": false, "tools": self.tools, "usage": usage})
     }
 
     /// Appends an event of type `v.type`, numbered next.

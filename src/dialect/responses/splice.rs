@@ -127,9 +127,25 @@ pub fn visible_items(output: &[Value], names: &InjectedNames) -> Vec<Value> {
         .collect()
 }
 
-/// Removes ctxgate's calls (and the reasoning that led only to them) from a whole Responses answer body; returns
-/// how many calls. `status` stays: an answer that called tools is `completed` with or without them.
+/// Removes ctxgate's tools from the `tools` a `response` object echoes; true when there were any.
+pub fn hide_tools(response: &mut Value, names: &InjectedNames) -> bool {
+    let Some(Value::Array(tools)) = response.get_mut("tools") else {
+        return false;
+    };
+    let before = tools.len();
+    tools.retain(|t| {
+        !(kind(t) == "function"
+            && t.get("name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| names.is_injected(n)))
+    });
+    tools.len() != before
+}
+
+/// Removes ctxgate's calls (and the reasoning that led only to them) from a whole Responses answer body, and its
+/// tools from the echoed `tools`; returns how many calls. `status` stays: an answer that called tools is `completed` with or without them.
 pub fn strip_injected(body: &mut Value, names: &InjectedNames) -> usize {
+    hide_tools(body, names);
     let Some(Value::Array(output)) = body.get_mut("output") else {
         return 0;
     };

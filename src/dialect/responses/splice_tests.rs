@@ -77,8 +77,10 @@ fn strip_the_json_answer_and_sum_usage() {
     let n = names();
     let ours = fc("call_r", &n.search, "{\"query\":\"x\"}");
     let mut body = json!({"id":"resp_2","object":"response","status":"completed",
-        "output":[rs("rs_1"), ours, rs("rs_2"), msg("Hm.")],"usage":usage(5, 1)});
+        "output":[rs("rs_1"), ours, rs("rs_2"), msg("Hm.")],"usage":usage(5, 1),
+        "tools":[tool("shell"), tool(&n.recall), tool(&n.search)]});
     assert_eq!(strip_injected(&mut body, &n), 1);
+    assert_eq!(body["tools"], json!([tool("shell")]));
     assert_eq!(body["output"], json!([rs("rs_2"), msg("Hm.")]));
     assert_eq!(body["status"], "completed");
     // a client call from the same reasoning keeps it
@@ -230,6 +232,10 @@ fn two_rounds_make_one_stream_without_our_tool() {
     assert_eq!(completed["response"]["usage"]["output_tokens"], 80);
     assert_eq!(completed["response"]["usage"]["total_tokens"], 1280);
     assert_eq!(evs[0]["response"]["id"], "resp_1");
+    // the responses list the client's tools only
+    for v in evs.iter().filter(|v| v.get("response").is_some()) {
+        assert_eq!(v["response"]["tools"], json!([tool("shell")]), "{v}");
+    }
     // the event names match their data, and the client's reply is what it saw
     for e in parse(&out.concat()) {
         let v: Value = serde_json::from_str(&e.data).unwrap();
@@ -245,7 +251,7 @@ fn two_rounds_make_one_stream_without_our_tool() {
 
 #[test]
 fn a_single_round_passes_through_byte_for_byte() {
-    let mut u = Upstream::new("resp_1");
+    let mut u = Upstream::with_tools("resp_1", json!([tool("shell")]));
     let items = vec![
         u.reasoning(0, "rs_1", &["Think", "ing"]),
         u.message(1, "msg_1", &["Hello", " there"]),

@@ -2,8 +2,11 @@
 //! `response.in_progress` only, every event renumbered (`sequence_number` strictly increasing, `output_index`
 //! contiguous), ctxgate's `function_call` items swallowed with the reasoning that led only to them, and one terminal
 //! event whose `response.output` is what the client was streamed, with the usage summed and the first round's id.
+//! The `response` objects the client gets do not list ctxgate's tools among their `tools`.
 
-use super::{add_usage, injected_calls, is_client_call, is_injected_call, is_reasoning};
+use super::{
+    add_usage, hide_tools, injected_calls, is_client_call, is_injected_call, is_reasoning,
+};
 use crate::dialect::responses::assemble::{output_items, Assembler, TERMINAL};
 use crate::dialect::responses::errors;
 use crate::dialect::{AssembledReply, InjectedNames};
@@ -170,13 +173,17 @@ impl StreamSplicer {
         let raw = Some(ev.data.as_str());
         match kind.as_str() {
             "response.created" | "response.in_progress" | "response.queued" => {
+                let mut v = v;
+                let changed = v
+                    .get_mut("response")
+                    .is_some_and(|r| hide_tools(r, &self.names));
                 self.last_response = v.get("response").cloned();
                 if self.rounds_ended == 0 {
                     if kind == "response.created" && !self.started {
                         self.started = true;
                         self.first_id = v.pointer("/response/id").cloned();
                     }
-                    out.push(self.emit(&kind, v, raw, None));
+                    out.push(self.emit(&kind, v, raw.filter(|_| !changed), None));
                 }
             }
             k if TERMINAL.contains(&k) => {
@@ -408,6 +415,9 @@ impl StreamSplicer {
             .unwrap_or("response.completed")
             .to_string();
         let output = self.seen.items().unwrap_or_default();
+        if let Some(r) = terminal.get_mut("response") {
+            hide_tools(r, &self.names);
+        }
         if let Some(r) = terminal.get_mut("response").and_then(Value::as_object_mut) {
             r.insert("output".into(), Value::Array(output));
             if let Some(u) = &self.usage {
