@@ -5,6 +5,7 @@ mod conn;
 mod limits;
 mod metrics;
 mod passthrough;
+mod responses_ws;
 
 use crate::app::AppState;
 use crate::dialect::Dialect;
@@ -35,6 +36,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(
             "/v1/messages/count_tokens",
             post(count_tokens).fallback(passthrough::handle),
+        )
+        // A WebSocket upgrade is refused at once (clients fall back to HTTP); everything else is the upstream's.
+        .route(
+            "/v1/responses",
+            get(responses_ws::handle).fallback(passthrough::handle),
         )
         .route("/v1/{*rest}", any(passthrough::handle))
         .route_layer(axum::middleware::from_fn_with_state(
