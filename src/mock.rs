@@ -1,6 +1,7 @@
 //! An in-process mock of an OpenAI-compatible and Anthropic-compatible upstream: records every request's raw bytes
 //! and answers from a script (JSON, SSE with per-chunk delays, HTTP errors, mid-stream errors, stalls; Anthropic
-//! Messages answers rendered as JSON or as Anthropic's event stream, see [`anthropic`]). Used by the tests, the
+//! Messages answers rendered as JSON or as Anthropic's event stream, see [`anthropic`]; OpenAI Responses answers
+//! rendered as JSON or as the Responses event stream, see [`responses`]). Used by the tests, the
 //! benchmarks and `ctxgate mock-upstream`; it never calls a real provider.
 //!
 //! Tests outside Rust (the client-library suites in `tests/clients/`) script it over HTTP through a small
@@ -10,25 +11,34 @@
 //! | request | effect |
 //! |---|---|
 //! | `POST /_mock/script` | queue replies, answered in order (a JSON list of specs, or one spec; see [`Scripted::from_spec`]) |
-//! | `GET /_mock/requests` | every other request so far, in arrival order: `method`, `uri`, `headers`, `body` (JSON or `null`), `raw` (the body as text) and `reply` (what the mock answered: `status` and `body`, or `sse` with the stream's text) |
+//! | `GET /_mock/requests` | every other request so far, in arrival order: `method`, `uri`, `headers`, `body` (JSON or `null`), `raw` (the body as text), `received_ms` (when it arrived, in milliseconds since the Unix epoch) and `reply` (what the mock answered: `status` and `body`, or `sse` with the stream's text) |
 //! | `POST /_mock/reset` | forget the queued replies and the recorded requests |
 //!
 //! A request takes the first queued reply that fits it: an Anthropic reply fits only `POST …/messages` (any query,
-//! e.g. `?beta=true`), any other reply fits every request but `HEAD` and `…/count_tokens`; a reply scripted with
+//! e.g. `?beta=true`), a Responses reply only `POST …/responses` (one that ends its input with a
+//! `compaction_trigger` only when the reply has a `compaction` item), any other reply fits every request but
+//! `HEAD`, `…/count_tokens`, `…/input_tokens`, a WebSocket upgrade and `GET …/responses`; a reply scripted with
 //! a `model` fits only requests for that model (so a client's side requests to a small model do not take the
 //! replies meant for its main loop).
 //!
 //! With nothing fitting queued, the mock answers by default: the model list for `…/models`; 200 for `HEAD`;
 //! `{"input_tokens": N}` for `…/messages/count_tokens` (N from [`estimate_tokens`]); for `…/messages` an Anthropic
 //! message saying `mock reply` whose `usage.input_tokens` is the same estimate (JSON, or the event stream when the
-//! request says `"stream": true`); otherwise a chat completion saying `mock reply` (as JSON, or as an SSE stream
+//! request says `"stream": true`); for `POST …/responses` a Responses answer saying `mock reply` (usage from
+//! [`responses::estimate_tokens`]; exactly one `compaction` item when the input ends with a `compaction_trigger`),
+//! as JSON or as the event stream; `{"object": "response.input_tokens", "input_tokens": N}` for
+//! `…/responses/input_tokens`; for `…/responses/compact` a `response.compaction` (the input's user messages and
+//! one `compaction` item); a 404 in OpenAI's error shape, at once, for `GET …/responses` (Codex's WebSocket
+//! upgrade, with or without its `Upgrade` header, which a proxy may drop as hop-by-hop); otherwise a chat completion saying `mock reply` (as JSON, or as an SSE stream
 //! when the request says `"stream": true`, with a usage chunk when it asks for `stream_options.include_usage`).
 //! Multi-turn tool-using runs are scripted turn by turn.
 
 mod anthropic;
+pub mod responses;
 mod script;
 
 pub use anthropic::{estimate_tokens, AnthropicError, AnthropicReply};
+pub use responses::{ResponsesError, ResponsesReply};
 pub use script::Scripted;
 
 use axum::body::Body;
@@ -68,6 +78,14 @@ impl RecordedRequest {
     /// The path, without the query.
     pub fn path(&self) -> &str {
         self.uri.split('?').next().unwrap_or_default()
+    }
+
+    /// Whether it asks for a WebSocket upgrade (`Upgrade: websocket`).
+    pub fn is_websocket(&self) -> bool {
+        self.headers
+            .get("upgrade")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
     }
 }
 
@@ -299,6 +317,7 @@ async fn control_script(State(state): State<Arc<MockState>>, body: Bytes) -> Res
 /// `GET /_mock/requests`: every request received (the control API's own excepted) with the reply it got.
 async fn control_requests(State(state): State<Arc<MockState>>) -> Response {
     let replies = state.replies.lock().clone();
+    let arrivals = state.arrivals.lock().clone();
     let list: Vec<Value> = state
         .requests
         .lock()
@@ -309,11 +328,15 @@ async fn control_requests(State(state): State<Arc<MockState>>) -> Response {
                 .headers
                 .iter()
                 .map(|(k, v)| {
-                    (k.to_string(), Value::from(String::from_utf8_lossy(v.as_bytes())))
+                    (
+                        k.to_string(),
+                        Value::from(String::from_utf8_lossy(v.as_bytes())),
+                    )
                 })
                 .collect();
             json!({"method": r.method.as_str(), "uri": r.uri, "headers": headers, "body": r.json(),
-                   "raw": String::from_utf8_lossy(&r.body), "reply": replies.get(i).cloned().unwrap_or(Value::Null)})
+                   "raw": String::from_utf8_lossy(&r.body), "received_ms": arrivals.get(i),
+                   "reply": replies.get(i).cloned().unwrap_or(Value::Null)})
         })
         .collect();
     control_json(StatusCode::OK, Value::Array(list))
@@ -324,6 +347,7 @@ async fn control_reset(State(state): State<Arc<MockState>>) -> Response {
     state.script.lock().clear();
     state.requests.lock().clear();
     state.replies.lock().clear();
+    state.arrivals.lock().clear();
     control_json(StatusCode::OK, json!({"reset": true}))
 }
 
@@ -350,6 +374,8 @@ struct MockState {
     requests: Mutex<Vec<RecordedRequest>>,
     /// What was answered to `requests[i]` (as shown by `GET /_mock/requests`).
     replies: Mutex<Vec<Value>>,
+    /// When `requests[i]` arrived, in milliseconds since the Unix epoch.
+    arrivals: Mutex<Vec<u64>>,
     responder: Mutex<Option<Responder>>,
     streams_dropped: AtomicUsize,
 }
@@ -403,6 +429,12 @@ impl MockUpstream {
         self.script(Scripted::anthropic(reply));
     }
 
+    /// Queues a Responses reply (rendered as JSON or SSE as the request asks), answered in order; it fits only
+    /// `POST …/responses`.
+    pub fn push_responses(&self, reply: ResponsesReply) {
+        self.script(Scripted::responses(reply));
+    }
+
     /// Queues a scripted reply (see [`Scripted`] for which requests it fits).
     pub fn script(&self, scripted: Scripted) {
         self.state.script.lock().push_back(scripted);
@@ -435,9 +467,15 @@ async fn handle(State(state): State<Arc<MockState>>, req: Request) -> Response {
         headers: parts.headers.clone(),
         body,
     };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     let index = {
         let mut requests = state.requests.lock();
+        let mut arrivals = state.arrivals.lock();
         requests.push(rec.clone());
+        arrivals.resize(requests.len() - 1, 0);
+        arrivals.push(now);
         requests.len() - 1
     };
     let responder = state.responder.lock().clone();
@@ -469,9 +507,22 @@ fn default_reply(rec: &RecordedRequest) -> MockReply {
             delay: Duration::ZERO,
         };
     }
+    if rec.is_websocket() || (rec.method == Method::GET && rec.path().ends_with("/responses")) {
+        return responses::no_websocket();
+    }
     match rec.path() {
         p if p.ends_with("/messages/count_tokens") => return anthropic::count_tokens(&v),
         p if p.ends_with("/messages") => return AnthropicReply::text("mock reply").render(&v),
+        p if p.ends_with("/responses/input_tokens") => return responses::input_tokens(&v),
+        p if p.ends_with("/responses/compact") => return responses::compact(&v),
+        p if p.ends_with("/responses") && rec.method == Method::POST => {
+            let reply = if responses::asks_compaction(&v) {
+                ResponsesReply::compaction(&v)
+            } else {
+                ResponsesReply::text("mock reply")
+            };
+            return reply.render(&v);
+        }
         _ => {}
     }
     if rec.uri.ends_with("/models") {
