@@ -52,30 +52,54 @@ async fn other_responses_requests_still_pass_through() {
     let stored = json!({"id": "resp_1", "object": "response", "status": "completed", "output": []});
     // plain GET /v1/responses (no upgrade), retrieve, input items, delete, cancel, compact, and an upgrade header
     // on another path: all the upstream's
-    let calls: Vec<(reqwest::Method, &str, bool)> = vec![
-        (reqwest::Method::GET, "/v1/responses", false),
-        (reqwest::Method::GET, "/v1/responses/resp_1", false),
-        (reqwest::Method::GET, "/v1/responses/resp_1/input_items?limit=5", false),
-        (reqwest::Method::DELETE, "/v1/responses/resp_1", false),
-        (reqwest::Method::POST, "/v1/responses/resp_1/cancel", false),
-        (reqwest::Method::POST, "/v1/responses/compact", false),
-        (reqwest::Method::GET, "/v1/responses/resp_1", true),
+    // (method, path, with an upgrade header, the status the client gets: 0 any 2xx). `GET /v1/responses` and
+    // `/compact` get the mock's own answers (relayed as they are); the others a scripted one.
+    let calls: Vec<(reqwest::Method, &str, bool, u16)> = vec![
+        (reqwest::Method::GET, "/v1/responses", false, 404),
+        (reqwest::Method::GET, "/v1/responses/resp_1", false, 200),
+        (
+            reqwest::Method::GET,
+            "/v1/responses/resp_1/input_items?limit=5",
+            false,
+            200,
+        ),
+        (reqwest::Method::DELETE, "/v1/responses/resp_1", false, 200),
+        (
+            reqwest::Method::POST,
+            "/v1/responses/resp_1/cancel",
+            false,
+            200,
+        ),
+        (reqwest::Method::POST, "/v1/responses/compact", false, 0),
+        (reqwest::Method::GET, "/v1/responses/resp_1", true, 200),
     ];
-    for (i, (method, path, with_upgrade)) in calls.iter().enumerate() {
-        h.mock.push(MockReply::json(200, stored.clone()));
+    for (i, (method, path, with_upgrade, status)) in calls.iter().enumerate() {
+        let own = matches!(*path, "/v1/responses" | "/v1/responses/compact");
+        if !own {
+            h.mock.push(MockReply::json(200, stored.clone()));
+        }
         let mut req = h
             .client
             .request(method.clone(), h.url(path))
             .header("authorization", "Bearer sk-test");
         if *with_upgrade {
-            req = req.header("connection", "Upgrade").header("upgrade", "websocket");
+            req = req
+                .header("connection", "Upgrade")
+                .header("upgrade", "websocket");
         }
         if *method == reqwest::Method::POST {
             req = req.body(r#"{"model":"gpt-5","input":[]}"#);
         }
         let resp = req.send().await.unwrap();
-        assert_eq!(resp.status(), 200, "{method} {path}");
-        assert_eq!(resp.json::<Value>().await.unwrap(), stored, "{method} {path}");
+        if *status != 0 {
+            assert_eq!(resp.status(), *status, "{method} {path}");
+        } else {
+            assert!(resp.status().is_success(), "{method} {path}");
+        }
+        let body = resp.json::<Value>().await.unwrap();
+        if !own {
+            assert_eq!(body, stored, "{method} {path}");
+        }
         let seen = &h.mock.requests()[i];
         assert_eq!(seen.uri, *path);
         assert_eq!(seen.method, method.as_str());
