@@ -15,7 +15,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// The message of the refusal.
-pub const MESSAGE: &str = "ctxgate speaks HTTP on /v1/responses: WebSocket upgrades are not supported; \
+pub const MESSAGE: &str =
+    "ctxgate speaks HTTP on /v1/responses: WebSocket upgrades are not supported; \
                            send POST /v1/responses (stream: true for server-sent events)";
 
 /// Whether the request asks to switch protocols (an `Upgrade` header naming anything, WebSocket included).
@@ -31,9 +32,10 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
     if !asks_upgrade(req.headers()) {
         return passthrough::handle(State(state), req).await;
     }
-    let mut timer = state
-        .metrics
-        .start(Route::Passthrough, DialectLabel::NoDialect, Instant::now());
+    let mut timer =
+        state
+            .metrics
+            .start(Route::Passthrough, DialectLabel::NoDialect, Instant::now());
     timer.set_status(StatusCode::UPGRADE_REQUIRED.as_u16());
     tracing::info!(
         target: "ctxgate::access",
