@@ -27,6 +27,24 @@ pub fn add_numbers(a: &mut Value, b: &Value) {
     }
 }
 
+/// A final answer after recall rounds with the rounds' totals: `usage` (when given) and the first round's `id`
+/// (the one the client first saw).
+pub fn with_round_totals(
+    mut answer: Value,
+    usage: Option<Value>,
+    first_id: Option<Value>,
+) -> Value {
+    if let Some(o) = answer.as_object_mut() {
+        if let Some(id) = first_id {
+            o.insert("id".into(), id);
+        }
+        if let Some(u) = usage {
+            o.insert("usage".into(), u);
+        }
+    }
+    answer
+}
+
 /// Largest message an assembler builds (16 MiB of text); a bigger reply is relayed but not assembled.
 pub const MAX_ASSEMBLED_BYTES: usize = 16 * 1024 * 1024;
 

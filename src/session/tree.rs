@@ -389,12 +389,31 @@ fn chain_hashes(raw: &[u64]) -> Vec<u64> {
 
 /// Fast hashes of each message's raw bytes in a chat body (empty when the body cannot be read that way).
 pub fn raw_message_hashes(body: &[u8]) -> Vec<u64> {
-    raw_item_hashes(body, "messages")
+    #[derive(serde::Deserialize)]
+    struct Msgs<'a> {
+        #[serde(borrow)]
+        messages: Vec<&'a serde_json::value::RawValue>,
+    }
+    match serde_json::from_slice::<Msgs>(body) {
+        Ok(m) => hash_all(&m.messages),
+        Err(_) => Vec::new(),
+    }
+}
+
+fn hash_all(items: &[&serde_json::value::RawValue]) -> Vec<u64> {
+    items
+        .iter()
+        .map(|r| xxhash_rust::xxh3::xxh3_64(r.get().as_bytes()))
+        .collect()
 }
 
 /// [`raw_message_hashes`] for a conversation kept under `key` (`input` for the Responses API); empty when the
 /// field is not an array.
 pub fn raw_item_hashes(body: &[u8], key: &str) -> Vec<u64> {
+    if key == "messages" {
+        // the common case, without collecting the other fields
+        return raw_message_hashes(body);
+    }
     let Ok(fields) = serde_json::from_slice::<
         std::collections::HashMap<std::borrow::Cow<'_, str>, &serde_json::value::RawValue>,
     >(body) else {
@@ -404,10 +423,7 @@ pub fn raw_item_hashes(body: &[u8], key: &str) -> Vec<u64> {
         return Vec::new();
     };
     match serde_json::from_str::<Vec<&serde_json::value::RawValue>>(list.get()) {
-        Ok(items) => items
-            .iter()
-            .map(|r| xxhash_rust::xxh3::xxh3_64(r.get().as_bytes()))
-            .collect(),
+        Ok(items) => hash_all(&items),
         Err(_) => Vec::new(),
     }
 }
@@ -584,5 +600,23 @@ mod tests {
         let mut no_status = a.clone();
         no_status.as_object_mut().unwrap().remove("status");
         assert_eq!(node_id(Some("p"), &a), node_id(Some("p"), &no_status));
+    }
+
+    #[test]
+    fn item_hashes_read_the_dialects_field() {
+        let items = r#"[{"type":"message","role":"user","content":"q"},{"type":"function_call","call_id":"c"}]"#;
+        let as_messages =
+            raw_message_hashes(format!(r#"{{"model":"m","messages":{items}}}"#).as_bytes());
+        let as_input = raw_item_hashes(
+            format!(r#"{{"model":"m","input":{items}}}"#).as_bytes(),
+            "input",
+        );
+        assert_eq!(as_input.len(), 2);
+        assert_eq!(
+            as_input, as_messages,
+            "the same bytes, the same hashes, whatever the field"
+        );
+        assert!(raw_item_hashes(br#"{"input":"just text"}"#, "input").is_empty());
+        assert!(raw_item_hashes(br#"{"messages":[]}"#, "input").is_empty());
     }
 }

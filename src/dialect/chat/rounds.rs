@@ -2,6 +2,7 @@
 //! the splicer of `data:` chunk streams (see [`StreamSplicer`]) ended by `[DONE]`.
 
 use super::{strip_injected, MessageAssembler, RoundEnd, StreamSplicer};
+use crate::dialect::reply::with_round_totals;
 use crate::dialect::rounds::{Splice, SpliceEnd};
 use crate::dialect::{AssembledReply, InjectedNames};
 use crate::sse::SseEvent;
@@ -118,13 +119,5 @@ pub fn finalize(
             }
         }
     }
-    if let Some(o) = v.as_object_mut() {
-        if let Some(id) = first_id {
-            o.insert("id".into(), id);
-        }
-        if let Some(u) = usage {
-            o.insert("usage".into(), u);
-        }
-    }
-    v
+    with_round_totals(v, usage, first_id)
 }

@@ -10,6 +10,7 @@ mod stream;
 pub use stream::{RoundEnd, StreamSplicer};
 
 use crate::dialect::reply::add_numbers;
+use crate::dialect::reply::with_round_totals;
 use crate::dialect::InjectedNames;
 use serde_json::{json, Value};
 
@@ -205,15 +206,7 @@ pub fn finalize_body(
     first_id: Option<Value>,
 ) -> Value {
     strip_injected(&mut body, names);
-    if let Some(o) = body.as_object_mut() {
-        if let Some(id) = first_id {
-            o.insert("id".into(), id);
-        }
-        if let Some(u) = usage {
-            o.insert("usage".into(), u);
-        }
-    }
-    body
+    with_round_totals(body, usage, first_id)
 }
 
 #[cfg(test)]
