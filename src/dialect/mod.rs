@@ -8,6 +8,7 @@ pub mod chat;
 mod names;
 pub mod reply;
 pub mod request;
+pub mod responses;
 pub mod rounds;
 
 pub use names::InjectedNames;

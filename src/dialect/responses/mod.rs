@@ -1,0 +1,11 @@
+//! The OpenAI Responses dialect (`POST /v1/responses`): its input items converted to the neutral conversation and
+//! rendered back with every untouched item borrowed, the request check and the validator of rewrites.
+
+pub mod convert;
+mod rebuild;
+pub mod request;
+pub mod validate;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests;
