@@ -63,8 +63,8 @@ fn the_conversion_groups_parallel_calls_and_keeps_opaque_items_standalone() {
             (0, 1),
             (1, 2),
             (2, 7),
-            (7, 9),
-            (9, 10),
+            (7, 8),
+            (8, 10),
             (10, 11),
             (11, 12),
             (12, 13)
@@ -124,7 +124,10 @@ fn a_cleared_output_keeps_its_item_and_fields() {
     assert_eq!(sent[7]["type"], "function_call_output");
     assert_eq!(sent[7]["output"], out[3]["content"]);
     assert_ne!(sent[7], it[7]);
-    assert_eq!(sent[8], it[8], "the opaque item in the loop rides along");
+    assert_eq!(
+        sent[8], it[8],
+        "the opaque item in the loop rides with the next output"
+    );
     for (k, (a, b)) in sent.iter().zip(&it).enumerate().filter(|(k, _)| *k != 7) {
         assert_eq!(a, b, "item {k}");
     }
@@ -177,6 +180,16 @@ fn truncated_text_keeps_part_kind_and_phase() {
     assert_eq!(sent[12]["content"][0]["type"], "input_text");
     let client = json!({"model":"m","input":it});
     let mut s = client.clone();
+    s["input"] = json!(sent);
+    let e = check_rewrite(&client, &s).unwrap_err();
+    assert!(e.contains("newest"), "{e}");
+    out[7] = n.messages[7].clone();
+    let sent = render(
+        &it,
+        &n,
+        out.clone(),
+        (0..out.len()).map(Source::Client).collect(),
+    );
     s["input"] = json!(sent);
     assert_eq!(check_rewrite(&client, &s), Ok(()));
 }

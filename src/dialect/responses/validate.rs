@@ -14,13 +14,11 @@ pub fn check_sequence(items: &[Value]) -> Result<(), String> {
     for (i, it) in items.iter().enumerate() {
         let t = it.get("type").and_then(Value::as_str).unwrap_or("message");
         match kind(it) {
-            Kind::Call => {
-                if !calls.insert((t, call_id(it))) || call_id(it).is_empty() {
-                    return Err(format!(
-                        "input[{i}]: call id {:?} is not unique",
-                        call_id(it)
-                    ));
-                }
+            Kind::Call if call_id(it).is_empty() || !calls.insert((t, call_id(it))) => {
+                return Err(format!(
+                    "input[{i}]: call id {:?} is empty or not unique",
+                    call_id(it)
+                ));
             }
             Kind::Output => {
                 let call = t.trim_end_matches("_output");
