@@ -37,6 +37,16 @@ pub enum Origin {
     },
 }
 
+impl Origin {
+    /// The input items it stands for (`None` for `instructions`).
+    pub fn items(self) -> Option<std::ops::Range<usize>> {
+        match self {
+            Origin::Instructions => None,
+            Origin::Items { start, end } => Some(start..end),
+        }
+    }
+}
+
 /// A request's conversation in the neutral shape, with the origin of each message (aligned).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Neutral {
@@ -165,13 +175,7 @@ fn group(n: &mut Neutral, input: &[Value], start: usize) -> usize {
         match kind(it) {
             Kind::Assistant => texts.push(text_of(it.get("content"))),
             Kind::Call if answered.contains(call_id(it)) && ids.insert(call_id(it)) => {
-                let args = match it.get("arguments").or_else(|| it.get("input")) {
-                    Some(Value::String(s)) => s.clone(),
-                    Some(other) => other.to_string(),
-                    None => String::new(),
-                };
-                calls.push(json!({"id":call_id(it),"type":"function",
-                    "function":{"name":it.get("name").cloned().unwrap_or(Value::Null),"arguments":args}}));
+                calls.push(tool_call(it));
             }
             _ => {}
         }
@@ -205,6 +209,34 @@ fn group(n: &mut Neutral, input: &[Value], start: usize) -> usize {
         }
     }
     k
+}
+
+/// The neutral tool call of a `function_call` / `custom_tool_call` item (its `arguments` / `input` as arguments).
+fn tool_call(it: &Value) -> Value {
+    let args = match it.get("arguments").or_else(|| it.get("input")) {
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+        None => String::new(),
+    };
+    json!({"id":call_id(it),"type":"function",
+        "function":{"name":it.get("name").cloned().unwrap_or(Value::Null),"arguments":args}})
+}
+
+/// The neutral tool message of an output item.
+fn tool_message(it: &Value) -> Value {
+    json!({"role":"tool","tool_call_id":call_id(it),"content":content(it.get("output"))})
+}
+
+/// The neutral message of one stored client item on its own, for recall and search: a call item an assistant
+/// message with that tool call, an output item a tool message, anything else as in [`to_neutral`].
+pub fn neutral_of(item: &Value) -> Vec<Value> {
+    match kind(item) {
+        Kind::Call => {
+            vec![json!({"role":"assistant","content":null,"tool_calls":[tool_call(item)]})]
+        }
+        Kind::Output => vec![tool_message(item)],
+        _ => to_neutral(None, std::slice::from_ref(item)).messages,
+    }
 }
 
 /// Neutral content of a message or output: its string, or parts (`text`, `image`, others as `{type, content}`).

@@ -2,7 +2,7 @@
 //! reasoning, cleared outputs, dropped units, truncated text, opaque items inside and outside tool loops, string
 //! input), and property tests that run the real planner on random valid inputs.
 
-use super::convert::{from_neutral, input_items, to_neutral, Neutral, Origin};
+use super::convert::{from_neutral, input_items, neutral_of, to_neutral, Neutral, Origin};
 use super::validate::{check_rewrite, check_sequence};
 use crate::context::shape::{placeholder, truncated};
 use crate::message::Source;
@@ -314,4 +314,21 @@ fn the_validator_names_what_is_wrong() {
     let mut lost = phased.clone();
     lost["input"][0].as_object_mut().unwrap().remove("phase");
     assert!(check_rewrite(&phased, &lost).is_err());
+}
+
+#[test]
+fn stored_items_alone_have_a_neutral_form() {
+    let it = items();
+    assert_eq!(neutral_of(&it[4])[0]["tool_calls"][0]["id"], "c1");
+    assert_eq!(
+        neutral_of(&it[9]),
+        [json!({"role":"tool","tool_call_id":"c2","content":"patched"})]
+    );
+    assert_eq!(
+        neutral_of(&it[1]),
+        [json!({"role":"user","content":"fix the bug"})]
+    );
+    assert_eq!(neutral_of(&it[0])[0]["role"], "system");
+    assert_eq!(Origin::Items { start: 2, end: 7 }.items(), Some(2..7));
+    assert_eq!(Origin::Instructions.items(), None);
 }
