@@ -332,3 +332,57 @@ fn stored_items_alone_have_a_neutral_form() {
     assert_eq!(Origin::Items { start: 2, end: 7 }.items(), Some(2..7));
     assert_eq!(Origin::Instructions.items(), None);
 }
+
+#[test]
+fn reasoning_goes_with_the_item_it_precedes() {
+    let it = vec![
+        json!({"role":"user","content":"q"}),
+        json!({"type":"reasoning","summary":[],"encrypted_content":"ra"}),
+        json!({"type":"message","role":"assistant","phase":"commentary","content":[{"type":"output_text","text":"A"}]}),
+        json!({"type":"reasoning","summary":[],"encrypted_content":"rb"}),
+        json!({"type":"message","role":"assistant","phase":"final_answer","content":[{"type":"output_text","text":"B"}]}),
+        json!({"type":"reasoning","summary":[],"encrypted_content":"rc"}),
+        json!({"type":"function_call","call_id":"c","name":"f","arguments":"{}"}),
+        json!({"type":"reasoning","summary":[],"encrypted_content":"rd"}),
+        json!({"type":"function_call","call_id":"d","name":"f","arguments":"{}"}),
+        json!({"type":"function_call_output","call_id":"c","output":"C"}),
+        json!({"type":"function_call_output","call_id":"d","output":"D"}),
+    ];
+    assert_eq!(check_sequence(&it), Ok(()));
+    let n = to_neutral(None, &it);
+    assert_eq!(items_of(&n), [(0, 1), (1, 9), (9, 10), (10, 11)]);
+    assert_eq!(n.messages[1]["content"], "A\nB");
+    // New text: the first message takes it, the second goes with its reasoning; call `d` (and `rd`) left out.
+    let mut a = n.messages[1].clone();
+    a["content"] = json!("A2");
+    a["tool_calls"].as_array_mut().unwrap().truncate(1);
+    let out = vec![n.messages[0].clone(), a, n.messages[2].clone()];
+    let sent = render(
+        &it,
+        &n,
+        out,
+        vec![Source::Client(0), Source::Client(1), Source::Client(2)],
+    );
+    let mut want = vec![
+        it[0].clone(),
+        it[1].clone(),
+        it[2].clone(),
+        it[5].clone(),
+        it[6].clone(),
+        it[9].clone(),
+    ];
+    want[2]["content"] = json!([{"type":"output_text","text":"A2"}]);
+    assert_eq!(sent, want);
+    assert_eq!(check_sequence(&sent), Ok(()));
+    // No text left and no call: nothing but reasoning would remain, so nothing is sent.
+    let mut a = n.messages[1].clone();
+    a["content"] = Value::Null;
+    a.as_object_mut().unwrap().remove("tool_calls");
+    let sent = render(
+        &it,
+        &n,
+        vec![n.messages[0].clone(), a],
+        vec![Source::Client(0), Source::Client(1)],
+    );
+    assert_eq!(sent, [it[0].clone()]);
+}
