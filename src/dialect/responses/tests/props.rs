@@ -1,0 +1,337 @@
+//! Property tests: random valid Responses inputs (messages with phase, parallel function and custom tool calls with
+//! reasoning items carrying encrypted content, long outputs, compaction and unknown items, developer messages)
+//! through the real planner with a window small enough to make it rewrite.
+
+use super::super::convert::{from_neutral, to_neutral};
+use super::super::validate::{check_rewrite, check_sequence};
+use crate::config::{ContextConfig, PruneConfig, Strategy as Rewriting};
+use crate::context::plan::{plan, Plan, PlanInput, Summaries};
+use crate::context::tokens::{Encoding, TokenCounter};
+use crate::message::{is_system, Source};
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use serde_json::{json, Value};
+use std::borrow::Cow;
+
+#[derive(Debug, Clone)]
+struct Round {
+    calls: usize,
+    reasoning: bool,
+    text: bool,
+    custom: bool,
+    long: bool,
+    opaque_in_loop: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Turn {
+    developer: bool,
+    opaque: u8,
+    parts: bool,
+    rounds: Vec<Round>,
+    final_reasoning: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Conv {
+    instructions: bool,
+    compaction: bool,
+    turns: Vec<Turn>,
+    end_in_loop: bool,
+    words: usize,
+}
+
+fn round() -> impl Strategy<Value = Round> {
+    (
+        1..=3usize,
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<u8>(),
+    )
+        .prop_map(|(calls, reasoning, text, custom, long, o)| Round {
+            calls,
+            reasoning,
+            text,
+            custom,
+            long,
+            opaque_in_loop: o % 8 == 0,
+        })
+}
+
+fn turn() -> impl Strategy<Value = Turn> {
+    (
+        any::<bool>(),
+        0..4u8,
+        any::<bool>(),
+        prop::collection::vec(round(), 0..4),
+        any::<bool>(),
+    )
+        .prop_map(|(developer, opaque, parts, rounds, final_reasoning)| Turn {
+            developer,
+            opaque,
+            parts,
+            rounds,
+            final_reasoning,
+        })
+}
+
+fn conv() -> impl Strategy<Value = Conv> {
+    (
+        any::<bool>(),
+        any::<bool>(),
+        prop::collection::vec(turn(), 1..7),
+        any::<bool>(),
+        20..400usize,
+    )
+        .prop_map(
+            |(instructions, compaction, turns, end_in_loop, words)| Conv {
+                instructions,
+                compaction,
+                turns,
+                end_in_loop,
+                words,
+            },
+        )
+}
+
+fn words(tag: &str, n: usize) -> String {
+    (0..n)
+        .map(|w| format!("{tag}{w}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn reasoning(tag: &str) -> Value {
+    json!({"type":"reasoning","id":format!("rs_{tag}"),"summary":[{"type":"summary_text","text":format!("plan {tag}")}],
+        "encrypted_content":format!("gAAAAB{tag}enc==")})
+}
+
+/// The client's body for a spec: an input valid for the Responses API.
+fn build(c: &Conv) -> Value {
+    let mut items: Vec<Value> = Vec::new();
+    if c.compaction {
+        items.push(
+            json!({"type":"compaction","id":"cmp_1","encrypted_content":"gAAAAcompactedhistory=="}),
+        );
+    }
+    let last_turn = c.turns.len() - 1;
+    for (t, turn) in c.turns.iter().enumerate() {
+        if turn.developer && t > 0 {
+            items.push(json!({"type":"message","role":"developer","content":[{"type":"input_text","text":format!("Reminder {t}.")}]}));
+        }
+        match turn.opaque {
+            1 => items.push(json!({"type":"item_reference","id":format!("msg_ref{t}")})),
+            2 => {
+                items.push(json!({"type":"future_thing","payload":{"note":format!("opaque {t}")}}))
+            }
+            _ => {}
+        }
+        let q = format!("question {t} {}", words("q", c.words / 8));
+        items.push(if turn.parts {
+            json!({"type":"message","role":"user","content":[{"type":"input_text","text":q},{"type":"input_image","image_url":"data:image/png;base64,iVBOR"}]})
+        } else {
+            json!({"role":"user","content":q})
+        });
+        for (r, round) in turn.rounds.iter().enumerate() {
+            let tag = format!("{t}_{r}");
+            if round.reasoning {
+                items.push(reasoning(&tag));
+            }
+            if round.text {
+                items.push(
+                    json!({"type":"message","role":"assistant","phase":"commentary",
+                    "content":[{"type":"output_text","text":format!("Let me look ({tag}).")}]}),
+                );
+            }
+            let ids: Vec<String> = (0..round.calls)
+                .map(|k| format!("call_{tag}_{k}"))
+                .collect();
+            for (k, id) in ids.iter().enumerate() {
+                if round.custom && k == 0 {
+                    items.push(json!({"type":"custom_tool_call","call_id":id,"name":"apply_patch","input":format!("*** Begin Patch {id}")}));
+                } else {
+                    items.push(json!({"type":"function_call","call_id":id,"name":"read_file","arguments":format!("{{\"path\":\"src/{id}.rs\"}}")}));
+                }
+            }
+            let n = if round.long { c.words * 4 } else { c.words / 4 };
+            for (k, id) in ids.iter().enumerate() {
+                let t = if round.custom && k == 0 {
+                    "custom_tool_call_output"
+                } else {
+                    "function_call_output"
+                };
+                items.push(
+                    json!({"type":t,"call_id":id,"output":format!("{id}: {}", words("w", n))}),
+                );
+                if round.opaque_in_loop && k == 0 {
+                    items.push(json!({"type":"future_thing","payload":format!("in loop {tag}")}));
+                }
+            }
+        }
+        let in_flight = t == last_turn && c.end_in_loop && !turn.rounds.is_empty();
+        if !in_flight {
+            if turn.final_reasoning {
+                items.push(reasoning(&format!("{t}_f")));
+            }
+            items.push(json!({"type":"message","role":"assistant","phase":"final_answer",
+                "content":[{"type":"output_text","text":format!("answer {t} {}", words("a", c.words / 4)),"annotations":[]}]}));
+            if t == last_turn {
+                items.push(json!({"role":"user","content":"thanks, and next?"}));
+            }
+        }
+    }
+    let mut body = json!({"model":"gpt-5-codex"});
+    if c.instructions {
+        body["instructions"] = json!("You are Codex.");
+    }
+    body["input"] = Value::Array(items);
+    body["tools"] = json!([{"type":"function","name":"read_file","parameters":{"type":"object"}},
+        {"type":"custom","name":"apply_patch"}]);
+    body["reasoning"] = json!({"effort":"medium","summary":"auto"});
+    body["store"] = json!(false);
+    body["include"] = json!(["reasoning.encrypted_content"]);
+    body["prompt_cache_key"] = json!("session-1");
+    body["stream"] = json!(true);
+    body
+}
+
+fn strategy(k: u8) -> Rewriting {
+    match k {
+        0 => Rewriting::Prune,
+        1 => Rewriting::Summarize,
+        _ => Rewriting::Hybrid,
+    }
+}
+
+/// The client's body as sent upstream after planning with a window of `frac` of its estimated size: `None` when
+/// the planner forwards or refuses.
+fn rewritten(
+    client: &Value,
+    frac: f64,
+    strat: u8,
+    counter: &TokenCounter,
+) -> Option<(Value, bool)> {
+    let native = client["input"].as_array()?;
+    let neutral = to_neutral(client.get("instructions"), native);
+    let total: u64 = neutral
+        .messages
+        .iter()
+        .map(|m| counter.message_tokens(Encoding::O200k, m))
+        .sum();
+    let ready: Vec<(usize, Value)> = (1..=neutral.messages.len())
+        .map(|u| {
+            (
+                u,
+                json!({"role":"system","content":format!("Summary of the first {u} messages.")}),
+            )
+        })
+        .collect();
+    let input = PlanInput {
+        messages: &neutral.messages,
+        tools: client.get("tools"),
+        first_seen: None,
+        now: 1_000_000,
+        encoding: Encoding::O200k,
+        ratio: 1.0,
+        strategy: strategy(strat),
+        window: ((total as f64 * frac) as u64).max(200),
+        recall_tool: Some("recall_tool_call"),
+        reserve: 0,
+        summaries: Some(Summaries {
+            keep_recent: 4,
+            max_tokens: 50,
+            ready: &ready,
+        }),
+        precompute_at: 0.6,
+    };
+    let Plan::Rewrite(rw) = plan(
+        &input,
+        &ContextConfig::default(),
+        &PruneConfig::default(),
+        counter,
+    ) else {
+        return None;
+    };
+    let summarized = rw.sources.contains(&Source::Added);
+    // The recall note, after the leading system messages (the dialect keeps `instructions` outside its input).
+    let (mut out, mut sources) = (rw.messages.clone(), rw.sources.clone());
+    let at = out.iter().position(|m| !is_system(m)).unwrap_or(out.len());
+    let note = json!({"role":"system","content":"Results of earlier tool calls were left out; recall them."});
+    out.insert(at, Cow::Owned(note));
+    sources.insert(at, Source::Added);
+    let items = from_neutral(native, &neutral, &out, &sources);
+    let mut sent = client.clone();
+    sent["input"] = serde_json::to_value(&items).ok()?;
+    Some((sent, summarized))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn rewrites_of_valid_inputs_are_valid(c in conv(), frac in 0.15f64..1.4, strat in 0..3u8) {
+        let client = build(&c);
+        let native = client["input"].as_array().unwrap();
+        prop_assert_eq!(check_sequence(native), Ok(()), "the generator makes valid inputs");
+        let neutral = to_neutral(client.get("instructions"), native);
+        prop_assert_eq!(crate::context::units::check_sequence(&neutral.messages), Ok(()));
+
+        // An unchanged plan renders the client's bytes.
+        let out: Vec<Cow<'_, Value>> = neutral.messages.iter().map(Cow::Borrowed).collect();
+        let src: Vec<Source> = (0..out.len()).map(Source::Client).collect();
+        let same = from_neutral(native, &neutral, &out, &src);
+        prop_assert!(same.iter().all(|m| matches!(m, Cow::Borrowed(_))));
+        prop_assert_eq!(serde_json::to_string(&same).unwrap(), serde_json::to_string(native).unwrap());
+
+        let counter = TokenCounter::new();
+        if let Some((sent, _)) = rewritten(&client, frac, strat, &counter) {
+            let items = sent["input"].as_array().unwrap();
+            prop_assert_eq!(check_sequence(items), Ok(()), "{}", serde_json::to_string_pretty(items).unwrap());
+            prop_assert_eq!(check_rewrite(&client, &sent), Ok(()));
+            // The compaction item is never dropped, and stays before everything that followed it.
+            if c.compaction {
+                prop_assert_eq!(&items[0], &native[0]);
+            }
+            let again: Value = serde_json::from_str(&client.to_string()).unwrap();
+            let (sent2, _) = rewritten(&again, frac, strat, &TokenCounter::new()).unwrap();
+            prop_assert_eq!(sent.to_string(), sent2.to_string());
+        }
+    }
+}
+
+/// The generator does reach rewrites of every kind (so the test above checks something): summaries, cleared
+/// outputs, left-out reasoning, rebuilt assistant messages.
+#[test]
+fn the_generator_reaches_rewrites_of_every_kind() {
+    let counter = TokenCounter::new();
+    let (mut rewrites, mut summaries, mut cleared, mut dropped_reasoning) = (0, 0, 0, 0);
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    for _ in 0..40 {
+        let c = conv().new_tree(&mut runner).unwrap().current();
+        let client = build(&c);
+        let native = client["input"].as_array().unwrap();
+        for (strat, frac) in [(0, 0.4), (0, 0.8), (1, 0.4), (2, 0.4)] {
+            let Some((sent, s)) = rewritten(&client, frac, strat, &counter) else {
+                continue;
+            };
+            rewrites += 1;
+            summaries += usize::from(s);
+            let items = sent["input"].as_array().unwrap();
+            cleared += items
+                .iter()
+                .filter(|m| m["type"] == "function_call_output" && !native.contains(m))
+                .count();
+            let rs = |v: &[Value]| v.iter().filter(|m| m["type"] == "reasoning").count();
+            dropped_reasoning += usize::from(rs(items) < rs(native));
+        }
+    }
+    assert!(rewrites >= 40, "{rewrites} rewrites");
+    assert!(summaries >= 5, "{summaries} summarized");
+    assert!(cleared >= 5, "{cleared} cleared outputs");
+    assert!(
+        dropped_reasoning >= 1,
+        "{dropped_reasoning} rewrites leaving reasoning out"
+    );
+}

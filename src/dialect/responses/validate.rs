@@ -1,0 +1,117 @@
+//! What the Responses API requires of an input, and what a rewrite of a client's body must keep: the checks the
+//! property tests run on every rewritten request (and that a caller may run before sending one).
+
+use super::convert::{call_id, kind, Kind};
+use serde_json::{Map, Value};
+use std::collections::HashSet;
+
+/// Checks an input as the Responses API does: every `function_call_output` / `custom_tool_call_output` answers a
+/// call earlier in the input (of the matching kind); every `reasoning` item is followed by the item it produced
+/// (not the end of the input, not an output item); call ids unique;
+/// a `compaction_trigger` only as the last item.
+pub fn check_sequence(items: &[Value]) -> Result<(), String> {
+    let mut calls: HashSet<(&str, &str)> = HashSet::new();
+    for (i, it) in items.iter().enumerate() {
+        let t = it.get("type").and_then(Value::as_str).unwrap_or("message");
+        match kind(it) {
+            Kind::Call if call_id(it).is_empty() || !calls.insert((t, call_id(it))) => {
+                return Err(format!(
+                    "input[{i}]: call id {:?} is empty or not unique",
+                    call_id(it)
+                ));
+            }
+            Kind::Output => {
+                let call = t.trim_end_matches("_output");
+                if !calls.contains(&(call, call_id(it))) {
+                    return Err(format!(
+                        "input[{i}]: no {call} found for {t} with call_id {:?}",
+                        call_id(it)
+                    ));
+                }
+            }
+            Kind::Reasoning => {
+                let next = items.get(i + 1).map(kind);
+                if matches!(next, None | Some(Kind::Output)) {
+                    return Err(format!(
+                        "input[{i}]: reasoning item provided without its required following item"
+                    ));
+                }
+            }
+            _ if t == "compaction_trigger" && i + 1 != items.len() => {
+                return Err(format!(
+                    "input[{i}]: compaction_trigger must be the last item"
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `sent`, the body sent upstream, keeps what must not change of `client`, the client's body: every
+/// top-level field but `input` and `tools` identical and in the same order (`instructions`, `include`,
+/// `prompt_cache_key`, `store`, `reasoning`, `text`, `context_management` among them); the client's `tools` an
+/// identical prefix of the sent ones; every reasoning, compaction or other opaque item sent byte-identical to one
+/// of the client's, in the client's order; `phase` kept on every assistant message sent that comes from a client
+/// message carrying it; the client's newest item sent last, unchanged.
+pub fn check_rewrite(client: &Value, sent: &Value) -> Result<(), String> {
+    let (Some(c), Some(s)) = (client.as_object(), sent.as_object()) else {
+        return Err("both bodies must be JSON objects".into());
+    };
+    check_fields(c, s)?;
+    let (ci, si) = (input(c), input(s));
+    let carried = |it: &&Value| matches!(kind(it), Kind::Reasoning | Kind::Opaque);
+    let mut rest = ci.iter().filter(carried);
+    for (i, it) in si.iter().enumerate().filter(|(_, it)| carried(it)) {
+        if !rest.any(|x| x == it) {
+            return Err(format!(
+                "input[{i}]: an opaque item that is not the client's, changed or out of order"
+            ));
+        }
+    }
+    let phased = ci
+        .iter()
+        .any(|m| kind(m) == Kind::Assistant && m.get("phase").is_some());
+    if phased {
+        if let Some(i) = si
+            .iter()
+            .position(|m| kind(m) == Kind::Assistant && m.get("phase").is_none())
+        {
+            return Err(format!("input[{i}]: an assistant message lost its `phase`"));
+        }
+    }
+    if ci.last() != si.last() {
+        return Err("the client's newest item is not the last item sent".into());
+    }
+    Ok(())
+}
+
+fn input(o: &Map<String, Value>) -> &[Value] {
+    o.get("input")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
+fn check_fields(c: &Map<String, Value>, s: &Map<String, Value>) -> Result<(), String> {
+    let skip = |k: &str| matches!(k, "input" | "tools");
+    for (k, v) in c.iter().filter(|(k, _)| !skip(k)) {
+        if s.get(k) != Some(v) {
+            return Err(format!("top-level field `{k}` changed or missing"));
+        }
+    }
+    if let Some(k) = s.keys().find(|k| !skip(k) && !c.contains_key(*k)) {
+        return Err(format!("top-level field `{k}` was added"));
+    }
+    let order = |o: &Map<String, Value>| -> Vec<String> {
+        o.keys().filter(|k| c.contains_key(*k)).cloned().collect()
+    };
+    if order(c) != order(s) {
+        return Err("the client's top-level fields were reordered".into());
+    }
+    match (c.get("tools"), s.get("tools")) {
+        (None | Some(Value::Null), _) => Ok(()),
+        (Some(Value::Array(ct)), Some(Value::Array(st))) if st.starts_with(ct) => Ok(()),
+        _ => Err("the client's `tools` are not an identical prefix of the tools sent".into()),
+    }
+}
