@@ -234,12 +234,13 @@ mod tests {
         for d in [Dialect::Chat, Dialect::Anthropic] {
             assert_eq!(DialectLabel::from(d).as_str(), d.as_str());
         }
-        // `none` is no dialect's name
+        // `none` is no dialect's name (`responses` is the name of the dialect whose variant comes with its wire
+        // pieces)
         assert!(DialectLabel::ALL
             .iter()
             .filter(|l| [Dialect::Chat, Dialect::Anthropic]
                 .iter()
                 .all(|d| DialectLabel::from(*d) != **l))
-            .all(|l| *l == DialectLabel::NoDialect));
+            .all(|l| [DialectLabel::NoDialect, DialectLabel::Responses].contains(l)));
     }
 }

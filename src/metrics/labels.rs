@@ -50,6 +50,8 @@ label_enum! {
         Chat => "chat",
         /// Anthropic Messages.
         Anthropic => "anthropic",
+        /// OpenAI Responses.
+        Responses => "responses",
         /// No dialect: the request was not handled as a conversation.
         NoDialect => "none",
     }
@@ -62,6 +64,19 @@ label_enum! {
         Overloaded => "overloaded",
         /// The body did not arrive within `server.body_read_timeout_secs`: 408.
         BodyTimeout => "body_timeout",
+    }
+}
+
+label_enum! {
+    /// Why ctxgate passed a conversation request through without managing it (`reason`): its history is kept by
+    /// the upstream, out of ctxgate's sight, or it asks the upstream for a compaction that must not be rewritten.
+    pub enum UnmanagedReason {
+        /// A Responses request continuing a stored response (`previous_response_id`).
+        PreviousResponseId => "previous_response_id",
+        /// A Responses request in a stored conversation (`conversation`).
+        Conversation => "conversation",
+        /// Codex's remote compaction: a `compaction_trigger` input item.
+        CompactionTrigger => "compaction_trigger",
     }
 }
 

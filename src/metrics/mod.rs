@@ -10,7 +10,8 @@ pub mod names;
 
 pub use labels::{
     CacheResult, DialectLabel, RecallOutcome, RecallTool, RejectReason, RewriteOutcome,
-    RewriteStrategy, Route, StatusClass, StoreBackend, StoreOp, SummaryOutcome, UpstreamErrorClass,
+    RewriteStrategy, Route, StatusClass, StoreBackend, StoreOp, SummaryOutcome, UnmanagedReason,
+    UpstreamErrorClass,
 };
 pub use models::{ModelResolver, OTHER};
 
@@ -47,6 +48,8 @@ pub struct Metrics {
     active_streams: IntGauge,
     /// route × dialect × reason.
     rejected: Vec<IntCounter>,
+    /// dialect × reason.
+    unmanaged: Vec<IntCounter>,
     duration: Vec<Histogram>,
     upstream: Vec<Histogram>,
     overhead: Vec<Histogram>,
@@ -160,7 +163,7 @@ impl Metrics {
         let requests = counters(
             &r,
             REQUESTS_TOTAL,
-            "Finished requests by route class (chat, passthrough, admin), dialect (chat, anthropic; none outside a conversation), status class and stream flag.",
+            "Finished requests by route class (chat, passthrough, admin), dialect (chat, anthropic, responses; none outside a conversation), status class and stream flag.",
             &["route", "dialect", "status", "stream"],
         )?;
         let in_flight = register(
@@ -246,6 +249,12 @@ impl Metrics {
             "Requests refused before being handled, by route, dialect and reason (overloaded: beyond server.max_in_flight, 503; body_timeout: body not received within server.body_read_timeout_secs, 408).",
             &["route", "dialect", "reason"],
         )?;
+        let unmanaged = counters(
+            &r,
+            UNMANAGED_REQUESTS_TOTAL,
+            "Conversation requests passed through without being managed, by dialect and reason (previous_response_id or conversation: the upstream keeps the history; compaction_trigger: a remote compaction). Counted in ctxgate_requests_total too.",
+            &["dialect", "reason"],
+        )?;
         let build = register(
             &r,
             IntGaugeVec::new(
@@ -280,6 +289,10 @@ impl Metrics {
             rejected: resolve(&[&routes, &dialects, &reasons], |l| {
                 rejected.with_label_values(l)
             }),
+            unmanaged: resolve(
+                &[&dialects, &values(UnmanagedReason::ALL, UnmanagedReason::as_str)],
+                |l| unmanaged.with_label_values(l),
+            ),
             duration: resolve(&[&routes, &dialects], |l| duration.with_label_values(l)),
             upstream: resolve(&[&routes, &dialects], |l| upstream.with_label_values(l)),
             overhead: resolve(&[&routes, &dialects], |l| overhead.with_label_values(l)),
@@ -400,6 +413,12 @@ impl Metrics {
             (reason.idx(), RejectReason::ALL.len()),
         ]);
         self.rejected[i].inc();
+    }
+
+    /// Counts a conversation request passed through unmanaged (it is still recorded by its timer).
+    pub fn unmanaged(&self, dialect: impl Into<DialectLabel>, reason: UnmanagedReason) {
+        let i = at(&[d(dialect.into()), (reason.idx(), UnmanagedReason::ALL.len())]);
+        self.unmanaged[i].inc();
     }
 
     /// Counts an upstream failure.

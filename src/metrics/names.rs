@@ -11,6 +11,9 @@ pub const ACTIVE_STREAMS: &str = "ctxgate_active_streams";
 /// `server.max_in_flight`, answered 503; body_timeout: body not received within `server.body_read_timeout_secs`,
 /// answered 408). They are counted in `ctxgate_requests_total` too.
 pub const REQUESTS_REJECTED_TOTAL: &str = "ctxgate_requests_rejected_total";
+/// Counter: conversation requests passed through without being managed, by `dialect` and `reason`
+/// (previous_response_id, conversation, compaction_trigger). They are counted in `ctxgate_requests_total` too.
+pub const UNMANAGED_REQUESTS_TOTAL: &str = "ctxgate_unmanaged_requests_total";
 /// Histogram: request arrival to the end of the response, by `route`.
 pub const REQUEST_DURATION_SECONDS: &str = "ctxgate_request_duration_seconds";
 /// Histogram: time spent waiting on the upstream (sending to its last byte), by `route`.
@@ -64,6 +67,7 @@ pub const ALL: &[&str] = &[
     REQUESTS_IN_FLIGHT,
     ACTIVE_STREAMS,
     REQUESTS_REJECTED_TOTAL,
+    UNMANAGED_REQUESTS_TOTAL,
     REQUEST_DURATION_SECONDS,
     UPSTREAM_DURATION_SECONDS,
     OVERHEAD_SECONDS,

@@ -5,10 +5,12 @@
 pub mod assemble;
 pub mod convert;
 pub mod errors;
+pub mod from_chat;
 mod rebuild;
 pub mod request;
 pub mod rounds;
 pub mod splice;
+pub mod unmanaged;
 pub mod validate;
 
 #[cfg(test)]
