@@ -417,7 +417,10 @@ impl Metrics {
 
     /// Counts a conversation request passed through unmanaged (it is still recorded by its timer).
     pub fn unmanaged(&self, dialect: impl Into<DialectLabel>, reason: UnmanagedReason) {
-        let i = at(&[d(dialect.into()), (reason.idx(), UnmanagedReason::ALL.len())]);
+        let i = at(&[
+            d(dialect.into()),
+            (reason.idx(), UnmanagedReason::ALL.len()),
+        ]);
         self.unmanaged[i].inc();
     }
 

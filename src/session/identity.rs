@@ -35,10 +35,13 @@ pub struct SessionIdentity {
 pub enum IdSource {
     /// The configured session header.
     Header,
-    /// A client's own session header: one of [`AGENT_HEADERS`] (chat) or `x-claude-code-session-id` (Anthropic).
+    /// A client's own session header: one of [`AGENT_HEADERS`] (chat), `x-claude-code-session-id` (Anthropic) or
+    /// one of [`super::responses_id::SESSION_HEADERS`] (Responses: Codex's `session-id`, `thread-id`).
     AgentHeader,
     /// The `session_id` inside an Anthropic request's `metadata.user_id` (Claude Code).
     Metadata,
+    /// The body's `prompt_cache_key` (Responses).
+    PromptCacheKey,
     /// A hash of model family, system prompt(s) and first user message.
     Fingerprint,
 }

@@ -5,6 +5,7 @@ mod entry;
 pub mod identity;
 pub mod manager;
 mod registry;
+pub mod responses_id;
 pub mod tenant;
 pub mod tree;
 

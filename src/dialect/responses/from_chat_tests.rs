@@ -241,7 +241,10 @@ fn request_fields_map_or_are_left_out() {
     }
     // no function tools at all: no `tools`
     let mut b = body.clone();
-    b.insert("tools".into(), json!([{"type": "custom", "custom": {"name": "raw"}}]));
+    b.insert(
+        "tools".into(),
+        json!([{"type": "custom", "custom": {"name": "raw"}}]),
+    );
     assert!(!chat_to_responses(&b).contains_key("tools"));
 }
 

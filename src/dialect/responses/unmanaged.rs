@@ -44,14 +44,19 @@ mod tests {
     #[test]
     fn server_side_state_and_remote_compaction_are_unmanaged() {
         let history = json!([{"type": "message", "role": "user", "content": "hi"}]);
-        assert_eq!(reason(json!({"model": "gpt-5", "input": history, "store": false})), None);
+        assert_eq!(
+            reason(json!({"model": "gpt-5", "input": history, "store": false})),
+            None
+        );
         assert_eq!(reason(json!({"model": "gpt-5", "input": "hi"})), None);
         assert_eq!(
             reason(json!({"input": history, "previous_response_id": "resp_1"})),
             Some(UnmanagedReason::PreviousResponseId)
         );
         assert_eq!(
-            reason(json!({"input": history, "previous_response_id": null, "conversation": "conv_1"})),
+            reason(
+                json!({"input": history, "previous_response_id": null, "conversation": "conv_1"})
+            ),
             Some(UnmanagedReason::Conversation)
         );
         assert_eq!(
