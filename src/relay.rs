@@ -97,6 +97,14 @@ impl Tap {
         }
     }
 
+    /// The next event's sequence number, for a dialect that numbers its events.
+    fn sequence(&self) -> Option<u64> {
+        match self {
+            Tap::Sse(sse) => sse.1.next_sequence_number(),
+            Tap::Json { .. } => None,
+        }
+    }
+
     /// The stream stopped inside an SSE event.
     fn mid_event(&self) -> bool {
         match self {
@@ -200,7 +208,9 @@ impl Relay {
         self.finish(Some(msg.clone())).await;
         match self.tap {
             Tap::Sse(_) => {
-                let event = self.dialect.error_event(&err, mid_event);
+                let event = self
+                    .dialect
+                    .error_event_at(&err, mid_event, self.tap.sequence());
                 self.bytes += event.len() as u64;
                 Ok(event)
             }

@@ -257,6 +257,9 @@ fn replay(
         let body = match dialect {
             Dialect::Chat => chat_body,
             Dialect::Anthropic => chat_to_anthropic(&chat_body),
+            Dialect::Responses => {
+                crate::dialect::responses::from_chat::chat_to_responses(&chat_body)
+            }
         };
         let raw = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
         // as the gateway parses and plans it

@@ -30,10 +30,16 @@ pub enum Dialect {
     Chat,
     /// Anthropic Messages (`POST /v1/messages`).
     Anthropic,
+    /// OpenAI Responses (`POST /v1/responses`).
+    Responses,
 }
 
 /// Assembles the reply of one upstream answer from its SSE events.
 pub trait Assemble: Send {
+    /// The sequence number the stream's next event would carry, for a dialect that numbers its events.
+    fn next_sequence_number(&self) -> Option<u64> {
+        None
+    }
     /// Feeds one event; true when it ended the reply (`[DONE]`, `message_stop`).
     fn on_event(&mut self, ev: &SseEvent) -> bool;
     /// The reply assembled so far.
@@ -41,11 +47,12 @@ pub trait Assemble: Send {
 }
 
 impl Dialect {
-    /// Its name in metrics labels, the admin API and logs: `chat`, `anthropic`.
+    /// Its name in metrics labels, the admin API and logs: `chat`, `anthropic`, `responses`.
     pub fn as_str(self) -> &'static str {
         match self {
             Dialect::Chat => "chat",
             Dialect::Anthropic => "anthropic",
+            Dialect::Responses => "responses",
         }
     }
 
@@ -53,6 +60,7 @@ impl Dialect {
     pub fn named(name: &str) -> Dialect {
         match name {
             "anthropic" => Dialect::Anthropic,
+            "responses" => Dialect::Responses,
             _ => Dialect::Chat,
         }
     }
@@ -62,6 +70,21 @@ impl Dialect {
     pub fn reply_messages(self, message: Value) -> Vec<Value> {
         match self {
             Dialect::Chat | Dialect::Anthropic => vec![message],
+            Dialect::Responses => responses::assemble::output_items(&message).to_vec(),
+        }
+    }
+
+    /// The neutral form of a stored history (the client's own messages, no top-level system or instructions);
+    /// `None` when it is neutral already (chat).
+    pub fn convert_history(self, messages: &[Value]) -> Option<request::Conversion> {
+        match self {
+            Dialect::Chat => None,
+            Dialect::Anthropic => Some(request::Conversion::Anthropic(anthropic::Converted::new(
+                None, messages,
+            ))),
+            Dialect::Responses => Some(request::Conversion::Responses(responses::Converted::new(
+                None, messages,
+            ))),
         }
     }
 
@@ -69,13 +92,14 @@ impl Dialect {
     pub fn conversation_key(self) -> &'static str {
         match self {
             Dialect::Chat | Dialect::Anthropic => "messages",
+            Dialect::Responses => "input",
         }
     }
 
     /// The API its requests go to.
     pub fn api(self) -> Api {
         match self {
-            Dialect::Chat => Api::OpenAi,
+            Dialect::Chat | Dialect::Responses => Api::OpenAi,
             Dialect::Anthropic => Api::Anthropic,
         }
     }
@@ -93,6 +117,15 @@ impl Dialect {
                         .map(move |n| (p, Arc::new(n)))
                 })
                 .collect(),
+            // rconv: one stored input item → its neutral messages
+            Dialect::Responses => stored
+                .into_iter()
+                .flat_map(|(p, m)| {
+                    responses::neutral_of(&m)
+                        .into_iter()
+                        .map(move |n| (p, Arc::new(n)))
+                })
+                .collect(),
         }
     }
 
@@ -101,6 +134,8 @@ impl Dialect {
         match self {
             Dialect::Chat => chat::parse(raw),
             Dialect::Anthropic => anthropic::parse(raw),
+            // rconv
+            Dialect::Responses => responses::parse(raw),
         }
     }
 
@@ -109,6 +144,7 @@ impl Dialect {
         match self {
             Dialect::Chat => "chat/completions",
             Dialect::Anthropic => "messages",
+            Dialect::Responses => "responses",
         }
     }
 
@@ -117,6 +153,7 @@ impl Dialect {
         match self {
             Dialect::Chat => "/v1/chat/completions",
             Dialect::Anthropic => "/v1/messages",
+            Dialect::Responses => "/v1/responses",
         }
     }
 
@@ -127,6 +164,9 @@ impl Dialect {
                 "name": name, "description": description, "parameters": parameters}}),
             Dialect::Anthropic => serde_json::json!({
                 "name": name, "description": description, "input_schema": parameters}),
+            Dialect::Responses => {
+                responses::from_chat::function_tool(name, description, parameters)
+            }
         }
     }
 
@@ -141,6 +181,8 @@ impl Dialect {
         match self {
             Dialect::Chat => chat::may_add_tools(body, names),
             Dialect::Anthropic => anthropic::may_add_tools(body, names),
+            // rconv (or the lead): tool_choice none / a forced tool, name clash (tools' `name` at top level)
+            Dialect::Responses => responses::may_add_tools(body, names),
         }
     }
 
@@ -154,6 +196,8 @@ impl Dialect {
         match self {
             Dialect::Chat => body.to_vec(),
             Dialect::Anthropic => anthropic::render(request, body),
+            // rconv
+            Dialect::Responses => responses::render(request, body),
         }
     }
 
@@ -162,6 +206,8 @@ impl Dialect {
         match self {
             Dialect::Chat => Box::<chat::MessageAssembler>::default(),
             Dialect::Anthropic => Box::<anthropic::Assembler>::default(),
+            // rstream: responses/assemble.rs
+            Dialect::Responses => Box::<responses::assemble::Assembler>::default(),
         }
     }
 
@@ -170,6 +216,8 @@ impl Dialect {
         match self {
             Dialect::Chat => chat::MessageAssembler::from_completion_body(body),
             Dialect::Anthropic => anthropic::reply_from_body(body),
+            // rstream: responses/assemble.rs
+            Dialect::Responses => responses::assemble::from_body(body),
         }
     }
 
@@ -178,12 +226,19 @@ impl Dialect {
         match self {
             Dialect::Chat => e.body(),
             Dialect::Anthropic => anthropic::error_body(e),
+            // rstream: OpenAI's shape, with `input` as the parameter of an unfittable request
+            Dialect::Responses => responses::errors::error_body(e),
         }
     }
 
     /// The SSE event that ends a stream the upstream broke, after a blank line closing the event the upstream
     /// left unfinished (when `mid_event`).
     pub fn error_event(self, e: &GatewayError, mid_event: bool) -> Bytes {
+        self.error_event_at(e, mid_event, None)
+    }
+
+    /// [`Dialect::error_event`] numbered `sequence` (Responses events carry the stream's next sequence number).
+    pub fn error_event_at(self, e: &GatewayError, mid_event: bool, sequence: Option<u64>) -> Bytes {
         let mut b = Vec::new();
         if mid_event {
             b.extend_from_slice(b"\n\n");
@@ -196,6 +251,14 @@ impl Dialect {
             Dialect::Anthropic => {
                 b.extend_from_slice(b"event: error\ndata: ");
                 b.extend(serde_json::to_vec(&anthropic::error_body(e)).unwrap_or_default());
+            }
+            Dialect::Responses => {
+                let mut v = responses::errors::error_value(e);
+                if let (Some(n), Some(o)) = (sequence, v.as_object_mut()) {
+                    o.insert("sequence_number".into(), Value::from(n));
+                }
+                b.extend_from_slice(b"event: error\ndata: ");
+                b.extend(serde_json::to_vec(&v).unwrap_or_default());
             }
         }
         b.extend_from_slice(b"\n\n");
@@ -220,6 +283,7 @@ impl From<Dialect> for crate::metrics::DialectLabel {
         match d {
             Dialect::Chat => crate::metrics::DialectLabel::Chat,
             Dialect::Anthropic => crate::metrics::DialectLabel::Anthropic,
+            Dialect::Responses => crate::metrics::DialectLabel::Responses,
         }
     }
 }
@@ -231,16 +295,15 @@ mod tests {
 
     #[test]
     fn every_dialect_is_labelled_by_its_name() {
-        for d in [Dialect::Chat, Dialect::Anthropic] {
+        let all = [Dialect::Chat, Dialect::Anthropic, Dialect::Responses];
+        for d in all {
             assert_eq!(DialectLabel::from(d).as_str(), d.as_str());
+            assert_eq!(Dialect::named(d.as_str()), d);
         }
-        // `none` is no dialect's name (`responses` is the name of the dialect whose variant comes with its wire
-        // pieces)
+        // `none` is no dialect's name
         assert!(DialectLabel::ALL
             .iter()
-            .filter(|l| [Dialect::Chat, Dialect::Anthropic]
-                .iter()
-                .all(|d| DialectLabel::from(*d) != **l))
-            .all(|l| [DialectLabel::NoDialect, DialectLabel::Responses].contains(l)));
+            .filter(|l| all.iter().all(|d| DialectLabel::from(*d) != **l))
+            .all(|l| *l == DialectLabel::NoDialect));
     }
 }

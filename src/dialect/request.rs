@@ -1,8 +1,8 @@
 //! A parsed conversation request of any dialect: the client's bytes, its body with every field in order, and the
 //! neutral messages the context engine plans on.
 
-use super::anthropic::Converted;
 use super::Dialect;
+use super::{anthropic, responses};
 use crate::error::GatewayError;
 use bytes::Bytes;
 use serde_json::{Map, Value};
@@ -60,7 +60,7 @@ pub struct Request {
     pub model: String,
     /// The neutral form of the messages, for a dialect whose own messages are not already neutral: made when
     /// first asked for (a request clearly under its budget, the common case, never needs it).
-    converted: OnceLock<Box<Converted>>,
+    converted: OnceLock<Box<Conversion>>,
 }
 
 impl Request {
@@ -87,6 +87,15 @@ impl Request {
     pub fn managed(&self) -> bool {
         match self.dialect {
             Dialect::Chat | Dialect::Anthropic => true,
+            Dialect::Responses => self.unmanaged_reason().is_none(),
+        }
+    }
+
+    /// Why ctxgate does not manage the request, when it does not (see [`Request::managed`]).
+    pub fn unmanaged_reason(&self) -> Option<crate::metrics::UnmanagedReason> {
+        match self.dialect {
+            Dialect::Chat | Dialect::Anthropic => None,
+            Dialect::Responses => responses::unmanaged::unmanaged_reason(&self.body),
         }
     }
 
@@ -108,14 +117,27 @@ impl Request {
     }
 
     /// The conversion of the client's messages, for a dialect that converts (made on first use).
-    pub fn converted(&self) -> Option<&Converted> {
-        match self.dialect {
+    pub fn converted(&self) -> Option<&Conversion> {
+        let convert = || match self.dialect {
             Dialect::Chat => None,
-            Dialect::Anthropic => {
-                Some(self.converted.get_or_init(|| {
-                    Box::new(Converted::new(self.body.get("system"), self.native()))
-                }))
-            }
+            Dialect::Anthropic => Some(Conversion::Anthropic(anthropic::Converted::new(
+                self.body.get("system"),
+                self.native(),
+            ))),
+            Dialect::Responses => Some(Conversion::Responses(responses::Converted::new(
+                self.body.get("instructions"),
+                self.native(),
+            ))),
+        };
+        if self.dialect == Dialect::Chat {
+            return None;
+        }
+        let c = self
+            .converted
+            .get_or_init(|| Box::new(convert().unwrap_or(Conversion::None)));
+        match **c {
+            Conversion::None => None,
+            _ => Some(c),
         }
     }
 
@@ -148,6 +170,46 @@ impl Request {
         match self.converted() {
             Some(c) => c.neutral_start(native),
             None => native,
+        }
+    }
+}
+
+/// The neutral form of a dialect's messages (chat's are neutral already).
+#[derive(Debug, Clone)]
+pub enum Conversion {
+    /// Nothing to convert.
+    None,
+    /// Anthropic Messages.
+    Anthropic(anthropic::Converted),
+    /// OpenAI Responses input items.
+    Responses(responses::Converted),
+}
+
+impl Conversion {
+    /// The neutral messages.
+    pub fn messages(&self) -> &[Value] {
+        match self {
+            Conversion::None => &[],
+            Conversion::Anthropic(c) => c.messages(),
+            Conversion::Responses(c) => c.messages(),
+        }
+    }
+
+    /// The client message (first item) of the neutral message `i`; `None` for one from elsewhere in the body.
+    pub fn native_index(&self, i: usize) -> Option<usize> {
+        match self {
+            Conversion::None => Some(i),
+            Conversion::Anthropic(c) => c.native_index(i),
+            Conversion::Responses(c) => c.native_index(i),
+        }
+    }
+
+    /// The first neutral message of client message `native`.
+    pub fn neutral_start(&self, native: usize) -> usize {
+        match self {
+            Conversion::None => native,
+            Conversion::Anthropic(c) => c.neutral_start(native),
+            Conversion::Responses(c) => c.neutral_start(native),
         }
     }
 }

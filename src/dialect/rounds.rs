@@ -34,6 +34,11 @@ pub trait Splice: Send {
     fn reply(&self) -> AssembledReply;
     /// The stream's last bytes after a complete answer (`[DONE]` for chat; nothing when the tail ends it).
     fn done(&self) -> Option<Bytes>;
+    /// The error event ending the client's stream, numbered in it, for a dialect that numbers its events.
+    fn error_event(&mut self, e: &crate::error::GatewayError) -> Option<Bytes> {
+        let _ = e;
+        None
+    }
     /// An event that keeps the client's stream alive while a follow-up round is in flight, if the dialect has one.
     fn keepalive(&self) -> Option<Bytes>;
 }
@@ -44,6 +49,7 @@ impl Dialect {
         match self {
             Dialect::Chat => Box::new(super::chat::rounds::ChatSplice::new(names, body)),
             Dialect::Anthropic => Box::new(super::anthropic::rounds::AnthropicSplice::new(names)),
+            Dialect::Responses => Box::new(super::responses::rounds::ResponsesSplice::new(names)),
         }
     }
 
@@ -52,6 +58,7 @@ impl Dialect {
         match self {
             Dialect::Chat => answer.pointer("/choices/0/message").cloned(),
             Dialect::Anthropic => super::anthropic::rounds::answer_message(answer),
+            Dialect::Responses => super::responses::rounds::answer_message(answer),
         }
     }
 
@@ -60,6 +67,7 @@ impl Dialect {
         match self {
             Dialect::Chat => names.injected_calls(message).into_iter().cloned().collect(),
             Dialect::Anthropic => super::anthropic::rounds::injected_calls(message, names),
+            Dialect::Responses => super::responses::rounds::injected_calls(message, names),
         }
     }
 
@@ -77,6 +85,9 @@ impl Dialect {
             Dialect::Anthropic => {
                 super::anthropic::rounds::round_messages(assistant, names, calls, results)
             }
+            Dialect::Responses => {
+                super::responses::rounds::round_messages(assistant, names, calls, results)
+            }
         }
     }
 
@@ -85,6 +96,7 @@ impl Dialect {
         match self {
             Dialect::Chat => super::chat::merge_usage(acc, usage),
             Dialect::Anthropic => super::anthropic::rounds::add_usage(acc, usage),
+            Dialect::Responses => super::responses::rounds::add_usage(acc, usage),
         }
     }
 
@@ -100,6 +112,9 @@ impl Dialect {
             Dialect::Chat => super::chat::rounds::finalize(answer, names, usage, first_id),
             Dialect::Anthropic => {
                 super::anthropic::rounds::finalize(answer, names, usage, first_id)
+            }
+            Dialect::Responses => {
+                super::responses::rounds::finalize(answer, names, usage, first_id)
             }
         }
     }

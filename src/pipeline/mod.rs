@@ -37,7 +37,8 @@ use std::time::Instant;
 /// Response header carrying the session id.
 pub const SESSION_HEADER: &str = "x-ctxgate-session";
 
-/// Handles `POST /v1/chat/completions` (chat) and `POST /v1/messages` (Anthropic).
+/// Handles `POST /v1/chat/completions` (chat), `POST /v1/messages` (Anthropic) and `POST /v1/responses`
+/// (Responses).
 pub async fn conversation(state: Arc<AppState>, req: Request, dialect: Dialect) -> Response {
     let started = Instant::now();
     // Counts the request in flight; the turn takes it over when the upstream answers, otherwise it records the
@@ -81,6 +82,10 @@ async fn handle(
     };
     if let Some(t) = timer.as_mut() {
         t.set_stream(request.stream);
+    }
+    // A request whose history the upstream keeps is forwarded as sent (and counted): see `Request::managed`.
+    if let Some(reason) = request.unmanaged_reason() {
+        state.metrics.unmanaged(dialect, reason);
     }
     let strategy = match plan::strategy(&parts.headers, cfg.context.strategy) {
         Ok(s) => s,

@@ -297,7 +297,7 @@ impl Rounds {
     async fn end(
         self,
         tail: Vec<Bytes>,
-        splicer: Box<dyn Splice>,
+        mut splicer: Box<dyn Splice>,
         tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
         mut bytes: u64,
         first_byte_at: Option<Instant>,
@@ -313,7 +313,9 @@ impl Rounds {
         reply.complete = error.is_none();
         let last = match &error {
             None => splicer.done(),
-            Some(e) => Some(self.dialect.error_event(e, false)),
+            Some(e) => splicer
+                .error_event(e)
+                .or_else(|| Some(self.dialect.error_event(e, false))),
         };
         let message = error.map(|e| format!("upstream body: {e}"));
         bytes += last.as_ref().map_or(0, |b| b.len() as u64);

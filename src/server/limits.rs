@@ -54,6 +54,7 @@ pub async fn limit(
         let conversation = match (req.method() == Method::POST, req.uri().path()) {
             (true, "/v1/chat/completions") => Some(Dialect::Chat),
             (true, "/v1/messages") => Some(Dialect::Anthropic),
+            (true, "/v1/responses") => Some(Dialect::Responses),
             _ => None,
         };
         let (route, dialect) = match conversation {

@@ -37,10 +37,12 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/messages/count_tokens",
             post(count_tokens).fallback(passthrough::handle),
         )
-        // A WebSocket upgrade is refused at once (clients fall back to HTTP); everything else is the upstream's.
+        // A WebSocket upgrade is refused at once (clients fall back to HTTP); POST is a conversation request.
         .route(
             "/v1/responses",
-            get(responses_ws::handle).fallback(passthrough::handle),
+            get(responses_ws::handle)
+                .post(responses)
+                .fallback(passthrough::handle),
         )
         .route("/v1/{*rest}", any(passthrough::handle))
         .route_layer(axum::middleware::from_fn_with_state(
@@ -69,6 +71,10 @@ async fn chat(State(state): State<Arc<AppState>>, req: Request) -> Response {
 
 async fn count_tokens(State(state): State<Arc<AppState>>, req: Request) -> Response {
     crate::pipeline::count_tokens(state, req).await
+}
+
+async fn responses(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    crate::pipeline::conversation(state, req, Dialect::Responses).await
 }
 
 async fn messages(State(state): State<Arc<AppState>>, req: Request) -> Response {

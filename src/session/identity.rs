@@ -1,8 +1,8 @@
 //! Which conversation a request belongs to: explicit header, well-known agent headers, or a fingerprint of its
 //! opening; always namespaced by the caller's tenant, a keyed hash of its credentials (see [`super::tenant`]).
 
-use super::anthropic_id;
 use super::tenant::{TenantKey, ANONYMOUS};
+use super::{anthropic_id, responses_id};
 use crate::config::SessionConfig;
 use crate::dialect::Dialect;
 use http::HeaderMap;
@@ -61,8 +61,10 @@ fn id_prefix(tenant: &str) -> &str {
 ///
 /// The id comes from, in this order: the configured `[session] header`; the dialect's own keys (chat: one of
 /// [`AGENT_HEADERS`]; Anthropic: `x-claude-code-session-id`, then the `session_id` inside `metadata.user_id`, see
-/// [`super::anthropic_id`]); else a fingerprint of the conversation's opening ([`fingerprint`] for chat,
-/// [`super::anthropic_id::fingerprint`] for Anthropic). Always namespaced by the caller's tenant.
+/// [`super::anthropic_id`]; Responses: Codex's `session-id`/`thread-id` headers, then `prompt_cache_key`, see
+/// [`super::responses_id`]); else a fingerprint of the conversation's opening ([`fingerprint`] for chat,
+/// [`super::anthropic_id::fingerprint`] for Anthropic, [`super::responses_id::fingerprint`] for Responses).
+/// Always namespaced by the caller's tenant.
 pub fn identify(
     headers: &HeaderMap,
     cfg: &SessionConfig,
@@ -97,6 +99,7 @@ pub fn identify(
         Dialect::Anthropic => header_value(anthropic_id::CLAUDE_CODE_SESSION_HEADER)
             .map(|v| (v, IdSource::AgentHeader))
             .or_else(|| anthropic_id::metadata_session(body).map(|v| (v, IdSource::Metadata))),
+        Dialect::Responses => responses_id::client_key(header_value, body),
     };
     if let Some((v, source)) = client_key {
         return Some(named(v, source));
@@ -107,6 +110,7 @@ pub fn identify(
     let fp = match dialect {
         Dialect::Chat => fingerprint(body),
         Dialect::Anthropic => anthropic_id::fingerprint(body),
+        Dialect::Responses => responses_id::fingerprint(body),
     };
     Some(SessionIdentity {
         id: format!("{prefix}-fp{}", &fp[..24]),

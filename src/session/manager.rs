@@ -114,10 +114,7 @@ fn preview(m: &Value) -> String {
 
 /// The run loops of a history in `dialect`'s shape, found on its neutral form; positions are the history's.
 fn run_loop_views(dialect: Dialect, messages: &[Value], timestamps: &[i64]) -> Vec<RunLoopView> {
-    let converted = match dialect {
-        Dialect::Chat => None,
-        Dialect::Anthropic => Some(crate::dialect::anthropic::Converted::new(None, messages)),
-    };
+    let converted = dialect.convert_history(messages);
     let (neutral, native_of): (&[Value], Vec<usize>) = match &converted {
         None => (messages, (0..messages.len()).collect()),
         Some(c) => (

@@ -201,6 +201,71 @@ mod tests {
     }
 
     #[test]
+    fn identify_keys_responses_sessions_by_header_then_codex_then_cache_key_then_fingerprint() {
+        use crate::config::SessionConfig;
+        use crate::dialect::Dialect;
+        use crate::session::identity::identify;
+        use crate::session::TenantKey;
+        let key = TenantKey::from_bytes([9; 32]).unwrap();
+        let ident = |pairs: &[(&str, &str)], body: &Map<String, Value>| {
+            let mut h = http::HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(
+                    http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                );
+            }
+            identify(
+                &h,
+                &SessionConfig::default(),
+                &key,
+                Dialect::Responses,
+                body,
+            )
+            .unwrap()
+        };
+        let body = codex_body();
+        let auth = ("authorization", "Bearer sk-a");
+        let sid = ("session-id", "019a-s");
+        let mine = ident(&[auth, sid, ("x-session-id", "mine")], &body);
+        assert!(mine.id.ends_with("-mine") && mine.source == IdSource::Header);
+        let codex = ident(&[auth, sid, ("thread-id", "019a-t")], &body);
+        assert!(codex.id.ends_with("-019a-s") && codex.source == IdSource::AgentHeader);
+        assert_eq!(codex.dialect, Dialect::Responses);
+        let cache = ident(&[auth], &body);
+        assert!(cache.id.ends_with("-019a6f6e-cache") && cache.source == IdSource::PromptCacheKey);
+        let mut bare = body.clone();
+        bare.remove(PROMPT_CACHE_KEY);
+        let fp = ident(&[auth], &bare);
+        assert_eq!(fp.source, IdSource::Fingerprint);
+        assert!(fp.id.contains("-fp"));
+        // the same key names the same session whether it came as a header or as the cache key
+        assert_eq!(
+            ident(&[auth, ("session-id", "019a6f6e-cache")], &bare).id,
+            cache.id
+        );
+        // namespaced by tenant
+        let other = ident(&[("authorization", "Bearer sk-b"), sid], &body);
+        assert_ne!(other.id, codex.id);
+        assert_ne!(ident(&[("authorization", "Bearer sk-b")], &bare).id, fp.id);
+        // chat keeps its own keys: Codex's headers are not among them
+        let chat = identify(
+            &{
+                let mut h = http::HeaderMap::new();
+                h.insert("authorization", "Bearer sk-a".parse().unwrap());
+                h.insert("session-id", "019a-s".parse().unwrap());
+                h
+            },
+            &SessionConfig::default(),
+            &key,
+            Dialect::Chat,
+            &body,
+        )
+        .unwrap();
+        assert_eq!(chat.source, IdSource::Fingerprint);
+    }
+
+    #[test]
     fn the_same_opening_in_other_dialects_is_another_fingerprint() {
         let body = obj(
             json!({"model": "gpt-4o", "input": [{"role": "user", "content": "hi"}],

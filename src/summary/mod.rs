@@ -376,10 +376,7 @@ pub fn manual_job(
     });
     // The cut is found on the neutral form (a unit keeps calls with their results) and must fall between two
     // stored messages: a summary covers whole messages.
-    let converted = match Dialect::named(entry.dialect) {
-        Dialect::Chat => None,
-        Dialect::Anthropic => Some(crate::dialect::anthropic::Converted::new(None, &messages)),
-    };
+    let converted = Dialect::named(entry.dialect).convert_history(&messages);
     let neutral: &[Value] = converted.as_ref().map_or(&messages, |c| c.messages());
     let start_of = |native: usize| {
         converted

@@ -120,7 +120,7 @@ pub fn may_add_tools(body: &Map<String, Value>, names: &InjectedNames) -> Result
 /// The rewritten body: the client's fields in their order (its `system` untouched; its `tools` with ours
 /// appended), its messages rendered back from the rewritten neutral ones (untouched ones borrowed).
 pub fn render(request: &Request, body: &RewrittenBody<'_>) -> serde_json::Result<(Vec<u8>, usize)> {
-    let Some(converted) = request.converted() else {
+    let Some(super::request::Conversion::Anthropic(converted)) = request.converted() else {
         return body.to_vec();
     };
     let messages = convert::from_neutral(

@@ -246,6 +246,10 @@ impl Assembler {
 }
 
 impl Assemble for Assembler {
+    fn next_sequence_number(&self) -> Option<u64> {
+        Some(Assembler::next_sequence_number(self))
+    }
+
     fn on_event(&mut self, ev: &SseEvent) -> bool {
         Assembler::on_event(self, ev);
         self.ended || self.error.is_some()

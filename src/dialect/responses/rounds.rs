@@ -58,6 +58,10 @@ impl Splice for ResponsesSplice {
     fn keepalive(&self) -> Option<Bytes> {
         Some(StreamSplicer::keepalive())
     }
+
+    fn error_event(&mut self, e: &GatewayError) -> Option<Bytes> {
+        ResponsesSplice::error_event(self, e)
+    }
 }
 
 /// The assistant message of a whole JSON answer (a `response` object): its output items.
