@@ -87,7 +87,11 @@ impl Request {
     pub fn managed(&self) -> bool {
         match self.dialect {
             Dialect::Chat | Dialect::Anthropic => true,
-            Dialect::Responses => self.unmanaged_reason().is_none(),
+            // a string `input` is a single fresh question: nothing to manage
+            Dialect::Responses => {
+                self.unmanaged_reason().is_none()
+                    && self.body.get("input").is_some_and(Value::is_array)
+            }
         }
     }
 
