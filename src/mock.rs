@@ -1,6 +1,7 @@
 //! An in-process mock of an OpenAI-compatible and Anthropic-compatible upstream: records every request's raw bytes
 //! and answers from a script (JSON, SSE with per-chunk delays, HTTP errors, mid-stream errors, stalls; Anthropic
-//! Messages answers rendered as JSON or as Anthropic's event stream, see [`anthropic`]). Used by the tests, the
+//! Messages answers rendered as JSON or as Anthropic's event stream, see [`anthropic`]; OpenAI Responses answers
+//! rendered as JSON or as the Responses event stream, see [`responses`]). Used by the tests, the
 //! benchmarks and `ctxgate mock-upstream`; it never calls a real provider.
 //!
 //! Tests outside Rust (the client-library suites in `tests/clients/`) script it over HTTP through a small
@@ -14,21 +15,30 @@
 //! | `POST /_mock/reset` | forget the queued replies and the recorded requests |
 //!
 //! A request takes the first queued reply that fits it: an Anthropic reply fits only `POST …/messages` (any query,
-//! e.g. `?beta=true`), any other reply fits every request but `HEAD` and `…/count_tokens`; a reply scripted with
+//! e.g. `?beta=true`), a Responses reply only `POST …/responses` (one that ends its input with a
+//! `compaction_trigger` only when the reply has a `compaction` item), any other reply fits every request but
+//! `HEAD`, `…/count_tokens`, `…/input_tokens` and a WebSocket upgrade; a reply scripted with
 //! a `model` fits only requests for that model (so a client's side requests to a small model do not take the
 //! replies meant for its main loop).
 //!
 //! With nothing fitting queued, the mock answers by default: the model list for `…/models`; 200 for `HEAD`;
 //! `{"input_tokens": N}` for `…/messages/count_tokens` (N from [`estimate_tokens`]); for `…/messages` an Anthropic
 //! message saying `mock reply` whose `usage.input_tokens` is the same estimate (JSON, or the event stream when the
-//! request says `"stream": true`); otherwise a chat completion saying `mock reply` (as JSON, or as an SSE stream
+//! request says `"stream": true`); for `POST …/responses` a Responses answer saying `mock reply` (usage from
+//! [`responses::estimate_tokens`]; exactly one `compaction` item when the input ends with a `compaction_trigger`),
+//! as JSON or as the event stream; `{"object": "response.input_tokens", "input_tokens": N}` for
+//! `…/responses/input_tokens`; for `…/responses/compact` a `response.compaction` (the input's user messages and
+//! one `compaction` item); a 404 in OpenAI's error shape, at once, for a WebSocket upgrade (`GET …/responses`
+//! from Codex); otherwise a chat completion saying `mock reply` (as JSON, or as an SSE stream
 //! when the request says `"stream": true`, with a usage chunk when it asks for `stream_options.include_usage`).
 //! Multi-turn tool-using runs are scripted turn by turn.
 
 mod anthropic;
+pub mod responses;
 mod script;
 
 pub use anthropic::{estimate_tokens, AnthropicError, AnthropicReply};
+pub use responses::{ResponsesError, ResponsesReply};
 pub use script::Scripted;
 
 use axum::body::Body;
@@ -68,6 +78,14 @@ impl RecordedRequest {
     /// The path, without the query.
     pub fn path(&self) -> &str {
         self.uri.split('?').next().unwrap_or_default()
+    }
+
+    /// Whether it asks for a WebSocket upgrade (`Upgrade: websocket`).
+    pub fn is_websocket(&self) -> bool {
+        self.headers
+            .get("upgrade")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
     }
 }
 
@@ -403,6 +421,12 @@ impl MockUpstream {
         self.script(Scripted::anthropic(reply));
     }
 
+    /// Queues a Responses reply (rendered as JSON or SSE as the request asks), answered in order; it fits only
+    /// `POST …/responses`.
+    pub fn push_responses(&self, reply: ResponsesReply) {
+        self.script(Scripted::responses(reply));
+    }
+
     /// Queues a scripted reply (see [`Scripted`] for which requests it fits).
     pub fn script(&self, scripted: Scripted) {
         self.state.script.lock().push_back(scripted);
@@ -469,9 +493,22 @@ fn default_reply(rec: &RecordedRequest) -> MockReply {
             delay: Duration::ZERO,
         };
     }
+    if rec.is_websocket() {
+        return responses::no_websocket();
+    }
     match rec.path() {
         p if p.ends_with("/messages/count_tokens") => return anthropic::count_tokens(&v),
         p if p.ends_with("/messages") => return AnthropicReply::text("mock reply").render(&v),
+        p if p.ends_with("/responses/input_tokens") => return responses::input_tokens(&v),
+        p if p.ends_with("/responses/compact") => return responses::compact(&v),
+        p if p.ends_with("/responses") && rec.method == Method::POST => {
+            let reply = if responses::asks_compaction(&v) {
+                ResponsesReply::compaction(&v)
+            } else {
+                ResponsesReply::text("mock reply")
+            };
+            return reply.render(&v);
+        }
         _ => {}
     }
     if rec.uri.ends_with("/models") {

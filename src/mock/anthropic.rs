@@ -368,7 +368,7 @@ fn block_events(index: usize, block: &Value, events: &mut Vec<(&'static str, Val
 }
 
 /// `s` cut into at most `n` non-empty pieces of about equal length (on char boundaries); none for "".
-fn pieces(s: &str, n: usize) -> Vec<String> {
+pub(super) fn pieces(s: &str, n: usize) -> Vec<String> {
     let chars: Vec<char> = s.chars().collect();
     let size = chars.len().div_ceil(n.max(1)).max(1);
     chars.chunks(size).map(|c| c.iter().collect()).collect()

@@ -1,6 +1,9 @@
 //! The mock's script: a queued reply, which requests it fits, and its JSON spec as `POST /_mock/script` takes it.
 
-use super::{AnthropicError, AnthropicReply, MockReply, RecordedRequest};
+use super::{
+    responses, AnthropicError, AnthropicReply, MockReply, RecordedRequest, ResponsesError,
+    ResponsesReply,
+};
 use axum::http::Method;
 use serde_json::Value;
 use std::time::Duration;
@@ -19,6 +22,8 @@ enum Answer {
     Reply(MockReply),
     /// Rendered as JSON or SSE as the request asks.
     Anthropic(AnthropicReply),
+    /// Rendered as JSON or SSE as the request asks.
+    Responses(ResponsesReply),
 }
 
 impl Scripted {
@@ -38,24 +43,42 @@ impl Scripted {
         }
     }
 
+    /// A Responses reply, for `POST …/responses` requests only.
+    pub fn responses(reply: ResponsesReply) -> Scripted {
+        Scripted {
+            answer: Answer::Responses(reply),
+            model: None,
+        }
+    }
+
     /// The same reply, kept for requests whose body names `model`.
     pub fn for_model(mut self, model: &str) -> Scripted {
         self.model = Some(model.to_string());
         self
     }
 
-    /// Whether `rec` may take this reply: the model matches (when one is set), and an Anthropic reply only answers
-    /// `POST …/messages` while any other answers every request but `HEAD` and `…/count_tokens`.
+    /// Whether `rec` may take this reply: the model matches (when one is set); an Anthropic reply only answers
+    /// `POST …/messages`, a Responses reply only `POST …/responses` (and a request ending with a
+    /// `compaction_trigger` only when it has a `compaction` item), any other every request but `HEAD`,
+    /// `…/count_tokens`, `…/input_tokens` and a WebSocket upgrade.
     pub fn fits(&self, rec: &RecordedRequest) -> bool {
         if let Some(model) = &self.model {
             if rec.json().get("model").and_then(Value::as_str) != Some(model) {
                 return false;
             }
         }
-        match self.answer {
+        match &self.answer {
             Answer::Anthropic(_) => rec.method == Method::POST && rec.path().ends_with("/messages"),
+            Answer::Responses(r) => {
+                rec.method == Method::POST
+                    && rec.path().ends_with("/responses")
+                    && (r.compacts() || !responses::asks_compaction(&rec.json()))
+            }
             Answer::Reply(_) => {
-                rec.method != Method::HEAD && !rec.path().ends_with("/count_tokens")
+                rec.method != Method::HEAD
+                    && !rec.path().ends_with("/count_tokens")
+                    && !rec.path().ends_with("/input_tokens")
+                    && !rec.is_websocket()
             }
         }
     }
@@ -65,6 +88,7 @@ impl Scripted {
         match self.answer {
             Answer::Reply(reply) => reply,
             Answer::Anthropic(reply) => reply.render(&rec.json()),
+            Answer::Responses(reply) => reply.render(&rec.json()),
         }
     }
 
@@ -74,6 +98,10 @@ impl Scripted {
     ///   event stream as the request asks;
     /// - `{"anthropic_error": {"type", "message", "status"?}}`: an error answer in Anthropic's shape (the status
     ///   defaults to the one the API gives the type, e.g. 529 for `overloaded_error`);
+    /// - `{"responses": {…}}`: an OpenAI Responses answer (see [`ResponsesReply::from_spec`]), sent as JSON or as
+    ///   the event stream as the request asks;
+    /// - `{"responses_error": {"code"?, "type"?, "message", "status"?}}`: an error answer in OpenAI's shape (the
+    ///   status defaults from the code or type, e.g. 429 for `rate_limit_exceeded`);
     /// - any spec [`MockReply::from_spec`] takes (chat completions, raw JSON bodies, raw SSE).
     ///
     /// Each takes an optional `"model"` (fits only requests for that model) and `"delay_ms"` (before the answer,
@@ -87,6 +115,14 @@ impl Scripted {
             let mut reply = AnthropicReply::from_spec(a)?;
             reply.delay = delay;
             Scripted::anthropic(reply)
+        } else if let Some(r) = o.get("responses") {
+            let mut reply = ResponsesReply::from_spec(r)?;
+            reply.delay = delay;
+            Scripted::responses(reply)
+        } else if let Some(e) = o.get("responses_error") {
+            let mut reply = ResponsesError::from_spec(e)?.reply().delayed(delay);
+            reply.add_headers(o.get("headers"))?;
+            Scripted::reply(reply)
         } else if let Some(e) = o.get("anthropic_error") {
             let mut reply = AnthropicError::from_spec(e)?.reply().delayed(delay);
             reply.add_headers(o.get("headers"))?;
