@@ -11,7 +11,7 @@
 //! | request | effect |
 //! |---|---|
 //! | `POST /_mock/script` | queue replies, answered in order (a JSON list of specs, or one spec; see [`Scripted::from_spec`]) |
-//! | `GET /_mock/requests` | every other request so far, in arrival order: `method`, `uri`, `headers`, `body` (JSON or `null`), `raw` (the body as text) and `reply` (what the mock answered: `status` and `body`, or `sse` with the stream's text) |
+//! | `GET /_mock/requests` | every other request so far, in arrival order: `method`, `uri`, `headers`, `body` (JSON or `null`), `raw` (the body as text), `received_ms` (when it arrived, in milliseconds since the Unix epoch) and `reply` (what the mock answered: `status` and `body`, or `sse` with the stream's text) |
 //! | `POST /_mock/reset` | forget the queued replies and the recorded requests |
 //!
 //! A request takes the first queued reply that fits it: an Anthropic reply fits only `POST …/messages` (any query,
@@ -317,6 +317,7 @@ async fn control_script(State(state): State<Arc<MockState>>, body: Bytes) -> Res
 /// `GET /_mock/requests`: every request received (the control API's own excepted) with the reply it got.
 async fn control_requests(State(state): State<Arc<MockState>>) -> Response {
     let replies = state.replies.lock().clone();
+    let arrivals = state.arrivals.lock().clone();
     let list: Vec<Value> = state
         .requests
         .lock()
@@ -327,11 +328,15 @@ async fn control_requests(State(state): State<Arc<MockState>>) -> Response {
                 .headers
                 .iter()
                 .map(|(k, v)| {
-                    (k.to_string(), Value::from(String::from_utf8_lossy(v.as_bytes())))
+                    (
+                        k.to_string(),
+                        Value::from(String::from_utf8_lossy(v.as_bytes())),
+                    )
                 })
                 .collect();
             json!({"method": r.method.as_str(), "uri": r.uri, "headers": headers, "body": r.json(),
-                   "raw": String::from_utf8_lossy(&r.body), "reply": replies.get(i).cloned().unwrap_or(Value::Null)})
+                   "raw": String::from_utf8_lossy(&r.body), "received_ms": arrivals.get(i),
+                   "reply": replies.get(i).cloned().unwrap_or(Value::Null)})
         })
         .collect();
     control_json(StatusCode::OK, Value::Array(list))
@@ -342,6 +347,7 @@ async fn control_reset(State(state): State<Arc<MockState>>) -> Response {
     state.script.lock().clear();
     state.requests.lock().clear();
     state.replies.lock().clear();
+    state.arrivals.lock().clear();
     control_json(StatusCode::OK, json!({"reset": true}))
 }
 
@@ -368,6 +374,8 @@ struct MockState {
     requests: Mutex<Vec<RecordedRequest>>,
     /// What was answered to `requests[i]` (as shown by `GET /_mock/requests`).
     replies: Mutex<Vec<Value>>,
+    /// When `requests[i]` arrived, in milliseconds since the Unix epoch.
+    arrivals: Mutex<Vec<u64>>,
     responder: Mutex<Option<Responder>>,
     streams_dropped: AtomicUsize,
 }
@@ -459,9 +467,15 @@ async fn handle(State(state): State<Arc<MockState>>, req: Request) -> Response {
         headers: parts.headers.clone(),
         body,
     };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     let index = {
         let mut requests = state.requests.lock();
+        let mut arrivals = state.arrivals.lock();
         requests.push(rec.clone());
+        arrivals.resize(requests.len() - 1, 0);
+        arrivals.push(now);
         requests.len() - 1
     };
     let responder = state.responder.lock().clone();

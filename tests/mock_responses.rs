@@ -122,7 +122,16 @@ async fn scripted_replies_stream_with_the_real_event_sequence_and_answer_json() 
     assert_eq!(body["object"], "response");
     assert_eq!(body["status"], "completed");
     assert_eq!(body["output"][1]["call_id"], "call_1");
-    assert_eq!(m.log().await.len(), 2);
+    let log = m.log().await;
+    assert_eq!(log.len(), 2);
+    let at: Vec<u64> = log
+        .iter()
+        .map(|r| r["received_ms"].as_u64().unwrap())
+        .collect();
+    assert!(
+        at[0] > 1_700_000_000_000 && at[0] <= at[1],
+        "arrival times: {at:?}"
+    );
 }
 
 #[tokio::test]
