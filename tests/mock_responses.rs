@@ -115,7 +115,7 @@ async fn scripted_replies_stream_with_the_real_event_sequence_and_answer_json() 
         512
     );
     assert_eq!(response["instructions"], "be brief");
-    assert_eq!(response["store"], false);
+    assert_eq!(response["prompt_cache_key"], Value::Null);
 
     let r = m.post("/v1/responses", &request(false)).await;
     let body: Value = r.json().await.unwrap();

@@ -35,7 +35,8 @@ pub struct ResponsesReply {
     /// The response id; unset: `resp_mock_` and a hash of the request.
     pub id: Option<String>,
     /// In a stream, a failure after this many output items: an `error` event, or (`failed`) a `response.failed`
-    /// event carrying the response with the error; a JSON request gets the error as an HTTP error instead.
+    /// event carrying the response with the error; the `error` event has `code`, `message` and `param`, and the same in
+    /// an `error` object as OpenAI's error bodies; a JSON request gets the error as an HTTP error instead.
     pub failure: Option<Failure>,
     /// Delay between two stream events (or before a JSON answer).
     pub delay: Duration,
@@ -286,10 +287,13 @@ impl ResponsesReply {
                                        "message": f.error.message});
             events.push("response.failed", json!({"response": response}));
         } else {
-            events.push(
-                "error",
-                json!({"code": f.error.code, "message": f.error.message, "param": null}),
-            );
+            // The fields of the SDK's `ResponseErrorEvent`, and the same as an `error` object (what the SDK's
+            // stream reader looks for to raise).
+            let mut event = f.error.body();
+            event["code"] = json!(f.error.code);
+            event["message"] = json!(f.error.message);
+            event["param"] = Value::Null;
+            events.push("error", event);
         }
         events.reply(self.delay)
     }
@@ -330,8 +334,9 @@ impl ResponsesReply {
                "model": model, "output": output,
                "parallel_tool_calls": field("parallel_tool_calls", json!(true)),
                "previous_response_id": field("previous_response_id", Value::Null),
+               "prompt_cache_key": field("prompt_cache_key", Value::Null),
                "reasoning": {"effort": null, "summary": null},
-               "store": field("store", json!(true)), "temperature": 1.0,
+               "temperature": 1.0,
                "text": {"format": {"type": "text"}},
                "tool_choice": field("tool_choice", json!("auto")), "tools": field("tools", json!([])),
                "top_p": 1.0, "truncation": "disabled",
@@ -500,7 +505,7 @@ fn item_events(index: usize, item: &Value, ev: &mut Events) {
             }
             ev.push(
                 "response.function_call_arguments.done",
-                at(json!({"arguments": args, "name": item["name"]})),
+                at(json!({"arguments": args})),
             );
         }
         Some("custom_tool_call") => {
@@ -613,7 +618,7 @@ pub fn compact(request: &Value) -> MockReply {
     MockReply::json(
         200,
         json!({"id": format!("cmp_mock_{:016x}", hash(request)), "object": "response.compaction",
-               "created_at": 1_700_000_000, "context_compression": "enabled", "output": output,
+               "created_at": 1_700_000_000, "output": output,
                "usage": {"input_tokens": input,
                          "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                          "output_tokens": out, "output_tokens_details": {"reasoning_tokens": 0},

@@ -181,6 +181,8 @@ fn failures_end_the_stream_and_fail_a_json_request() {
     assert_eq!(name, "error");
     assert_eq!(data["code"], "server_error");
     assert_eq!(data["message"], "boom");
+    assert_eq!(data["error"]["message"], "boom");
+    assert_eq!(data["error"]["type"], "server_error");
     assert!(ev.iter().any(|(n, _)| n == "response.output_item.done"));
     assert!(!ev.iter().any(|(n, _)| n == "response.completed"));
     let (status, body) = json_body(&reply.render(&json!({})));
