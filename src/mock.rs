@@ -17,7 +17,7 @@
 //! A request takes the first queued reply that fits it: an Anthropic reply fits only `POST …/messages` (any query,
 //! e.g. `?beta=true`), a Responses reply only `POST …/responses` (one that ends its input with a
 //! `compaction_trigger` only when the reply has a `compaction` item), any other reply fits every request but
-//! `HEAD`, `…/count_tokens`, `…/input_tokens` and a WebSocket upgrade; a reply scripted with
+//! `HEAD`, `…/count_tokens`, `…/input_tokens`, a WebSocket upgrade and `GET …/responses`; a reply scripted with
 //! a `model` fits only requests for that model (so a client's side requests to a small model do not take the
 //! replies meant for its main loop).
 //!
@@ -28,8 +28,8 @@
 //! [`responses::estimate_tokens`]; exactly one `compaction` item when the input ends with a `compaction_trigger`),
 //! as JSON or as the event stream; `{"object": "response.input_tokens", "input_tokens": N}` for
 //! `…/responses/input_tokens`; for `…/responses/compact` a `response.compaction` (the input's user messages and
-//! one `compaction` item); a 404 in OpenAI's error shape, at once, for a WebSocket upgrade (`GET …/responses`
-//! from Codex); otherwise a chat completion saying `mock reply` (as JSON, or as an SSE stream
+//! one `compaction` item); a 404 in OpenAI's error shape, at once, for `GET …/responses` (Codex's WebSocket
+//! upgrade, with or without its `Upgrade` header, which a proxy may drop as hop-by-hop); otherwise a chat completion saying `mock reply` (as JSON, or as an SSE stream
 //! when the request says `"stream": true`, with a usage chunk when it asks for `stream_options.include_usage`).
 //! Multi-turn tool-using runs are scripted turn by turn.
 
@@ -507,7 +507,7 @@ fn default_reply(rec: &RecordedRequest) -> MockReply {
             delay: Duration::ZERO,
         };
     }
-    if rec.is_websocket() {
+    if rec.is_websocket() || (rec.method == Method::GET && rec.path().ends_with("/responses")) {
         return responses::no_websocket();
     }
     match rec.path() {

@@ -172,6 +172,9 @@ async fn responses_replies_fit_only_responses_requests() {
     assert_eq!(ws.status(), 404);
     let err: Value = ws.json().await.unwrap();
     assert!(err["error"]["message"].is_string());
+    // the same upgrade attempt without its Upgrade header (a proxy drops it as hop-by-hop) does not take it either
+    let plain = m.client.get(m.url("/v1/responses")).send().await.unwrap();
+    assert_eq!(plain.status(), 404);
     // a request ending with a compaction_trigger does not take a reply without a compaction item
     let mut trigger = request(false);
     trigger["input"]

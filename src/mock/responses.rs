@@ -626,8 +626,8 @@ pub fn compact(request: &Value) -> MockReply {
     )
 }
 
-/// The answer to a WebSocket upgrade on `GET …/responses`: a 404 at once (the mock speaks HTTP only, as a relay
-/// without WebSocket support does; Codex then falls back to HTTPS).
+/// The answer to `GET …/responses` (Codex's WebSocket upgrade): a 404 at once (the mock speaks HTTP only, as a
+/// relay without WebSocket support does; Codex retries, then falls back to HTTPS).
 pub fn no_websocket() -> MockReply {
     ResponsesError {
         status: 404,

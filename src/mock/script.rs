@@ -60,7 +60,8 @@ impl Scripted {
     /// Whether `rec` may take this reply: the model matches (when one is set); an Anthropic reply only answers
     /// `POST …/messages`, a Responses reply only `POST …/responses` (and a request ending with a
     /// `compaction_trigger` only when it has a `compaction` item), any other every request but `HEAD`,
-    /// `…/count_tokens`, `…/input_tokens` and a WebSocket upgrade.
+    /// `…/count_tokens`, `…/input_tokens`, a WebSocket upgrade and `GET …/responses` (Codex's upgrade attempts,
+    /// whose `Upgrade` header a proxy may drop).
     pub fn fits(&self, rec: &RecordedRequest) -> bool {
         if let Some(model) = &self.model {
             if rec.json().get("model").and_then(Value::as_str) != Some(model) {
@@ -79,6 +80,7 @@ impl Scripted {
                     && !rec.path().ends_with("/count_tokens")
                     && !rec.path().ends_with("/input_tokens")
                     && !rec.is_websocket()
+                    && !(rec.method == Method::GET && rec.path().ends_with("/responses"))
             }
         }
     }
@@ -187,6 +189,28 @@ mod tests {
         let raw = Scripted::from_spec(&json!({"json": {}})).unwrap();
         assert!(raw.fits(&messages) && raw.fits(&chat));
         assert!(!raw.fits(&count) && !raw.fits(&head));
+
+        let responses = rec(
+            Method::POST,
+            "/v1/responses",
+            json!({"model": "big", "input": "x"}),
+        );
+        let trigger = rec(
+            Method::POST,
+            "/v1/responses",
+            json!({"input": [{"role": "user", "content": "x"}, {"type": "compaction_trigger"}]}),
+        );
+        let upgrade = rec(Method::GET, "/v1/responses", Value::Null);
+        let tokens = rec(Method::POST, "/v1/responses/input_tokens", json!({}));
+        let r = Scripted::from_spec(&json!({"responses": {"output": "hi"}})).unwrap();
+        assert!(r.fits(&responses) && !r.fits(&trigger));
+        assert!(!r.fits(&chat) && !r.fits(&messages) && !r.fits(&upgrade) && !r.fits(&tokens));
+        let compacting = Scripted::from_spec(
+            &json!({"responses": {"output": [{"type": "compaction", "encrypted_content": "e"}]}}),
+        )
+        .unwrap();
+        assert!(compacting.fits(&trigger));
+        assert!(raw.fits(&responses) && !raw.fits(&upgrade) && !raw.fits(&tokens));
     }
 
     #[test]
