@@ -76,11 +76,13 @@ impl Scripted {
                     && (r.compacts() || !responses::asks_compaction(&rec.json()))
             }
             Answer::Reply(_) => {
+                let path = rec.path();
+                let upgrade = rec.is_websocket()
+                    || (rec.method == Method::GET && path.ends_with("/responses"));
                 rec.method != Method::HEAD
-                    && !rec.path().ends_with("/count_tokens")
-                    && !rec.path().ends_with("/input_tokens")
-                    && !rec.is_websocket()
-                    && !(rec.method == Method::GET && rec.path().ends_with("/responses"))
+                    && !path.ends_with("/count_tokens")
+                    && !path.ends_with("/input_tokens")
+                    && !upgrade
             }
         }
     }

@@ -1,7 +1,8 @@
 """Codex CLI itself (npm `@openai/codex`, pinned in tests/clients/codex and installed by tests/clients/run into
-target/clients-codex) run headless (`codex exec`) through ctxgate against the mock upstream: a shell tool loop, and
-a long session that crosses the context threshold, so ctxgate rewrites its history, and goes on working. Codex's
-start-up time through ctxgate (launch to its first request reaching the mock) is measured and printed.
+target/clients-codex) run headless (`codex exec`) through ctxgate against the mock upstream: a shell tool loop, a
+long session that crosses the context threshold, so ctxgate rewrites its history, and goes on working, and Codex's
+built-in OpenAI provider (WebSocket attempts first, then HTTPS; remote compaction v2 with a `compaction_trigger`).
+Codex's start-up time through ctxgate (launch to its first `POST …/responses` reaching the mock) is printed.
 
 Codex runs with a temporary `CODEX_HOME` whose config.toml names a custom provider (`wire_api = "responses"`, its
 base URL ctxgate's `/v1`, the key from `MOCK_API_KEY`) and the model `gpt-ctxgate-main`; the mock's scripted replies
@@ -19,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import REPO, Upstream, _stop
-from ctxtest import Gateway, Mock, r_call, r_text
+from ctxtest import Gateway, Mock, r_call, r_text, sse_data
 
 MAIN = "gpt-ctxgate-main"
 PLACEHOLDER = "[ctxgate] Tool result cleared"
@@ -64,11 +65,9 @@ def cx(cx_stack: Gateway) -> Gateway:
     return cx_stack
 
 
-def codex_home(gw: Gateway, tmp: Path) -> Path:
-    home = tmp / "codex-home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        f"""
+def custom_provider(gw: Gateway) -> str:
+    """config.toml for a custom provider speaking the Responses API over HTTP (Codex compacts locally)."""
+    return f"""
 model = "{MAIN}"
 model_provider = "mock"
 # Codex's own compaction stays out of the way: the test is about ctxgate's.
@@ -80,27 +79,29 @@ base_url = "{gw.base_url}"
 env_key = "MOCK_API_KEY"
 wire_api = "responses"
 """
-    )
-    return home
 
 
-def run_codex(codex: Path, gw: Gateway, tmp: Path, prompt: str) -> tuple[str, float]:
-    """`codex exec` with a clean environment (nothing of the caller's OPENAI_* or proxies); its final message (its
-    stdout) and its start-up time in seconds (launch to the first request reaching the mock)."""
-    home, work = codex_home(gw, tmp), tmp / "work"
+def run_codex(codex: Path, gw: Gateway, tmp: Path, prompt: str, config: str | None = None) -> tuple[str, float]:
+    """`codex exec` with a clean environment (nothing of the caller's OPENAI_* or proxies) and `config` as its
+    config.toml (default: [`custom_provider`]); its final message (its stdout) and its start-up time in seconds
+    (launch to the first `POST …/responses` reaching the mock)."""
+    home, work = tmp / "codex-home", tmp / "work"
+    home.mkdir()
     work.mkdir()
+    (home / "config.toml").write_text(config if config is not None else custom_provider(gw))
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(tmp),
         "LANG": "C.UTF-8",
         "CODEX_HOME": str(home),
         "MOCK_API_KEY": "sk-codex-dummy",
+        "OPENAI_API_KEY": "sk-codex-dummy",
     }
     args = ["node", str(codex), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", prompt]
     launched = time.time()
     done = subprocess.run(args, env=env, cwd=work, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, f"codex exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
-    first = min(r["received_ms"] for r in gw.mock.requests())
+    first = min(r["received_ms"] for r in gw.mock.requests() if r["method"] == "POST")
     return done.stdout.strip(), first / 1000 - launched
 
 
@@ -160,7 +161,7 @@ def test_shell_tool_loop(codex: Path, cx: Gateway, tmp_path: Path, capsys: pytes
     before = session_ids(cx)
     said, startup = run_codex(codex, cx, tmp_path, "Run the echo command and report what it printed.")
     with capsys.disabled():
-        print(f"\nCodex start-up through ctxgate (launch to first request at the mock): {startup * 1000:.0f} ms")
+        print(f"\nCodex start-up through ctxgate (launch to first POST at the mock): {startup * 1000:.0f} ms")
     assert said == final
 
     first, second = main_requests(cx)
@@ -229,3 +230,44 @@ def test_long_session_crosses_the_threshold_and_goes_on(codex: Path, cx: Gateway
     assert "MARKER-0 filler line 1 of" not in last, "the oldest output no longer goes upstream"
     # ... and the requests before the threshold went upstream as Codex sent them
     assert PLACEHOLDER not in ups[1]["raw"]
+
+
+def test_builtin_provider_websocket_fallback_and_remote_compaction(
+    codex: Path, cx: Gateway, tmp_path: Path, capsys: pytest.CaptureFixture
+):
+    """The built-in OpenAI provider (`openai_base_url`): Codex tries a WebSocket on `GET /v1/responses` first and
+    falls back to HTTPS when it is refused; with a low auto-compact limit it compacts remotely (v2): a normal request
+    whose input ends with a `compaction_trigger`, answered with exactly one `compaction` item (the mock's), which
+    Codex then sends back in place of the history."""
+    final = "Listings read, context compacted, still going."
+    cx.mock.script(
+        *[r_call(f"call_c{i}", "exec_command", {"cmd": big_output_command(i)}, model=MAIN) for i in range(4)],
+        r_text(final, model=MAIN),
+    )
+    config = f"""
+model = "{MAIN}"
+openai_base_url = "{cx.base_url}"
+model_auto_compact_token_limit = 20000
+"""
+    said, startup = run_codex(codex, cx, tmp_path, "Print four listings with the shell.", config)
+    with capsys.disabled():
+        print(f"\nCodex (built-in provider, WebSocket refused) start-up through ctxgate: {startup * 1000:.0f} ms")
+    assert said == final
+
+    ups = cx.mock.requests()
+    gets = [u for u in ups if u["method"] == "GET"]
+    # whatever ctxgate does with the upgrade, an attempt that reaches the mock is refused at once
+    assert all(u["uri"] == "/v1/responses" and u["reply"]["status"] == 404 for u in gets), gets
+    posts = [u for u in ups if u["method"] == "POST"]
+    assert all(u["uri"] == "/v1/responses" and u["reply"]["status"] == 200 for u in posts)
+    assert "remote_compaction_v2" in posts[0]["headers"].get("x-codex-beta-features", "")
+    triggers = [i for i, u in enumerate(posts) if u["body"]["input"][-1].get("type") == "compaction_trigger"]
+    assert len(triggers) == 1, "Codex compacted once"
+    t = triggers[0]
+    answer = [json.loads(d) for d in sse_data(posts[t]["reply"]["sse"])][-1]["response"]["output"]
+    assert [o["type"] for o in answer] == ["compaction"], "exactly one compaction item"
+    after = posts[t + 1]["body"]["input"]
+    kept = [i for i in after if i.get("type") == "compaction"]
+    assert len(kept) == 1 and kept[0]["encrypted_content"] == answer[0]["encrypted_content"], "carried as it was"
+    assert "MARKER-0 filler line 1 of" not in json.dumps(after), "the compacted history is gone"
+    assert posts[-1]["body"]["input"][-1]["type"] in ("function_call_output", "compaction", "message")
