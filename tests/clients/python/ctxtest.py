@@ -389,7 +389,8 @@ def validate_response(raw: bytes | str) -> Response:
     data = json.loads(raw)
     obj = Response.model_validate(data)
     no_extras(obj)
-    assert obj.model_dump(mode="json", exclude_unset=True, by_alias=True) == data, "the SDK's type does not hold the body"
+    dumped = obj.model_dump(mode="json", exclude_unset=True, by_alias=True)
+    assert dumped == data, "the SDK's type does not hold the body as sent"
     return obj
 
 
@@ -403,7 +404,7 @@ def validate_response_stream(raw: bytes | str) -> list[Any]:
     names = [n for n, _ in events]
     for i, (name, data) in enumerate(events):
         assert name == data.get("type"), f"event {name!r} carries a {data.get('type')!r}"
-        assert data.get("sequence_number") == i, f"event {i} ({name}) has sequence_number {data.get('sequence_number')}"
+        assert data.get("sequence_number") == i, f"event {i} ({name}): sequence_number {data.get('sequence_number')}"
     assert names[0] == "response.created" and names.count("response.created") == 1, names[:3]
     assert names[-1] in _TERMINAL and sum(names.count(t) for t in _TERMINAL) == 1, names[-3:]
     parsed, open_index, next_index, done = [], None, 0, []
@@ -415,7 +416,7 @@ def validate_response_stream(raw: bytes | str) -> list[Any]:
         no_extras(ev)
         parsed.append(ev)
         if name == "response.output_item.added":
-            assert open_index is None and data["output_index"] == next_index, f"item {data['output_index']} out of order"
+            assert open_index is None and data["output_index"] == next_index, f"item {data['output_index']} early"
             open_index = data["output_index"]
         elif name == "response.output_item.done":
             assert data["output_index"] == open_index

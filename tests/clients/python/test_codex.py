@@ -99,7 +99,9 @@ def run_codex(codex: Path, gw: Gateway, tmp: Path, prompt: str, config: str | No
     }
     args = ["node", str(codex), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", prompt]
     launched = time.time()
-    done = subprocess.run(args, env=env, cwd=work, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        args, env=env, cwd=work, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
+    )
     assert done.returncode == 0, f"codex exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     first = min(r["received_ms"] for r in gw.mock.requests() if r["method"] == "POST")
     return done.stdout.strip(), first / 1000 - launched
@@ -154,8 +156,9 @@ def check_call_pairs(items: list[dict]) -> None:
 def test_shell_tool_loop(codex: Path, cx: Gateway, tmp_path: Path, capsys: pytest.CaptureFixture):
     final = "The command printed ctxgate-codex-42."
     cx.mock.script(
-        r_call("call_echo", "exec_command", {"cmd": "echo ctxgate-codex-$((6*7))"}, reasoning="Run the echo.",
-               model=MAIN),
+        r_call(
+            "call_echo", "exec_command", {"cmd": "echo ctxgate-codex-$((6*7))"}, reasoning="Run the echo.", model=MAIN
+        ),
         r_text(final, model=MAIN),
     )
     before = session_ids(cx)

@@ -52,8 +52,8 @@ def test_function_tool_round_trip(gw: Gateway, client: OpenAI):
         r_text("Paris is sunny, 21C."),
     )
     history: list = [{"role": "user", "content": "Weather in Paris?"}]
-    first = client.responses.create(model=MODEL, input=history, tools=TOOLS, store=False,
-                                    include=["reasoning.encrypted_content"])
+    opts = {"model": MODEL, "tools": TOOLS, "store": False, "include": ["reasoning.encrypted_content"]}
+    first = client.responses.create(input=history, **opts)
     reasoning, call = first.output
     assert reasoning.type == "reasoning" and reasoning.encrypted_content == "gAAAA-mock-call_w1"
     assert call.type == "function_call" and call.name == "get_weather" and call.call_id == "call_w1"
@@ -62,8 +62,7 @@ def test_function_tool_round_trip(gw: Gateway, client: OpenAI):
     # the client replays the reasoning item and the call, then the call's output
     history += [item.model_dump(exclude_none=True) for item in first.output]
     history.append({"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21C"})
-    second = client.responses.create(model=MODEL, input=history, tools=TOOLS, store=False,
-                                     include=["reasoning.encrypted_content"])
+    second = client.responses.create(input=history, **opts)
     assert second.output_text == "Paris is sunny, 21C."
 
     ups = gw.mock.requests()
@@ -83,12 +82,20 @@ def test_stream_events_and_final_response(gw: Gateway, client: OpenAI):
     gw.mock.script(
         r_items(
             [
-                {"type": "reasoning", "encrypted_content": "gAAAA-s", "summary": [{"type": "summary_text", "text": "hm"}]},
+                {
+                    "type": "reasoning",
+                    "encrypted_content": "gAAAA-s",
+                    "summary": [{"type": "summary_text", "text": "hm"}],
+                },
                 {"type": "message", "text": "Streaming works fine."},
                 {"type": "function_call", "call_id": "call_s", "name": "get_weather", "arguments": {"city": "Oslo"}},
             ],
-            usage={"input_tokens": 120, "input_tokens_details": {"cached_tokens": 64},
-                   "output_tokens": 30, "output_tokens_details": {"reasoning_tokens": 12}},
+            usage={
+                "input_tokens": 120,
+                "input_tokens_details": {"cached_tokens": 64},
+                "output_tokens": 30,
+                "output_tokens_details": {"reasoning_tokens": 12},
+            },
         )
     )
     deltas, arg_deltas, kinds = [], [], []
@@ -120,7 +127,10 @@ def test_stream_events_and_final_response(gw: Gateway, client: OpenAI):
 def test_upstream_errors_reach_the_client_in_openais_shape(gw: Gateway, client: OpenAI):
     gw.mock.script(
         {"responses_error": {"code": "rate_limit_exceeded", "message": "Slow down."}, "headers": {"retry-after": "1"}},
-        r_items([{"type": "message", "text": "cut"}], error={"after_items": 1, "code": "server_error", "message": "boom"}),
+        r_items(
+            [{"type": "message", "text": "cut"}],
+            error={"after_items": 1, "code": "server_error", "message": "boom"},
+        ),
     )
     with pytest.raises(openai.RateLimitError) as e:
         client.responses.create(model=MODEL, input="hi")
