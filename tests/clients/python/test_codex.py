@@ -40,8 +40,9 @@ def codex() -> Path:
 
 @pytest.fixture(scope="module")
 def cx_stack(upstream: Upstream):
-    """A ctxgate for Codex: the main model's window is small (60,000 tokens; rewrite above 60 %, aim for 40 %), so
-    a few big command outputs cross the threshold while Codex's instructions and tools (about 10,000 tokens) fit."""
+    """A ctxgate for Codex: the main model's window is small (40,000 tokens; rewrite above 60 %, aim for 40 %), so
+    a few big command outputs cross the threshold (Codex keeps about 2,700 tokens of each) while Codex's
+    instructions and tools (about 10,000 tokens) fit in the target."""
     config = f"""
 [context]
 threshold = 0.6
@@ -50,7 +51,7 @@ hard_limit = 0.95
 [prune]
 keep_tool_results = 2
 [models."{MAIN}"]
-context_window = 60000
+context_window = 40000
 """
     proc, listen = upstream.gateway(config, name="codex")
     try:
@@ -200,7 +201,8 @@ TURNS = 9
 
 
 def big_output_command(i: int) -> str:
-    """Prints about 22 KB (500 lines), each line tagged with the turn's marker."""
+    """Prints about 25 KB (500 lines), each line tagged with the turn's marker; Codex keeps about 10 KB of it (the
+    head and the tail) in its history."""
     return f"seq -f 'MARKER-{i} filler line %g of the ctxgate context test' 1 500"
 
 
@@ -239,20 +241,22 @@ def test_builtin_provider_websocket_fallback_and_remote_compaction(
     codex: Path, cx: Gateway, tmp_path: Path, capsys: pytest.CaptureFixture
 ):
     """The built-in OpenAI provider (`openai_base_url`): Codex tries a WebSocket on `GET /v1/responses` first and
-    falls back to HTTPS when it is refused; with a low auto-compact limit it compacts remotely (v2): a normal request
-    whose input ends with a `compaction_trigger`, answered with exactly one `compaction` item (the mock's), which
-    Codex then sends back in place of the history."""
+    falls back to HTTPS when it is refused. Its history grows past ctxgate's threshold; then a reply reports more
+    input tokens than Codex's auto-compact limit, so Codex compacts remotely (v2): a normal request whose input ends
+    with a `compaction_trigger` (it must reach the upstream unrewritten, whole history included), answered with
+    exactly one `compaction` item (the mock's), which Codex then sends back in place of the history."""
     final = "Listings read, context compacted, still going."
-    cx.mock.script(
-        *[r_call(f"call_c{i}", "exec_command", {"cmd": big_output_command(i)}, model=MAIN) for i in range(4)],
-        r_text(final, model=MAIN),
-    )
+    calls = [r_call(f"call_c{i}", "exec_command", {"cmd": big_output_command(i)}, model=MAIN) for i in range(TURNS)]
+    # The history stays under Codex's limit (its last request is about 34,000 tokens); the last call's reply says
+    # more: Codex compacts next.
+    calls[-1]["responses"]["usage"] = {"input_tokens": 46_000}
+    cx.mock.script(*calls, r_text(final, model=MAIN))
     config = f"""
 model = "{MAIN}"
 openai_base_url = "{cx.base_url}"
-model_auto_compact_token_limit = 20000
+model_auto_compact_token_limit = 45000
 """
-    said, startup = run_codex(codex, cx, tmp_path, "Print four listings with the shell.", config)
+    said, startup = run_codex(codex, cx, tmp_path, "Print the listings with the shell.", config)
     with capsys.disabled():
         print(f"\nCodex (built-in provider, WebSocket refused) start-up through ctxgate: {startup * 1000:.0f} ms")
     assert said == final
@@ -265,12 +269,21 @@ model_auto_compact_token_limit = 20000
     assert all(u["uri"] == "/v1/responses" and u["reply"]["status"] == 200 for u in posts)
     assert "remote_compaction_v2" in posts[0]["headers"].get("x-codex-beta-features", "")
     triggers = [i for i, u in enumerate(posts) if u["body"]["input"][-1].get("type") == "compaction_trigger"]
-    assert len(triggers) == 1, "Codex compacted once"
-    t = triggers[0]
-    answer = [json.loads(d) for d in sse_data(posts[t]["reply"]["sse"])][-1]["response"]["output"]
+    assert triggers == [TURNS], "Codex compacted once, right after the reply over its limit (and its call)"
+    trigger = posts[TURNS]
+    # the compaction request went upstream as Codex sent it: every output whole, nothing cleared
+    assert PLACEHOLDER not in trigger["raw"]
+    sent = outputs(trigger["body"]["input"])
+    assert [o["call_id"] for o in sent] == [f"call_c{i}" for i in range(TURNS)]
+    assert all(f"MARKER-{i} filler line 500 of" in o["output"] for i, o in enumerate(sent))
+    answer = [json.loads(d) for d in sse_data(trigger["reply"]["sse"])][-1]["response"]["output"]
     assert [o["type"] for o in answer] == ["compaction"], "exactly one compaction item"
-    after = posts[t + 1]["body"]["input"]
+    after = posts[TURNS + 1]["body"]["input"]
     kept = [i for i in after if i.get("type") == "compaction"]
     assert len(kept) == 1 and kept[0]["encrypted_content"] == answer[0]["encrypted_content"], "carried as it was"
     assert "MARKER-0 filler line 1 of" not in json.dumps(after), "the compacted history is gone"
-    assert posts[-1]["body"]["input"][-1]["type"] in ("function_call_output", "compaction", "message")
+    assert len(posts) == TURNS + 2
+
+    # needs the Responses pipeline: before the compaction the history crossed ctxgate's threshold and was rewritten
+    cleared = [i for i, u in enumerate(posts) if any(PLACEHOLDER in o["output"] for o in outputs(u["body"]["input"]))]
+    assert cleared and cleared[-1] == TURNS - 1, cleared
