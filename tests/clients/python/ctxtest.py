@@ -1,6 +1,7 @@
 """Helpers for the client-library suites: scripting the mock upstream over its control API (`/_mock/*`, see
 src/mock.rs), recording what clients receive (an httpx or httpx2 transport that tees every response), and checking
-every response strictly against the SDK's types (`openai` for chat completions, `anthropic` for Messages)."""
+every response strictly against the SDK's types (`openai` for chat completions and the Responses API, `anthropic`
+for Messages)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pydantic
 from anthropic import BaseModel as AnthropicModel
 from openai import BaseModel as OpenAIModel
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.responses import Response, ResponseStreamEvent
 
 MODEL = "mock-model"
 
@@ -129,6 +131,38 @@ def a_tool_use(id: str, name: str, input: dict, *, text: str | None = None, **ex
 def a_blocks(content: list[dict], *, model: str | None = None, **fields: Any) -> dict:
     """A reply spec of any content blocks; `fields` go into the reply (`usage`, `stop_reason`, `stream_error`, …)."""
     spec: dict[str, Any] = {"anthropic": {"content": content, **fields}}
+    if model:
+        spec["model"] = model
+    return spec
+
+
+# --- OpenAI Responses replies (rendered by the mock as a `response` body or as the event stream) ----------------
+
+
+def r_text(text: str, **extra: Any) -> dict:
+    """A `{"responses": …}` reply spec saying `text`; `extra` adds `model` (fits only that model), `usage`, …"""
+    return r_items([{"type": "message", "text": text}], **extra)
+
+
+def r_call(call_id: str, name: str, arguments: dict, *, reasoning: str | None = None, **extra: Any) -> dict:
+    """A reply spec calling one function tool (after a reasoning item with that summary and an encrypted content
+    when `reasoning` is given)."""
+    items = []
+    if reasoning:
+        items.append(
+            {
+                "type": "reasoning",
+                "encrypted_content": f"gAAAA-mock-{call_id}",
+                "summary": [{"type": "summary_text", "text": reasoning}],
+            }
+        )
+    items.append({"type": "function_call", "call_id": call_id, "name": name, "arguments": arguments})
+    return r_items(items, **extra)
+
+
+def r_items(output: list[dict], *, model: str | None = None, **fields: Any) -> dict:
+    """A reply spec of any output items; `fields` go into the reply (`usage`, `error`, `failed`, `id`, …)."""
+    spec: dict[str, Any] = {"responses": {"output": output, **fields}}
     if model:
         spec["model"] = model
     return spec
@@ -346,6 +380,56 @@ def validate_event_stream(raw: bytes | str) -> list[Any]:
     return parsed
 
 
+_RESPONSE_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
+_TERMINAL = ("response.completed", "response.failed", "response.incomplete", "error")
+
+
+def validate_response(raw: bytes | str) -> Response:
+    """Parses a Responses API `response` body with the openai SDK's type: declared fields only, nothing lost."""
+    data = json.loads(raw)
+    obj = Response.model_validate(data)
+    no_extras(obj)
+    dumped = obj.model_dump(mode="json", exclude_unset=True, by_alias=True)
+    assert dumped == data, "the SDK's type does not hold the body as sent"
+    return obj
+
+
+def validate_response_stream(raw: bytes | str) -> list[Any]:
+    """Checks a Responses event stream: each event named as its data's `type` and of the SDK's event types;
+    `sequence_number` counts from 0; `response.created` first; one terminal event (`response.completed`,
+    `response.failed`, `response.incomplete` or `error`) last; items added and done in order of `output_index`
+    (0, 1, …); and a completed response's `output` is exactly the items the stream finished."""
+    events = sse_events(raw)
+    assert events, "an empty stream"
+    names = [n for n, _ in events]
+    for i, (name, data) in enumerate(events):
+        assert name == data.get("type"), f"event {name!r} carries a {data.get('type')!r}"
+        assert data.get("sequence_number") == i, f"event {i} ({name}): sequence_number {data.get('sequence_number')}"
+    assert names[0] == "response.created" and names.count("response.created") == 1, names[:3]
+    assert names[-1] in _TERMINAL and sum(names.count(t) for t in _TERMINAL) == 1, names[-3:]
+    parsed, open_index, next_index, done = [], None, 0, []
+    for name, data in events:
+        if name == "error":  # the SDK raises on it (its `error` object) before any type is applied
+            assert isinstance(data.get("error"), dict) and data["error"].get("message"), data
+            continue
+        ev = _RESPONSE_EVENT.validate_python(data)
+        no_extras(ev)
+        parsed.append(ev)
+        if name == "response.output_item.added":
+            assert open_index is None and data["output_index"] == next_index, f"item {data['output_index']} early"
+            open_index = data["output_index"]
+        elif name == "response.output_item.done":
+            assert data["output_index"] == open_index
+            open_index, next_index = None, next_index + 1
+            done.append(data["item"])
+        elif "output_index" in data and name not in _TERMINAL:
+            assert data["output_index"] == open_index, f"{name} outside its item"
+    if names[-1] == "response.completed":
+        assert events[-1][1]["response"]["output"] == done, "response.completed's output is not what was streamed"
+        assert open_index is None
+    return parsed
+
+
 def key_paths(v: Any, prefix: str = "") -> set[str]:
     """Every object key path in a JSON value (array positions ignored)."""
     out: set[str] = set()
@@ -372,7 +456,7 @@ def _reply_values(reply: dict) -> list[Any]:
 
 
 def check_exchanges(exchanges: list[Exchange], upstream: list[dict], rewritten: bool) -> None:
-    """Every chat completions or Messages exchange a client made: valid for the SDK's types; and when ctxgate
+    """Every chat completions, Messages or Responses exchange a client made: valid for the SDK's types; and when ctxgate
     forwarded the request as it was (byte for byte), the answer is exactly what the mock sent. When it was rewritten
     (recall rounds), the answer holds no field that none of the mock's replies had, and no more chunks (Anthropic
     pings aside) than they had."""
@@ -380,7 +464,8 @@ def check_exchanges(exchanges: list[Exchange], upstream: list[dict], rewritten: 
     for ex in exchanges:
         path = ex.url.split("?")[0]
         anthropic_api = path.endswith("/v1/messages")
-        if not path.endswith("/chat/completions") and not anthropic_api:
+        responses_api = path.endswith("/v1/responses")
+        if not path.endswith("/chat/completions") and not anthropic_api and not responses_api:
             continue
         sent = ex.request.decode()
         same = [u for u in unmatched if u["raw"] == sent]
@@ -408,7 +493,11 @@ def check_exchanges(exchanges: list[Exchange], upstream: list[dict], rewritten: 
                 extra = key_paths(g) - allowed
                 assert not extra, f"fields the upstream never sent: {sorted(extra)}"
         stream = ex.content_type.startswith("text/event-stream")
-        if ex.status == 200 and anthropic_api and stream:
+        if ex.status == 200 and responses_api and stream:
+            validate_response_stream(bytes(ex.body))
+        elif ex.status == 200 and responses_api:
+            validate_response(bytes(ex.body))
+        elif ex.status == 200 and anthropic_api and stream:
             validate_event_stream(bytes(ex.body))
         elif ex.status == 200 and anthropic_api:
             validate_message(bytes(ex.body))
