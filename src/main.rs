@@ -86,9 +86,9 @@ enum Command {
         /// Print the reports as JSON.
         #[arg(long)]
         json: bool,
-        /// The client's dialect: `chat` (the traces as recorded), or `anthropic` (each request converted to the
-        /// Anthropic Messages request it stands for and planned as the gateway plans one).
-        #[arg(long, value_parser = parse_dialect, value_name = "chat|anthropic", default_value = "chat")]
+        /// The client's dialect: `chat` (the traces as recorded), `anthropic` or `responses` (each request converted
+        /// to the Anthropic Messages / Responses request it stands for and planned as the gateway plans one).
+        #[arg(long, value_parser = parse_dialect, value_name = "chat|anthropic|responses", default_value = "chat")]
         dialect: Dialect,
     },
 }
@@ -97,7 +97,10 @@ fn parse_dialect(s: &str) -> Result<Dialect, String> {
     match s {
         "chat" => Ok(Dialect::Chat),
         "anthropic" => Ok(Dialect::Anthropic),
-        _ => Err(format!("unknown dialect {s:?} (chat, anthropic)")),
+        "responses" => Ok(Dialect::Responses),
+        _ => Err(format!(
+            "unknown dialect {s:?} (chat, anthropic, responses)"
+        )),
     }
 }
 

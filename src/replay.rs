@@ -12,6 +12,7 @@ use crate::context::units::{check_sequence, system_messages};
 use crate::context::Plan;
 use crate::dialect::anthropic::from_chat::chat_to_anthropic;
 use crate::dialect::anthropic::validate;
+use crate::dialect::responses::validate as responses_validate;
 use crate::dialect::Dialect;
 use crate::recall::Offer;
 use crate::summary::prompt::summary_message;
@@ -307,8 +308,8 @@ fn replay(
             Decision::Reject { .. } => None,
         };
         let mut s = step(k, client, decision, sent, rewritten.as_deref());
-        if let (Dialect::Anthropic, Some(up), None) = (dialect, &upstream_body, &s.problem) {
-            s.problem = anthropic_problem(&body, up);
+        if let (Some(up), None) = (&upstream_body, &s.problem) {
+            s.problem = api_problem(dialect, &body, up);
             s.valid = s.problem.is_none();
         }
         s.wanted_summary = wanted;
@@ -431,21 +432,31 @@ fn step(
     s
 }
 
-/// What the Messages API would refuse in the body sent upstream for the client's `client` body, or what a rewrite
-/// may not change.
-fn anthropic_problem(client: &Map<String, Value>, sent: &[u8]) -> Option<String> {
+/// What the dialect's API would refuse in the body sent upstream for the client's `client` body, or what a
+/// rewrite may not change (chat's rules are checked on the neutral form, by [`step`]).
+fn api_problem(dialect: Dialect, client: &Map<String, Value>, sent: &[u8]) -> Option<String> {
+    if dialect == Dialect::Chat {
+        return None;
+    }
     let sent: Value = match serde_json::from_slice(sent) {
         Ok(v) => v,
         Err(e) => return Some(format!("the body sent is not JSON: {e}")),
     };
-    let messages = sent
-        .get("messages")
+    let items = sent
+        .get(dialect.conversation_key())
         .and_then(Value::as_array)
         .map(Vec::as_slice)
         .unwrap_or_default();
-    validate::check_sequence(messages)
-        .and_then(|()| validate::check_rewrite(&Value::Object(client.clone()), &sent))
-        .err()
+    let client = Value::Object(client.clone());
+    let checked = match dialect {
+        Dialect::Chat => Ok(()),
+        Dialect::Anthropic => {
+            validate::check_sequence(items).and_then(|()| validate::check_rewrite(&client, &sent))
+        }
+        Dialect::Responses => responses_validate::check_sequence(items)
+            .and_then(|()| responses_validate::check_rewrite(&client, &sent)),
+    };
+    checked.err()
 }
 
 /// A rewrite must be a valid sequence that keeps every system message (in order; a summary may come between)

@@ -123,6 +123,15 @@ fn every_trace_replays_validly_as_anthropic_messages() {
 }
 
 #[test]
+fn every_trace_replays_validly_as_responses_input_items() {
+    for summaries in [false, true] {
+        if let Some(all) = replay_all_in(summaries, Dialect::Responses) {
+            assert!(all.iter().all(|r| r.dialect == "responses"));
+        }
+    }
+}
+
+#[test]
 fn every_trace_replays_validly_with_simulated_summaries() {
     if let Some(all) = replay_all(true) {
         assert!(all.iter().all(|r| r.summaries));
