@@ -78,21 +78,6 @@ fn invalid(i: usize, problem: String) -> GatewayError {
     )
 }
 
-/// Whether ctxgate may manage (rewrite, record) this conversation: not when it continues server-side state ctxgate
-/// cannot see (`previous_response_id` or `conversation` set), nor when its input ends with a `compaction_trigger`
-/// item (a client's remote compaction request): those pass through unrewritten.
-pub fn managed(body: &Map<String, Value>) -> bool {
-    let set = |k: &str| body.get(k).is_some_and(|v| !v.is_null());
-    if set("previous_response_id") || set("conversation") {
-        return false;
-    }
-    let last = body
-        .get("input")
-        .and_then(Value::as_array)
-        .and_then(|a| a.last());
-    last.and_then(|l| l.get("type")).and_then(Value::as_str) != Some("compaction_trigger")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,6 +149,10 @@ mod tests {
         assert!(e.to_string().contains("input[1]"), "{e}");
     }
 
+    fn managed(b: &Map<String, Value>) -> bool {
+        super::super::unmanaged::unmanaged_reason(b).is_none()
+    }
+
     #[test]
     fn server_state_and_remote_compaction_are_not_managed() {
         assert!(managed(&body(json!({"model":"m","input":"hi"}))));
@@ -179,6 +168,7 @@ mod tests {
         let trig = json!({"model":"m","input":[{"role":"user","content":"a"},{"type":"compaction_trigger"}]});
         assert!(!managed(&body(trig)));
         let mid = json!({"model":"m","input":[{"type":"compaction_trigger"},{"role":"user","content":"a"}]});
-        assert!(managed(&body(mid)));
+        // a trigger anywhere (the API only accepts one last) is left for the upstream to judge, unrewritten
+        assert!(!managed(&body(mid)));
     }
 }
