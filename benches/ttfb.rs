@@ -1,5 +1,5 @@
 //! Time-to-first-byte added by ctxgate to a streaming conversation request, in each dialect (chat completions,
-//! Anthropic Messages): the same SSE request sent straight to the mock upstream and through the gateway,
+//! Anthropic Messages, the Responses API): the same SSE request sent straight to the mock upstream and through the gateway,
 //! alternately; prints median and p99 of both and their difference.
 //! Run: `cargo bench --bench ttfb` (release build).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
@@ -53,7 +53,12 @@ fn main() {
         let anthropic = r#"{"model":"claude-sonnet-4-5","max_tokens":64,"stream":true,"system":"You are a helpful assistant.","messages":[{"role":"user","content":"Say hello"}]}"#;
         let n = 3000;
         println!("streaming TTFB over {n} requests each (release build, loopback, mock upstream)");
-        for (dialect, path, body) in [("chat completions", "chat/completions", chat), ("anthropic messages", "messages", anthropic)] {
+        let responses = r#"{"model":"gpt-5","stream":true,"instructions":"You are a helpful assistant.","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"Say hello"}]}]}"#;
+        for (dialect, path, body) in [
+            ("chat completions", "chat/completions", chat),
+            ("anthropic messages", "messages", anthropic),
+            ("responses", "responses", responses),
+        ] {
             let direct = format!("{}/{path}", mock.base_url());
             let via = format!("http://{addr}/v1/{path}");
             for _ in 0..200 {
