@@ -664,6 +664,42 @@ async fn a_separate_metrics_listener_serves_only_metrics() {
 }
 
 #[tokio::test]
+async fn unmanaged_series_exist_and_a_refused_websocket_is_counted() {
+    let h = harness().await;
+    // Every series exists from the start, at zero (the responses dialect and each reason included).
+    let m = parse(&scrape(&h).await);
+    for dialect in ["chat", "anthropic", "responses"] {
+        for reason in ["previous_response_id", "conversation", "compaction_trigger"] {
+            let l = [("dialect", dialect), ("reason", reason)];
+            assert!(has(&m, names::UNMANAGED_REQUESTS_TOTAL, &l), "{l:?}");
+        }
+    }
+    assert_eq!(sum(&m, names::UNMANAGED_REQUESTS_TOTAL, &[]), 0.0);
+    assert!(has(
+        &m,
+        names::REQUESTS_TOTAL,
+        &[("route", "chat"), ("dialect", "responses")]
+    ));
+    // Codex's WebSocket attempt: answered 426 by ctxgate, counted as a passthrough client error.
+    let r = h
+        .client
+        .get(h.url("/v1/responses"))
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 426);
+    let (text, m) = settled(&h).await;
+    let l = [
+        ("route", "passthrough"),
+        ("dialect", "none"),
+        ("status", "4xx"),
+    ];
+    assert_eq!(sum(&m, names::REQUESTS_TOTAL, &l), 1.0, "{text}");
+}
+
+#[tokio::test]
 async fn overload_and_slow_bodies_are_counted_as_rejections() {
     let h = Harness::start_with(|c| {
         c.server.max_in_flight = 1;

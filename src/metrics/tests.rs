@@ -334,6 +334,45 @@ fn rejections_are_counted_by_route_dialect_and_reason() {
     }
 }
 
+#[test]
+fn unmanaged_requests_are_counted_by_dialect_and_reason() {
+    let m = metrics();
+    // A different count for every series, so that a mixed-up index shows.
+    let mut n = 0;
+    for dialect in DialectLabel::ALL {
+        for reason in UnmanagedReason::ALL {
+            n += 1;
+            for _ in 0..n {
+                m.unmanaged(*dialect, *reason);
+            }
+        }
+    }
+    let text = m.render();
+    let mut n = 0;
+    for dialect in DialectLabel::ALL {
+        for reason in UnmanagedReason::ALL {
+            n += 1;
+            let series = format!(
+                "ctxgate_unmanaged_requests_total{{dialect=\"{}\",reason=\"{}\"}}",
+                dialect.as_str(),
+                reason.as_str()
+            );
+            assert_eq!(
+                value(&text, &series),
+                Some(f64::from(n)),
+                "{series}:\n{text}"
+            );
+        }
+    }
+    assert_eq!(
+        UnmanagedReason::ALL
+            .iter()
+            .map(|r| r.as_str())
+            .collect::<Vec<_>>(),
+        ["previous_response_id", "conversation", "compaction_trigger"]
+    );
+}
+
 /// Every per-request family keeps the dialects apart: a different count per dialect shows a mixed-up index.
 #[test]
 fn per_request_series_are_split_by_dialect() {
