@@ -22,6 +22,37 @@ pub fn json_object(raw: &[u8]) -> Result<Map<String, Value>, GatewayError> {
     }
 }
 
+/// A 400 naming the field `param`.
+pub fn bad(message: String, param: &'static str) -> GatewayError {
+    GatewayError::BadRequest {
+        message,
+        param: Some(param),
+    }
+}
+
+/// `model` is required: a string of at most `MAX_MODEL_LEN` bytes (it is matched against the model table, used as
+/// a metric label and logged); `stream`, when given, a boolean or null.
+pub fn check_model_and_stream(body: &Map<String, Value>) -> Result<(), GatewayError> {
+    use crate::context::models::MAX_MODEL_LEN;
+    match body.get("model") {
+        Some(Value::String(m)) if m.len() <= MAX_MODEL_LEN => {}
+        None => return Err(bad("missing required parameter: `model`".into(), "model")),
+        Some(_) => {
+            return Err(bad(
+                format!("`model` must be a string of at most {MAX_MODEL_LEN} bytes"),
+                "model",
+            ))
+        }
+    }
+    if body
+        .get("stream")
+        .is_some_and(|s| !s.is_boolean() && !s.is_null())
+    {
+        return Err(bad("`stream` must be a boolean".into(), "stream"));
+    }
+    Ok(())
+}
+
 /// Whether the client's `tools` leave room for ctxgate's (named in `names`): an array (or none) in which no tool
 /// has one of their names (`name` reads a tool's name in the dialect's shape).
 pub fn tools_leave_room(

@@ -2,31 +2,15 @@
 //! no `max_tokens` or `stream`): what ctxgate relies on to read the conversation, refused with a 400 naming the
 //! field. Anything else (block fields, tool schemas, `max_tokens`) is the upstream's to judge.
 
-use crate::context::models::MAX_MODEL_LEN;
+use crate::dialect::request::{bad, check_model_and_stream};
 use crate::error::GatewayError;
 use serde_json::{Map, Value};
 
-fn bad(message: String, param: &'static str) -> GatewayError {
-    GatewayError::BadRequest {
-        message,
-        param: Some(param),
-    }
-}
-
-/// Checks a parsed body: `model` a string of at most [`MAX_MODEL_LEN`] bytes; `messages` an array of objects with
+/// Checks a parsed body: `model` a string of at most `MAX_MODEL_LEN` bytes; `messages` an array of objects with
 /// a `role` of `user`, `assistant` or `system` and `content` a string or an array of objects each with a string
 /// `type`; `system` absent, a string or an array; `stream` a boolean or null.
 pub fn check(body: &Map<String, Value>) -> Result<(), GatewayError> {
-    match body.get("model") {
-        Some(Value::String(m)) if m.len() <= MAX_MODEL_LEN => {}
-        None => return Err(bad("missing required parameter: `model`".into(), "model")),
-        Some(_) => {
-            return Err(bad(
-                format!("`model` must be a string of at most {MAX_MODEL_LEN} bytes"),
-                "model",
-            ))
-        }
-    }
+    check_model_and_stream(body)?;
     match body.get("messages") {
         Some(Value::Array(messages)) => check_messages(messages)?,
         Some(_) => {
@@ -50,12 +34,6 @@ pub fn check(body: &Map<String, Value>) -> Result<(), GatewayError> {
             "`system` must be a string or an array of content blocks".into(),
             "system",
         ));
-    }
-    if body
-        .get("stream")
-        .is_some_and(|s| !s.is_boolean() && !s.is_null())
-    {
-        return Err(bad("`stream` must be a boolean".into(), "stream"));
     }
     Ok(())
 }
@@ -138,8 +116,8 @@ mod tests {
 
     #[test]
     fn bad_bodies_name_the_field() {
-        let long = "m".repeat(MAX_MODEL_LEN + 1);
-        let ok = "m".repeat(MAX_MODEL_LEN);
+        let long = "m".repeat(crate::context::models::MAX_MODEL_LEN + 1);
+        let ok = "m".repeat(crate::context::models::MAX_MODEL_LEN);
         assert!(check(&body(json!({"model":ok,"messages":[]}))).is_ok());
         let cases = [
             (json!({"messages":[]}), "model"),

@@ -2,31 +2,15 @@
 //! refused with a 400 naming the field; and whether ctxgate may manage the conversation at all. Anything else
 //! (item fields, tool schemas, `reasoning`) is the upstream's to judge.
 
-use crate::context::models::MAX_MODEL_LEN;
+use crate::dialect::request::{bad, check_model_and_stream};
 use crate::error::GatewayError;
 use serde_json::{Map, Value};
 
-fn bad(message: String, param: &'static str) -> GatewayError {
-    GatewayError::BadRequest {
-        message,
-        param: Some(param),
-    }
-}
-
-/// Checks a parsed body: `model` a string of at most [`MAX_MODEL_LEN`] bytes; `input` a string or an array of
+/// Checks a parsed body: `model` a string of at most `MAX_MODEL_LEN` bytes; `input` a string or an array of
 /// objects each with a string `type` or (the shorthand message form) a string `role`; `instructions` a string or
 /// null; `stream` a boolean or null.
 pub fn check(body: &Map<String, Value>) -> Result<(), GatewayError> {
-    match body.get("model") {
-        Some(Value::String(m)) if m.len() <= MAX_MODEL_LEN => {}
-        None => return Err(bad("missing required parameter: `model`".into(), "model")),
-        Some(_) => {
-            return Err(bad(
-                format!("`model` must be a string of at most {MAX_MODEL_LEN} bytes"),
-                "model",
-            ))
-        }
-    }
+    check_model_and_stream(body)?;
     match body.get("input") {
         Some(Value::String(_)) => {}
         Some(Value::Array(items)) => check_items(items)?,
@@ -46,12 +30,6 @@ pub fn check(body: &Map<String, Value>) -> Result<(), GatewayError> {
             "`instructions` must be a string".into(),
             "instructions",
         ));
-    }
-    if body
-        .get("stream")
-        .is_some_and(|s| !s.is_boolean() && !s.is_null())
-    {
-        return Err(bad("`stream` must be a boolean".into(), "stream"));
     }
     Ok(())
 }
@@ -110,8 +88,8 @@ mod tests {
 
     #[test]
     fn bad_bodies_name_the_field() {
-        let long = "m".repeat(MAX_MODEL_LEN + 1);
-        let ok = "m".repeat(MAX_MODEL_LEN);
+        let long = "m".repeat(crate::context::models::MAX_MODEL_LEN + 1);
+        let ok = "m".repeat(crate::context::models::MAX_MODEL_LEN);
         assert!(check(&body(json!({"model":ok,"input":[]}))).is_ok());
         let cases = [
             (json!({"input":[]}), "model"),
