@@ -3,6 +3,7 @@
 //! Loading reports every problem at once, each with its key path: every key is first checked on its own
 //! (unknown key, wrong type), then the whole config is validated semantically.
 
+pub use crate::config_kinds::{TokenAmount, ToolSelection};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -240,6 +241,13 @@ pub struct ContextConfig {
     pub hard_limit: f64,
     /// Context window, in tokens, of models not found in the model table.
     pub default_context_window: u64,
+    /// Least a re-cut must remove, in tokens (`2000`) or as a fraction of the window (`0.05`): a re-cut that
+    /// would remove less leaves the previous cut points (and the upstream's prompt cache) alone while the
+    /// request fits under `hard_limit`.
+    pub clear_at_least: TokenAmount,
+    /// Rewrite a request holding more messages than this, as for the token threshold (unset: no limit); the
+    /// rewrite then brings the count down to `max_messages × target / threshold`.
+    pub max_messages: Option<usize>,
 }
 
 impl Default for ContextConfig {
@@ -250,6 +258,8 @@ impl Default for ContextConfig {
             target: 0.5,
             hard_limit: 0.95,
             default_context_window: 128_000,
+            clear_at_least: TokenAmount::Fraction(0.05),
+            max_messages: None,
         }
     }
 }
@@ -307,6 +317,16 @@ pub struct PruneConfig {
     pub max_run_loops: usize,
     /// Run loops older than this are dropped entirely (`90m`, `24h`, `7d`, or seconds); unset means no age limit.
     pub max_age: Option<DurationSpec>,
+    /// The first user message (the task) is never cleared, cut or dropped; one larger than this many tokens is
+    /// sent as its head and tail around a marker once the rewrite reaches it (the whole stays recallable).
+    pub max_pinned_tokens: u64,
+    /// Clear the arguments of past tool calls (beyond the newest `keep_tool_results`): `true`, `false`, or a
+    /// list of tool names. Cleared arguments become a short JSON placeholder; the recall tool returns them.
+    pub clear_tool_inputs: ToolSelection,
+    /// Tool-call arguments smaller than this many tokens are never cleared.
+    pub min_input_tokens: u64,
+    /// Tools whose calls and results are never cleared.
+    pub exclude_tools: Vec<String>,
 }
 
 impl Default for PruneConfig {
@@ -318,6 +338,10 @@ impl Default for PruneConfig {
             keep_run_loops: 2,
             max_run_loops: 50,
             max_age: None,
+            max_pinned_tokens: 4000,
+            clear_tool_inputs: ToolSelection::All(true),
+            min_input_tokens: 200,
+            exclude_tools: Vec::new(),
         }
     }
 }
@@ -654,6 +678,13 @@ impl Config {
                 "context.hard_limit: {} must not be below context.threshold ({})",
                 c.hard_limit, c.threshold
             ));
+        }
+        e.extend(c.clear_at_least.problem("context.clear_at_least"));
+        if c.max_messages.is_some_and(|m| m < 4) {
+            e.push("context.max_messages: must be at least 4 messages".into());
+        }
+        if self.prune.max_pinned_tokens < 64 {
+            e.push("prune.max_pinned_tokens: must be at least 64 tokens".into());
         }
         if c.default_context_window < 256 {
             e.push("context.default_context_window: must be at least 256 tokens".into());

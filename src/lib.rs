@@ -3,6 +3,7 @@
 
 pub mod app;
 pub mod config;
+pub mod config_kinds;
 pub mod config_reference;
 pub mod context;
 pub mod dialect;

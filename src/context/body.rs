@@ -18,6 +18,9 @@ pub struct RewrittenBody<'a> {
     /// Where each message comes from (aligned with `messages`): a dialect renders the client's own messages back
     /// from their originals.
     pub sources: Vec<Source>,
+    /// Where a note about the rewrite goes in `messages` (see `context::Rewrite::note_at`); `None`: after the
+    /// leading system messages.
+    pub note_at: Option<usize>,
 }
 
 impl<'a> RewrittenBody<'a> {
@@ -48,6 +51,7 @@ impl<'a> RewrittenBody<'a> {
             key,
             messages,
             sources,
+            note_at: None,
         }
     }
 

@@ -7,7 +7,7 @@ use super::plan::{plan, Plan, PlanInput, PrunedCall, Summaries};
 use super::tokens::{Encoding, TokenCounter};
 use super::CompressionRecord;
 use crate::config::{Config, Strategy};
-use crate::message::is_system;
+use crate::message::Source;
 use serde_json::{Map, Value};
 
 /// What the caller adds to a rewritten request (the recall tools and their note; see `recall::Offer`).
@@ -187,33 +187,27 @@ pub fn render(
     };
     let encoding = req.encoding;
     let mut body = RewrittenBody::new_at(req.key, req.body, rw.messages, rw.sources);
-    let sent_before = body.messages.len();
-    // The note goes into the first system message, or a new message right after it (first when there is none),
-    // or (a dialect whose system prompt stays outside its messages) a new message after the leading system
-    // messages: only that head and the tools change, so the planner's estimate is corrected by recounting them
-    // rather than every message again.
-    let first_system = body
-        .messages
-        .iter()
-        .position(|m| is_system(m))
-        .map_or(0, |i| i + 1);
-    let leading_systems = body.messages.iter().take_while(|m| is_system(m)).count();
-    let head_len = first_system.max(leading_systems);
-    let head = |b: &RewrittenBody<'_>, len: usize| -> u64 {
-        let msgs: u64 = counter
-            .messages_tokens(encoding, &b.messages[..len])
-            .iter()
-            .sum();
-        msgs + b
+    body.note_at = Some(rw.note_at);
+    // The additions are the recall tools (appended to the client's) and a note message of their own: the
+    // planner's estimate is corrected by counting just what ctxgate adds rather than every message again.
+    let ours = |b: &RewrittenBody<'_>| -> u64 {
+        let tools = b
             .fields
             .get("tools")
-            .map_or(0, |t| counter.tools_tokens(encoding, t))
+            .map_or(0, |t| counter.tools_tokens(encoding, t));
+        let added: u64 = b
+            .messages
+            .iter()
+            .zip(&b.sources)
+            .filter(|(_, s)| **s == Source::Added)
+            .map(|(m, _)| counter.message_tokens(encoding, m))
+            .sum();
+        tools + added
     };
-    let head_before = head(&body, head_len);
+    let before = ours(&body);
     let injected = additions.add(&mut body, &rw.pruned);
     let estimate = if injected {
-        let added = body.messages.len() - sent_before;
-        (rw.estimate + head(&body, head_len + added)).saturating_sub(head_before)
+        (rw.estimate + ours(&body)).saturating_sub(before)
     } else {
         rw.estimate
     };

@@ -102,6 +102,9 @@ pub struct Rewrite<'a> {
     pub pruned: Vec<PrunedCall>,
     /// A summary of the first N messages that should be written (in the background) for this or later turns.
     pub wanted_summary: Option<usize>,
+    /// Where in `messages` a note about the rewrite goes: right after the last message the rewrite changed (at
+    /// the end of its unit), so everything before the cut stays byte-identical from one re-cut to the next.
+    pub note_at: usize,
 }
 
 impl Rewrite<'_> {
@@ -154,6 +157,11 @@ pub fn plan<'a>(
         threshold: raw(ctx.threshold),
         target: raw(ctx.target).saturating_sub(input.reserve),
         hard: raw(ctx.hard_limit),
+        at_least: (ctx.clear_at_least.tokens(input.window) as f64 / ratio) as u64,
+        max_messages: ctx.max_messages,
+        messages_goal: ctx
+            .max_messages
+            .map_or(0, |m| (m as f64 * ctx.target / ctx.threshold) as usize),
     };
     let calibrated = |t: u64| (t as f64 * ratio).ceil() as u64;
     let base = 3 + input
@@ -176,14 +184,26 @@ pub fn plan<'a>(
     model.summaries = input.summaries.filter(|_| summarizing);
     model.clearing = !(summarizing && input.strategy == Strategy::Summarize);
     let (mut cuts, mut cost) = model.simulate(base, lim);
+    if summarizing && input.strategy == Strategy::Hybrid && cuts.summary > 0 {
+        // A summary earns its place only when it leaves the request smaller than pruning would.
+        let summaries = model.summaries.take();
+        let (pruned, pruned_cost) = model.simulate(base, lim);
+        if pruned_cost <= cost {
+            (cuts, cost) = (pruned, pruned_cost);
+        } else {
+            model.summaries = summaries;
+        }
+    }
     let mut wanted = None;
-    if cuts.summary > 0 && model.ready_summary(cuts.summary).is_none() {
+    if model.summaries.is_none() {
+        // No summaries (off, or pruning does as well): nothing to ask for.
+    } else if cuts.summary > 0 && model.ready_summary(cuts.summary).is_none() {
         // The summary this turn needs is not written yet: prune this time, and have it written.
         wanted = Some(cuts.summary);
         model.summaries = None;
         model.clearing = true;
         (cuts, cost) = model.simulate(base, lim);
-    } else if summarizing && cost as f64 >= raw(input.precompute_at) as f64 {
+    } else if cost as f64 >= raw(input.precompute_at) as f64 {
         wanted = precompute(&mut model, &cuts, base, lim);
     }
     if cuts == Cuts::default() {
@@ -261,12 +281,19 @@ fn build<'a>(
     let summary = model
         .ready_summary(cuts.summary)
         .filter(|_| cuts.summary > 0);
+    // The note goes after the unit of the last message the cuts change (and after the summary).
+    let last_changed = (0..input.messages.len())
+        .rev()
+        .find(|&i| model.mode(i, cuts) != Mode::Keep);
+    let boundary = last_changed.map_or(0, |i| model.unit_end(i));
+    let mut note_at = 0;
     for (i, original) in input.messages.iter().enumerate() {
         if i == cuts.summary {
             if let Some(s) = summary {
                 messages.push(Cow::Borrowed(s));
                 sources.push(Source::Added);
                 changed = true;
+                note_at = note_at.max(messages.len());
             }
         }
         let mode = model.mode(i, cuts);
@@ -285,6 +312,9 @@ fn build<'a>(
         if matches!(mode, Mode::Cleared | Mode::Omitted | Mode::Dropped) {
             gone.push(i);
         }
+        if i < boundary {
+            note_at = note_at.max(messages.len());
+        }
     }
     if !changed {
         return Plan::Forward {
@@ -299,7 +329,11 @@ fn build<'a>(
         .loops
         .iter()
         .flat_map(|l| &l.tool_calls)
-        .filter(|c| c.result.is_some_and(|r| gone.binary_search(&r).is_ok()))
+        .filter(|c| {
+            // Its result left out, or its arguments cleared.
+            c.result.is_some_and(|r| gone.binary_search(&r).is_ok())
+                || gone.binary_search(&c.position).is_ok()
+        })
         .map(|c| PrunedCall {
             call_id: c.id.to_string(),
             tool_name: c.name.to_string(),
@@ -348,5 +382,6 @@ fn build<'a>(
         record,
         pruned,
         wanted_summary,
+        note_at,
     }))
 }

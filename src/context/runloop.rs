@@ -1,8 +1,12 @@
 //! Run loops, a pure view of a message list: one user message → the tool calls it caused → the final reply (the
 //! first assistant message without tool calls). The context engine prunes by run loop; recall finds tool results
 //! by call id through the index kept here.
+//!
+//! An agent scaffold that answers a malformed reply (an assistant message without tool calls in the middle of a
+//! run) with a short user message ("No tool calls found…") does not start a new loop: such a *nudge* continues
+//! the run it interrupts, so the run keeps its task statement.
 
-use crate::message::{field, is_system, opens_turn, role, tool_calls};
+use crate::message::{field, is_system, message_text, opens_turn, role, tool_calls};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -35,8 +39,11 @@ pub struct RunLoop<'a> {
     pub user: Option<usize>,
     /// The tool calls made in it, in order.
     pub tool_calls: Vec<ToolCallRef<'a>>,
-    /// Index of the final reply: the first assistant message without tool calls.
+    /// Index of the final reply: the first assistant message without tool calls after the last nudge.
     pub final_reply: Option<usize>,
+    /// The replies without tool calls that a nudge answered, and the nudges (kept, like the final reply, when the
+    /// loop is pruned).
+    pub nudged: Vec<usize>,
 }
 
 impl RunLoop<'_> {
@@ -67,12 +74,45 @@ impl<'a> RunLoops<'a> {
     }
 }
 
+/// Longest text, in characters, of a user message that can be a nudge.
+pub const NUDGE_MAX_CHARS: usize = 400;
+
+/// Whether `m` (a user message opening a turn) only nudges the run on: the message right before is a reply
+/// without tool calls, and `m` is short plain text. (Whether the run made tool calls is not asked: a pruned run
+/// loses them, and rewriting a rewrite must find the same loops.)
+fn is_nudge(m: &Value, prev: Option<&Value>) -> bool {
+    let after_plain_reply =
+        prev.is_some_and(|p| role(p) == "assistant" && tool_calls(p).is_empty());
+    let plain_text = match field(m, "content") {
+        Some(Value::String(_)) => true,
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .all(|p| field(p, "type").and_then(Value::as_str) == Some("text")),
+        _ => false,
+    };
+    after_plain_reply && plain_text && message_text(m).chars().count() <= NUDGE_MAX_CHARS
+}
+
 /// Splits `messages` into run loops. `timestamps`, when given, is aligned with `messages` (first-seen times).
 pub fn run_loops<'a>(messages: &'a [Value], timestamps: Option<&[i64]>) -> RunLoops<'a> {
     let mut out = RunLoops::default();
     let mut current: Option<RunLoop<'a>> = None;
     for (i, m) in messages.iter().enumerate() {
         let r = role(m);
+        let prev = i.checked_sub(1).map(|p| &messages[p]);
+        if let Some(lp) = current
+            .as_mut()
+            .filter(|_| opens_turn(m) && is_nudge(m, prev))
+        {
+            // The reply it answers stops being the final one; the run goes on.
+            let answered = i - 1;
+            if let Some(f) = lp.final_reply.take().filter(|&f| f != answered) {
+                lp.nudged.push(f);
+            }
+            lp.nudged.extend([answered, i]);
+            lp.end = i + 1;
+            continue;
+        }
         if opens_turn(m) || (current.is_none() && !is_system(m)) {
             if let Some(done) = current.take() {
                 out.loops.push(done);
@@ -83,6 +123,7 @@ pub fn run_loops<'a>(messages: &'a [Value], timestamps: Option<&[i64]>) -> RunLo
                 user: opens_turn(m).then_some(i),
                 tool_calls: Vec::new(),
                 final_reply: None,
+                nudged: Vec::new(),
             });
         }
         if r == "tool" {
@@ -160,7 +201,7 @@ mod tests {
             result("c1"),
             result("c2"),
             reply("done a"),
-            user("b"),
+            user(&format!("b {}", "more detail ".repeat(40))),
             calls(&["c3"]),
             result("c3"),
         ];
@@ -189,7 +230,7 @@ mod tests {
     fn consecutive_users_and_assistant_first() {
         let m = vec![
             reply("hello, I am the bot"),
-            user("x"),
+            user(&"x".repeat(NUDGE_MAX_CHARS + 1)),
             user("y"),
             reply("z"),
         ];
@@ -207,6 +248,83 @@ mod tests {
                 (2, 4, Some(2), Some(3))
             ]
         );
+    }
+
+    #[test]
+    fn a_nudge_after_a_malformed_reply_continues_the_run() {
+        let next_task = format!(
+            "Now the changelog. {}",
+            "Describe the fix in detail. ".repeat(20)
+        );
+        let m = vec![
+            json!({"role":"system","content":"s"}),
+            user("fix the bug in parser.rs"),
+            calls(&["c1"]),
+            result("c1"),
+            reply("I think I should look at the file"),
+            user("No tool calls found in your response. Use a tool."),
+            calls(&["c2"]),
+            result("c2"),
+            reply("done"),
+            user(&next_task),
+            calls(&["c3"]),
+            result("c3"),
+        ];
+        let rl = run_loops(&m, None);
+        let shape: Vec<(usize, usize, Option<usize>, Option<usize>, Vec<usize>)> = rl
+            .loops
+            .iter()
+            .map(|l| (l.start, l.end, l.user, l.final_reply, l.nudged.clone()))
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                (1, 9, Some(1), Some(8), vec![4, 5]),
+                (9, 12, Some(9), None, vec![])
+            ],
+            "the nudge at 5 continues the first run; a long message opens the next"
+        );
+        assert_eq!(
+            rl.loops[0].tool_calls.len(),
+            2,
+            "calls after the nudge belong to the run"
+        );
+        // Two plain replies before a nudge: both are kept with it.
+        let m = vec![
+            user("task"),
+            calls(&["c1"]),
+            result("c1"),
+            reply("thinking"),
+            reply("still thinking"),
+            user("Use a tool."),
+        ];
+        assert_eq!(run_loops(&m, None).loops[0].nudged, vec![3, 4, 5]);
+    }
+
+    #[test]
+    fn long_or_tool_free_turns_are_not_nudges() {
+        let long = "x".repeat(NUDGE_MAX_CHARS + 1);
+        let m = vec![
+            user("task"),
+            calls(&["c1"]),
+            result("c1"),
+            reply("answer"),
+            user(&long),
+        ];
+        assert_eq!(
+            run_loops(&m, None).loops.len(),
+            2,
+            "a long message is a new turn"
+        );
+        let image = json!({"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]});
+        let m = vec![
+            user("task"),
+            calls(&["c1"]),
+            result("c1"),
+            reply("a"),
+            image,
+        ];
+        assert_eq!(run_loops(&m, None).loops.len(), 2, "not plain text");
     }
 
     #[test]

@@ -1,7 +1,8 @@
-//! The rewritten forms of single messages: a cleared tool result's placeholder and a past run loop's truncated
-//! message. Pure string work, deterministic and idempotent.
+//! The rewritten forms of single messages: a cleared tool result's placeholder, a past tool call's cleared
+//! arguments, a past run loop's truncated message and the pinned task's head and tail. Pure string work,
+//! deterministic and idempotent.
 
-use crate::message::message_text;
+use crate::message::{field, message_text};
 use serde_json::{Map, Value};
 
 /// The visible marker ending a truncated message.
@@ -84,6 +85,84 @@ fn with_content(m: &Value, content: String) -> Value {
     Value::Object(out)
 }
 
+/// The key opening every cleared-arguments placeholder (so cleared arguments are never cleared again).
+pub const CLEARED_INPUT_KEY: &str = "ctxgate_cleared_input";
+
+/// True when `arguments` is one of our cleared-arguments placeholders.
+pub fn is_cleared_input(arguments: &str) -> bool {
+    arguments.starts_with(&format!("{{\"{CLEARED_INPUT_KEY}\""))
+}
+
+/// The arguments of call `id` (tool `tool`, `tokens` tokens) replaced by a short JSON object naming them, so
+/// the call stays a valid call (arguments a JSON object string) and the model can ask for them back.
+pub fn cleared_input(id: &str, tool: &str, tokens: u64, recall_tool: Option<&str>) -> String {
+    let how = match recall_tool {
+        Some(t) => format!("removed to save space; call {t} with this call_id to see them"),
+        None => "removed to save space".to_string(),
+    };
+    let mut o = Map::new();
+    o.insert(CLEARED_INPUT_KEY.into(), Value::String(how));
+    o.insert("call_id".into(), Value::String(id.into()));
+    o.insert("tool".into(), Value::String(tool.into()));
+    o.insert("tokens".into(), Value::from(tokens));
+    Value::Object(o).to_string()
+}
+
+/// The assistant message `m` with the arguments of its tool calls at `calls` (positions in `tool_calls`, each
+/// with its tool's name and its arguments' tokens) replaced by [`cleared_input`]; every other field kept in
+/// place.
+pub fn clear_inputs(m: &Value, calls: &[(usize, u64)], recall_tool: Option<&str>) -> Value {
+    let mut out = m.clone();
+    let Some(list) = out.get_mut("tool_calls").and_then(Value::as_array_mut) else {
+        return out;
+    };
+    for &(at, tokens) in calls {
+        let Some(call) = list.get_mut(at) else {
+            continue;
+        };
+        let id = field(call, "id")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let Some(function) = call.get_mut("function").and_then(Value::as_object_mut) else {
+            continue;
+        };
+        let tool = function
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        if let Some(args) = function.get_mut("arguments") {
+            *args = Value::String(cleared_input(&id, &tool, tokens, recall_tool));
+        }
+    }
+    out
+}
+
+/// The marker standing for the middle of a pinned message that was left out.
+pub const PINNED_MARKER: &str =
+    "characters of this message left out to save space; ctxgate keeps the whole]…";
+
+/// `m` (the pinned first user message) cut to about `keep_chars` characters: its head and its tail around a
+/// visible marker; content given as parts becomes plain text. Unchanged when already short enough.
+pub fn pinned(m: &Value, keep_chars: usize) -> Value {
+    let text = match m.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(_)) => message_text(m),
+        _ => return m.clone(),
+    };
+    let total = text.chars().count();
+    if total <= keep_chars {
+        return m.clone();
+    }
+    let head_len = keep_chars * 2 / 3;
+    let tail_len = keep_chars - head_len;
+    let head: String = text.chars().take(head_len).collect();
+    let tail: String = text.chars().skip(total - tail_len).collect();
+    let left_out = total - head_len - tail_len;
+    with_content(m, format!("{head}\n…[{left_out} {PINNED_MARKER}\n{tail}"))
+}
+
 /// A one-line digest of a call's arguments: compact, at most `max` characters.
 pub fn digest(arguments: &str, max: usize) -> String {
     let mut out = String::new();
@@ -138,6 +217,45 @@ mod tests {
         assert_eq!(truncated(&t, 100), t);
         let null = json!({"role":"assistant","content":null});
         assert_eq!(truncated(&null, 3), null);
+    }
+
+    #[test]
+    fn cleared_inputs_are_valid_json_objects_naming_the_call() {
+        let m = json!({"role":"assistant","content":"writing","tool_calls":[
+            {"id":"c1","type":"function","function":{"name":"write_file","arguments":"{\"path\":\"a\",\"text\":\"long\"}"}},
+            {"id":"c2","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"b\"}"}}]});
+        let c = clear_inputs(&m, &[(0, 7012)], Some("recall_tool_call"));
+        let args = c["tool_calls"][0]["function"]["arguments"]
+            .as_str()
+            .unwrap();
+        let parsed: Value = serde_json::from_str(args).unwrap();
+        assert!(parsed.is_object() && is_cleared_input(args));
+        assert_eq!(parsed["call_id"], "c1");
+        assert_eq!(parsed["tool"], "write_file");
+        assert_eq!(parsed["tokens"], 7012);
+        assert!(parsed[CLEARED_INPUT_KEY]
+            .as_str()
+            .unwrap()
+            .contains("recall_tool_call"));
+        assert_eq!(
+            c["tool_calls"][1], m["tool_calls"][1],
+            "other calls untouched"
+        );
+        assert_eq!(c["content"], "writing");
+        assert_eq!(clear_inputs(&c, &[(0, 7012)], Some("recall_tool_call")), c);
+        assert!(!is_cleared_input("{\"path\":\"b\"}"));
+    }
+
+    #[test]
+    fn pinned_keeps_head_and_tail() {
+        let text = format!("HEAD {} TAIL", "middle ".repeat(1000));
+        let m = json!({"role":"user","content":text});
+        let p = pinned(&m, 300);
+        let c = p["content"].as_str().unwrap();
+        assert!(c.starts_with("HEAD ") && c.ends_with(" TAIL") && c.contains(PINNED_MARKER));
+        assert!(c.chars().count() < 300 + 120);
+        assert_eq!(pinned(&m, 100_000), m, "short enough: unchanged");
+        assert_eq!(pinned(&m, 300), p, "deterministic");
     }
 
     #[test]

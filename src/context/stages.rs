@@ -4,11 +4,13 @@
 //! request crosses the threshold, and then down to the target, so consecutive turns share an identical prefix.
 
 use super::runloop::{run_loops, RunLoop};
-use super::shape::{is_placeholder, placeholder, truncated};
+use super::shape::{
+    clear_inputs, is_cleared_input, is_placeholder, pinned, placeholder, truncated,
+};
 use super::tokens::{Encoding, TokenCounter};
 use super::units::{units, Unit};
 use crate::config::PruneConfig;
-use crate::message::{is_system, role};
+use crate::message::{is_system, opens_turn, role, tool_calls};
 use serde_json::Value;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -37,8 +39,10 @@ pub struct Cuts {
 pub enum Mode {
     /// Sent as is.
     Keep,
-    /// A tool result replaced by a placeholder.
+    /// A tool result replaced by a placeholder, or an assistant message's large tool-call arguments.
     Cleared,
+    /// The pinned task (the first user message), over `prune.max_pinned_tokens`: its head and tail.
+    Pinned,
     /// A past run loop's user message or final reply, cut to length.
     Truncated,
     /// Not sent: part of a pruned or dropped run loop.
@@ -56,6 +60,12 @@ pub struct Limits {
     pub target: u64,
     /// Above this whole units are dropped; a request that cannot get under it is refused.
     pub hard: u64,
+    /// Least a re-cut must remove (below the hard limit, a re-cut removing less leaves the cuts alone).
+    pub at_least: u64,
+    /// More messages than this trigger a rewrite (`context.max_messages`).
+    pub max_messages: Option<usize>,
+    /// A rewrite triggered by the message count brings it down to this.
+    pub messages_goal: usize,
 }
 
 /// Summaries the planner may use.
@@ -83,6 +93,13 @@ pub struct Model<'a, 'c> {
     pub clearing: bool,
     tok: Vec<u64>,
     eligible: Vec<bool>,
+    /// Assistant message index → its calls whose arguments clearing replaces (position, tokens), and the
+    /// index of its last result (the clear cut passing it clears them).
+    inputs: HashMap<usize, (Vec<(usize, u64)>, usize)>,
+    /// Result index → the assistant message whose inputs are cleared when the clear cut passes it.
+    inputs_at: HashMap<usize, usize>,
+    /// The first user message (the task), never cleared, cut or dropped.
+    first_user: Option<usize>,
     tools: Vec<usize>,
     users: Vec<usize>,
     /// The run loops, oldest first.
@@ -125,11 +142,19 @@ impl<'a, 'c> Model<'a, 'c> {
         for (ui, u) in units.iter().enumerate() {
             unit_of[u.start..u.end].iter_mut().for_each(|x| *x = ui);
         }
+        let excluded = |name: &str| prune.exclude_tools.iter().any(|t| t == name);
         let eligible = msgs
             .iter()
             .zip(&tok)
-            .map(|(m, t)| role(m) == "tool" && *t >= prune.min_result_tokens && !is_placeholder(m))
+            .enumerate()
+            .map(|(i, (m, t))| {
+                role(m) == "tool"
+                    && *t >= prune.min_result_tokens
+                    && !is_placeholder(m)
+                    && !tool_names.get(&i).is_some_and(|n| excluded(n))
+            })
             .collect();
+        let (inputs, inputs_at) = clearable_inputs(msgs, &rl.loops, counter, enc, prune);
         let idx = |r: &str| -> Vec<usize> {
             msgs.iter()
                 .enumerate()
@@ -147,6 +172,9 @@ impl<'a, 'c> Model<'a, 'c> {
             clearing: true,
             tok,
             eligible,
+            inputs,
+            inputs_at,
+            first_user: msgs.iter().position(opens_turn),
             tools: idx("tool"),
             users: idx("user"),
             loops: rl.loops,
@@ -169,6 +197,21 @@ impl<'a, 'c> Model<'a, 'c> {
         if is_system(&self.msgs[i]) {
             return Mode::Keep;
         }
+        let cut = self.cut_mode(i, c);
+        if self.first_user == Some(i)
+            && matches!(cut, Mode::Omitted | Mode::Dropped | Mode::Truncated)
+        {
+            // The task stays: whole, or its head and tail when it is larger than the pinning allows.
+            return if self.tok[i] > self.prune.max_pinned_tokens {
+                Mode::Pinned
+            } else {
+                Mode::Keep
+            };
+        }
+        cut
+    }
+
+    fn cut_mode(&self, i: usize, c: &Cuts) -> Mode {
         let u = self.unit_of[i];
         if self.units[u].start < c.drop && c.keep_user.is_none_or(|k| self.unit_of[k] != u) {
             return Mode::Dropped;
@@ -181,8 +224,10 @@ impl<'a, 'c> Model<'a, 'c> {
                 return Mode::Omitted;
             }
             if l.end <= c.prune {
-                let end_of_loop = l.user == Some(i) || l.final_reply == Some(i);
-                return if end_of_loop {
+                let dialogue = l.user == Some(i)
+                    || l.final_reply == Some(i)
+                    || l.nudged.binary_search(&i).is_ok();
+                return if dialogue {
                     Mode::Truncated
                 } else {
                     Mode::Omitted
@@ -190,6 +235,9 @@ impl<'a, 'c> Model<'a, 'c> {
             }
         }
         if i < c.clear && self.eligible[i] {
+            return Mode::Cleared;
+        }
+        if self.inputs.get(&i).is_some_and(|(_, last)| *last < c.clear) {
             return Mode::Cleared;
         }
         Mode::Keep
@@ -201,7 +249,7 @@ impl<'a, 'c> Model<'a, 'c> {
         match mode {
             Mode::Keep => Some(Cow::Borrowed(&self.msgs[i])),
             Mode::Omitted | Mode::Dropped => None,
-            Mode::Cleared | Mode::Truncated => {
+            Mode::Cleared | Mode::Truncated | Mode::Pinned => {
                 self.alt(i, mode);
                 self.alt.remove(&i).map(|(v, _)| Cow::Owned(v))
             }
@@ -211,13 +259,22 @@ impl<'a, 'c> Model<'a, 'c> {
     fn alt(&mut self, i: usize, mode: Mode) -> &(Value, u64) {
         let (msgs, names, prune, recall) =
             (self.msgs, &self.tool_names, self.prune, self.recall_tool);
-        let (counter, enc) = (self.counter, self.enc);
+        let (counter, enc, inputs, tok) = (self.counter, self.enc, &self.inputs, &self.tok);
         self.alt.entry(i).or_insert_with(|| {
-            let v = if mode == Mode::Cleared {
-                let name = names.get(&i).copied().unwrap_or("unknown tool");
-                placeholder(&msgs[i], name, recall)
-            } else {
-                truncated(&msgs[i], prune.max_message_length)
+            let v = match mode {
+                Mode::Cleared => match inputs.get(&i) {
+                    Some((calls, _)) => clear_inputs(&msgs[i], calls, recall),
+                    None => {
+                        let name = names.get(&i).copied().unwrap_or("unknown tool");
+                        placeholder(&msgs[i], name, recall)
+                    }
+                },
+                Mode::Pinned => {
+                    let chars = crate::message::message_text(&msgs[i]).chars().count() as u64;
+                    let keep = chars * prune.max_pinned_tokens / tok[i].max(1);
+                    pinned(&msgs[i], keep as usize)
+                }
+                _ => truncated(&msgs[i], prune.max_message_length),
             };
             let t = counter.message_tokens(enc, &v);
             (v, t)
@@ -259,6 +316,11 @@ impl<'a, 'c> Model<'a, 'c> {
             return 0;
         }
         self.units[self.unit_of[at]].start
+    }
+
+    /// One past the last message of the unit holding message `i`.
+    pub fn unit_end(&self, i: usize) -> usize {
+        self.units[self.unit_of[i]].end
     }
 
     /// Number of messages.
@@ -322,17 +384,40 @@ impl<'a, 'c> Model<'a, 'c> {
     }
 
     /// Replays the conversation's growth and returns the final cuts and the cost (tokens, `base` included) of
-    /// the whole list under them.
+    /// the whole list under them. A re-cut that removes less than `at_least` is not made while the request fits
+    /// under the hard limit (unless the message count asks for it).
     pub fn simulate(&mut self, base: u64, lim: Limits) -> (Cuts, u64) {
         let mut cuts = Cuts::default();
         let mut cost = base;
         for j in 1..=self.msgs.len() {
             cost += self.tokens(j - 1, &cuts);
-            if cost > lim.threshold {
-                cost = self.recompute(j, &mut cuts, cost, base, lim);
+            let too_many = lim
+                .max_messages
+                .is_some_and(|m| j > m && self.sent(j, &cuts) > m);
+            if cost > lim.threshold || too_many {
+                let mut next = cuts;
+                let after = self.recompute(j, &mut next, cost, base, lim);
+                if too_many || cost > lim.hard || cost.saturating_sub(after) >= lim.at_least {
+                    (cuts, cost) = (next, after);
+                }
             }
         }
         (cuts, cost)
+    }
+
+    /// Messages of the first `j` sent under `c` (the summary included): O(j), so only counted with
+    /// `max_messages` set.
+    fn sent(&self, j: usize, c: &Cuts) -> usize {
+        let kept = (0..j)
+            .filter(|&i| !matches!(self.mode(i, c), Mode::Omitted | Mode::Dropped))
+            .count();
+        kept + usize::from(c.summary > 0)
+    }
+
+    /// Whether the first `j` messages under `c` are over what a rewrite aims for: the target in tokens, or the
+    /// message goal when a count limit is set.
+    fn over(&self, j: usize, c: &Cuts, cost: u64, lim: Limits) -> bool {
+        cost > lim.target || (lim.max_messages.is_some() && self.sent(j, c) > lim.messages_goal)
     }
 
     /// Moves the cuts for the first `j` messages until they cost at most the target, stage by stage.
@@ -349,18 +434,19 @@ impl<'a, 'c> Model<'a, 'c> {
         };
         while self.clearing && cost > lim.target && c.clear < bound {
             let i = c.clear;
-            let before = self.tokens(i, c);
+            let owner = self.inputs_at.get(&i).copied();
+            let before = self.tokens(i, c) + owner.map_or(0, |a| self.tokens(a, c));
             c.clear = i + 1;
-            cost = cost - before + self.tokens(i, c);
+            cost = cost - before + self.tokens(i, c) + owner.map_or(0, |a| self.tokens(a, c));
         }
         // 2. With summaries: replace everything but the newest messages by a summary. Without: run-loop pruning,
         //    which drops loops past the count and age limits, then cuts past loops, oldest first.
-        if self.summaries.is_some() && cost > lim.target {
+        if self.summaries.is_some() && self.over(j, c, cost, lim) {
             cost = self.summarize(j, c, cost, base, lim);
         }
         let started = self.loops.partition_point(|l| l.start < j);
         let keep = self.prune.keep_run_loops.max(1);
-        if self.summaries.is_none() && cost > lim.target && started > keep {
+        if self.summaries.is_none() && self.over(j, c, cost, lim) && started > keep {
             let prunable = started - keep;
             if started > self.prune.max_run_loops {
                 let last_dropped = &self.loops[started - self.prune.max_run_loops - 1];
@@ -379,7 +465,7 @@ impl<'a, 'c> Model<'a, 'c> {
             }
             cost = self.cost(j, c, base);
             for li in 0..prunable {
-                if cost <= lim.target {
+                if !self.over(j, c, cost, lim) {
                     break;
                 }
                 let (start, end) = (self.loops[li].start, self.loops[li].end);
@@ -393,26 +479,84 @@ impl<'a, 'c> Model<'a, 'c> {
         }
         // 3. Hard limit: drop the oldest whole units, keeping system messages, the newest user message and the
         //    newest message's unit.
-        if cost > lim.hard {
+        let too_many = lim
+            .max_messages
+            .is_some_and(|m| j > m && self.sent(j, c) > m);
+        if cost > lim.hard || too_many {
             c.keep_user = self.newest_user_before(j);
             cost = self.cost(j, c, base);
             let last = self.unit_of[j - 1];
             let first = self.units.partition_point(|u| u.start < c.drop);
             for ui in first..last {
-                if cost <= lim.target {
+                if !self.over(j, c, cost, lim) {
                     break;
                 }
                 let Unit { start, end } = self.units[ui];
-                let protected = is_system(&self.msgs[start])
-                    || c.keep_user.is_some_and(|k| k >= start && k < end);
+                let holds = |k: Option<usize>| k.is_some_and(|k| k >= start && k < end);
+                let protected =
+                    is_system(&self.msgs[start]) || holds(c.keep_user) || holds(self.first_user);
                 if protected {
                     continue;
                 }
                 let before = self.range_tokens(start, end, c);
                 c.drop = end;
-                cost -= before;
+                cost = cost - before + self.range_tokens(start, end, c);
             }
         }
         cost
     }
+}
+
+/// The assistant messages whose tool-call arguments clearing may replace: calls of a selected tool (not excluded)
+/// with arguments of at least `prune.min_input_tokens` tokens that are not a placeholder already. Returns them
+/// with the index of each message's last result, and the reverse index (last result → message).
+#[allow(clippy::type_complexity)]
+fn clearable_inputs(
+    msgs: &[Value],
+    loops: &[RunLoop<'_>],
+    counter: &TokenCounter,
+    enc: Encoding,
+    prune: &PruneConfig,
+) -> (
+    HashMap<usize, (Vec<(usize, u64)>, usize)>,
+    HashMap<usize, usize>,
+) {
+    let (mut inputs, mut at) = (HashMap::new(), HashMap::new());
+    if prune.clear_tool_inputs.is_none() {
+        return (inputs, at);
+    }
+    let mut last_result: HashMap<usize, usize> = HashMap::new();
+    for c in loops.iter().flat_map(|l| &l.tool_calls) {
+        if let Some(r) = c.result {
+            let e = last_result.entry(c.position).or_insert(r);
+            *e = (*e).max(r);
+        }
+    }
+    for (&i, &last) in &last_result {
+        let calls: Vec<(usize, u64)> = tool_calls(&msgs[i])
+            .iter()
+            .enumerate()
+            .filter_map(|(at, call)| {
+                let f = call.get("function")?;
+                let name = f.get("name").and_then(Value::as_str).unwrap_or("");
+                let args = f.get("arguments").and_then(Value::as_str)?;
+                let selected = prune.clear_tool_inputs.includes(name)
+                    && !prune.exclude_tools.iter().any(|t| t == name);
+                // A token covers at least one byte: shorter text needs no count.
+                if !selected
+                    || (args.len() as u64) < prune.min_input_tokens
+                    || is_cleared_input(args)
+                {
+                    return None;
+                }
+                let tokens = counter.text_tokens(enc, args);
+                (tokens >= prune.min_input_tokens).then_some((at, tokens))
+            })
+            .collect();
+        if !calls.is_empty() {
+            inputs.insert(i, (calls, last));
+            at.insert(last, i);
+        }
+    }
+    (inputs, at)
 }

@@ -144,6 +144,7 @@ fn floor_boundary(text: &str, mut i: usize) -> usize {
 enum Kind {
     Message = 1,
     Tool = 2,
+    Text = 3,
 }
 
 /// Counts tokens of messages and tool schemas with a bounded cache, and keeps the per-model calibration.
@@ -196,6 +197,21 @@ impl TokenCounter {
             Value::Array(list) => TOOLS_BLOCK + list.iter().map(one).sum::<u64>(),
             other => TOOLS_BLOCK + one(other),
         }
+    }
+
+    /// Tokens of a piece of text (a tool call's arguments), cached like a message.
+    pub fn text_tokens(&self, enc: Encoding, text: &str) -> u64 {
+        let mut h = [0u8; 17];
+        h[0] = Kind::Text as u8;
+        h[1..9].copy_from_slice(&(text.len() as u64).to_le_bytes());
+        h[9..].copy_from_slice(&xxh3_64(text.as_bytes()).to_le_bytes());
+        let key = (enc, xxh3_64(&h));
+        if let Some(n) = self.cache.get(&key) {
+            return n;
+        }
+        let n = count_text(enc, text);
+        self.cache.insert(key, n);
+        n
     }
 
     /// Tokens of each message of `msgs`. When many are not cached yet (a long history seen for the first time),

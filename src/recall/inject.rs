@@ -45,7 +45,7 @@ pub fn inject(
         list.push(recall_tool(dialect, &cfg.tool_name));
         list.push(search_tool(dialect, &cfg.search_tool_name));
     }
-    add_note(dialect, body, &note(recallable, cfg));
+    add_note(body, &note(recallable, cfg));
     Injection::Injected
 }
 
@@ -169,42 +169,23 @@ fn note(recallable: &[Recallable], cfg: &RecallConfig) -> String {
     s
 }
 
-/// Adds the note: chat appends it to the first system (or developer) message, or inserts a system message first;
-/// a dialect whose system prompt lies outside its messages (Anthropic: never touched) gets it as a message of its
-/// own after the leading system messages.
-fn add_note(dialect: Dialect, body: &mut RewrittenBody<'_>, note: &str) {
-    let new = |note: &str| Cow::Owned(json!({"role": "system", "content": note}));
-    let messages = &mut body.messages;
-    if dialect != Dialect::Chat {
-        let at = messages
-            .iter()
-            .position(|m| !crate::message::is_system(m))
-            .unwrap_or(messages.len());
-        messages.insert(at, new(note));
-        body.sources.insert(at, Source::Added);
-        return;
-    }
-    let first_system = messages.iter().position(|m| crate::message::is_system(m));
-    match first_system {
-        Some(i) => {
-            let msg = messages[i].to_mut();
-            match msg.get_mut("content") {
-                Some(Value::String(c)) => {
-                    c.push_str("\n\n");
-                    c.push_str(note);
-                }
-                Some(Value::Array(parts)) => parts.push(json!({"type": "text", "text": note})),
-                _ => {
-                    messages.insert(i + 1, new(note));
-                    body.sources.insert(i + 1, Source::Added);
-                }
-            }
-        }
-        None => {
-            messages.insert(0, new(note));
-            body.sources.insert(0, Source::Added);
-        }
-    }
+/// Adds the note as a message of its own where the rewrite put its cut (`RewrittenBody::note_at`; after the
+/// leading system messages when unset), so the client's system prompt and every message before the cut stay
+/// byte-identical. A neutral `system` message: chat sends it as one, Anthropic as a user text block, Responses as
+/// a system message item.
+fn add_note(body: &mut RewrittenBody<'_>, note: &str) {
+    let messages = &body.messages;
+    let leading = messages
+        .iter()
+        .take_while(|m| crate::message::is_system(m))
+        .count();
+    let at = body
+        .note_at
+        .unwrap_or(leading)
+        .clamp(leading, messages.len());
+    body.messages
+        .insert(at, Cow::Owned(json!({"role": "system", "content": note})));
+    body.sources.insert(at, Source::Added);
 }
 
 #[cfg(test)]
@@ -244,9 +225,11 @@ mod tests {
     #[test]
     fn injects_tools_and_note_deterministically() {
         let cfg = RecallConfig::default();
-        let client = json!({"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":"u"}],
+        let client = json!({"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":"u"},
+            {"role":"assistant","content":"a"},{"role":"user","content":"v"}],
             "tools":[{"type":"function","function":{"name":"read_file","parameters":{}}}],"tool_choice":"auto"});
         let mut a = body(&client);
+        a.note_at = Some(3);
         let mut b = a.clone();
         assert_eq!(
             inject(Dialect::Chat, &mut a, &rec(3), &cfg),
@@ -254,21 +237,30 @@ mod tests {
         );
         inject(Dialect::Chat, &mut b, &rec(3), &cfg);
         assert_eq!(a.to_vec().unwrap(), b.to_vec().unwrap());
-        assert!(
-            matches!(a.messages[1], Cow::Borrowed(_)),
-            "untouched messages stay borrowed"
-        );
+        for i in [0, 1, 2, 4] {
+            assert!(
+                matches!(a.messages[i], Cow::Borrowed(_)),
+                "untouched messages stay borrowed"
+            );
+        }
+        assert_eq!(a.sources[3], Source::Added);
         let a = json_of(&a);
         let tools = a["tools"].as_array().unwrap();
         assert_eq!(tools.len(), 3);
         assert_eq!(tools[0]["function"]["name"], "read_file");
         assert_eq!(a["tool_choice"], "auto");
-        let sys = a["messages"][0]["content"].as_str().unwrap();
-        assert!(sys.starts_with("sys\n\n[ctxgate]"));
+        assert_eq!(
+            a["messages"][0], client["messages"][0],
+            "the client's system prompt is never touched"
+        );
+        assert_eq!(a["messages"][3]["role"], "system");
+        let note = a["messages"][3]["content"].as_str().unwrap();
+        assert!(note.starts_with("[ctxgate]"));
         assert!(
-            sys.find("call_2").unwrap() < sys.find("call_0").unwrap(),
+            note.find("call_2").unwrap() < note.find("call_0").unwrap(),
             "newest first"
         );
+        assert_eq!(a["messages"][4], client["messages"][3], "the rest follows");
     }
 
     #[test]
