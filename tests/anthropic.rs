@@ -411,12 +411,13 @@ async fn summaries_of_an_anthropic_conversation_are_written_by_a_claude_model_th
     check_rewrite(&b, &sent).unwrap();
     let out = sent["messages"].as_array().unwrap();
     check_sequence(out).unwrap();
+    assert_eq!(out[0], m[0], "the task (first user message) is pinned");
     assert!(
-        out[0]
+        out[1]
             .to_string()
             .contains("Summary of the earlier conversation"),
         "{}",
-        out[0]
+        out[1]
     );
     assert!(out.len() < m.len());
 }

@@ -50,10 +50,22 @@ async fn post(h: &Harness, key: &str, b: &Value) -> reqwest::Response {
 }
 
 /// The tool messages ctxgate added to the upstream request `i`.
+/// ctxgate's recall note in a sent request (a system message of its own).
+fn note_of(sent: &Value) -> Option<&Value> {
+    sent["messages"].as_array()?.iter().find(|m| {
+        m["role"] == "system"
+            && m["content"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("[ctxgate] Some earlier tool results"))
+    })
+}
+
 fn answers(h: &Harness, i: usize) -> Vec<Value> {
     let sent = h.mock.requests()[i].json();
     let msgs = sent["messages"].as_array().unwrap().clone();
-    let n = body(false)["messages"].as_array().unwrap().len();
+    // The client's messages, plus the note.
+    let n =
+        body(false)["messages"].as_array().unwrap().len() + usize::from(note_of(&sent).is_some());
     msgs[n..]
         .iter()
         .filter(|m| m["role"] == "tool")
@@ -97,11 +109,14 @@ async fn a_recall_is_answered_and_the_client_gets_an_ordinary_answer() {
         .collect();
     assert_eq!(names, ["read_file", RECALL, SEARCH]);
     assert!(
-        first["messages"][0]["content"]
-            .as_str()
-            .unwrap()
-            .contains("call_0 read_file"),
+        note_of(&first)
+            .is_some_and(|n| n["content"].as_str().unwrap().contains("call_0 read_file")),
         "the note lists it"
+    );
+    assert_eq!(
+        first["messages"][0],
+        body(false)["messages"][0],
+        "the client's system prompt is untouched"
     );
     let a = answers(&h, 1);
     assert_eq!(a.len(), 1);
@@ -171,8 +186,8 @@ async fn a_recall_mixed_with_a_client_call_asks_again() {
     assert_eq!(calls[0]["id"], "c10", "the model reissued the client call");
     assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
     let second = h.mock.requests()[1].json();
-    let assistant =
-        &second["messages"].as_array().unwrap()[body(false)["messages"].as_array().unwrap().len()];
+    let sent_before = body(false)["messages"].as_array().unwrap().len() + 1; // the client's, and the note
+    let assistant = &second["messages"].as_array().unwrap()[sent_before];
     assert_eq!(
         assistant["tool_calls"].as_array().unwrap().len(),
         1,
@@ -369,10 +384,11 @@ async fn streaming_client_calls_are_relayed_and_injected_ones_swallowed() {
     );
 }
 
-/// Without a system message, or with one whose content is not text, the note comes as a new system message (the
-/// gateway's token estimate of such a request is checked against a full recount in debug builds).
+/// The note is a system message of its own, right after the last rewritten message, whatever the client's system
+/// message (none, or one whose content is not text), which stays untouched (the gateway's token estimate of such
+/// a request is checked against a full recount in debug builds).
 #[tokio::test]
-async fn the_note_comes_as_a_new_system_message_when_needed() {
+async fn the_note_is_a_message_of_its_own_after_the_cut() {
     for first in [None, Some(json!({"role": "system", "content": null}))] {
         let h = harness().await;
         let mut b = body(false);
@@ -384,15 +400,28 @@ async fn the_note_comes_as_a_new_system_message_when_needed() {
         let resp = post(&h, "sk-a", &b).await;
         assert_eq!(resp.status(), 200, "{first:?}");
         let sent = h.mock.requests()[0].json();
-        let at = usize::from(first.is_some());
-        let note = &sent["messages"][at];
-        assert_eq!(note["role"], "system", "{first:?}");
+        let note = note_of(&sent).expect("a note");
         assert!(
             note["content"]
                 .as_str()
                 .unwrap()
                 .contains("call_0 read_file"),
             "{first:?}"
+        );
+        if let Some(s) = &first {
+            assert_eq!(
+                &sent["messages"][0], s,
+                "the client's system message is untouched"
+            );
+        }
+        let msgs = sent["messages"].as_array().unwrap();
+        let at = msgs.iter().position(|m| m == note).unwrap();
+        assert!(
+            msgs[at - 1]["content"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("[ctxgate] Tool result cleared")),
+            "right after the last cleared result: {}",
+            msgs[at - 1]
         );
     }
 }

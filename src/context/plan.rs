@@ -178,6 +178,9 @@ pub fn plan<'a>(
         input.encoding,
         prune,
         input.recall_tool,
+        input
+            .tools
+            .is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty())),
     );
     let summarizing = input.summaries.is_some()
         && matches!(input.strategy, Strategy::Summarize | Strategy::Hybrid);

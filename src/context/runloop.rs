@@ -2,9 +2,9 @@
 //! first assistant message without tool calls). The context engine prunes by run loop; recall finds tool results
 //! by call id through the index kept here.
 //!
-//! An agent scaffold that answers a malformed reply (an assistant message without tool calls in the middle of a
-//! run) with a short user message ("No tool calls found…") does not start a new loop: such a *nudge* continues
-//! the run it interrupts, so the run keeps its task statement.
+//! In a request that offers tools (an agent's), a scaffold that answers a malformed reply (an assistant message
+//! without tool calls in the middle of a run) with a short user message ("No tool calls found…") does not start a
+//! new loop: such a *nudge* continues the run it interrupts, so the run keeps its task statement.
 
 use crate::message::{field, is_system, message_text, opens_turn, role, tool_calls};
 use serde::Serialize;
@@ -95,6 +95,15 @@ fn is_nudge(m: &Value, prev: Option<&Value>) -> bool {
 
 /// Splits `messages` into run loops. `timestamps`, when given, is aligned with `messages` (first-seen times).
 pub fn run_loops<'a>(messages: &'a [Value], timestamps: Option<&[i64]>) -> RunLoops<'a> {
+    run_loops_with(messages, timestamps, false)
+}
+
+/// [`run_loops`] of an agent's request (one that offers tools) when `nudges`: nudges then continue their run.
+pub fn run_loops_with<'a>(
+    messages: &'a [Value],
+    timestamps: Option<&[i64]>,
+    nudges: bool,
+) -> RunLoops<'a> {
     let mut out = RunLoops::default();
     let mut current: Option<RunLoop<'a>> = None;
     for (i, m) in messages.iter().enumerate() {
@@ -102,7 +111,7 @@ pub fn run_loops<'a>(messages: &'a [Value], timestamps: Option<&[i64]>) -> RunLo
         let prev = i.checked_sub(1).map(|p| &messages[p]);
         if let Some(lp) = current
             .as_mut()
-            .filter(|_| opens_turn(m) && is_nudge(m, prev))
+            .filter(|_| nudges && opens_turn(m) && is_nudge(m, prev))
         {
             // The reply it answers stops being the final one; the run goes on.
             let answered = i - 1;
@@ -270,7 +279,12 @@ mod tests {
             calls(&["c3"]),
             result("c3"),
         ];
-        let rl = run_loops(&m, None);
+        assert_eq!(
+            run_loops(&m, None).loops.len(),
+            3,
+            "a chat without tools: no nudges"
+        );
+        let rl = run_loops_with(&m, None, true);
         let shape: Vec<(usize, usize, Option<usize>, Option<usize>, Vec<usize>)> = rl
             .loops
             .iter()
@@ -298,7 +312,10 @@ mod tests {
             reply("still thinking"),
             user("Use a tool."),
         ];
-        assert_eq!(run_loops(&m, None).loops[0].nudged, vec![3, 4, 5]);
+        assert_eq!(
+            run_loops_with(&m, None, true).loops[0].nudged,
+            vec![3, 4, 5]
+        );
     }
 
     #[test]
@@ -324,7 +341,11 @@ mod tests {
             reply("a"),
             image,
         ];
-        assert_eq!(run_loops(&m, None).loops.len(), 2, "not plain text");
+        assert_eq!(
+            run_loops_with(&m, None, true).loops.len(),
+            2,
+            "not plain text"
+        );
     }
 
     #[test]

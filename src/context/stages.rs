@@ -3,7 +3,7 @@
 //! `drop`). The cuts are found by replaying the conversation's growth message by message: they move only when the
 //! request crosses the threshold, and then down to the target, so consecutive turns share an identical prefix.
 
-use super::runloop::{run_loops, RunLoop};
+use super::runloop::{run_loops_with, RunLoop};
 use super::shape::{
     clear_inputs, is_cleared_input, is_placeholder, pinned, placeholder, truncated,
 };
@@ -114,7 +114,8 @@ pub struct Model<'a, 'c> {
 }
 
 impl<'a, 'c> Model<'a, 'c> {
-    /// Counts and indexes `msgs`. `times` are first-seen unix seconds aligned with `msgs`.
+    /// Counts and indexes `msgs`. `times` are first-seen unix seconds aligned with `msgs`; `agent`: the request
+    /// offers tools (nudges then continue their run loop).
     pub fn new(
         msgs: &'a [Value],
         times: Vec<i64>,
@@ -122,9 +123,10 @@ impl<'a, 'c> Model<'a, 'c> {
         enc: Encoding,
         prune: &'c PruneConfig,
         recall_tool: Option<&'a str>,
+        agent: bool,
     ) -> Self {
         let tok = counter.messages_tokens(enc, msgs);
-        let rl = run_loops(msgs, None);
+        let rl = run_loops_with(msgs, None, agent);
         let mut loop_of = vec![None; msgs.len()];
         let mut tool_names = HashMap::new();
         for (li, l) in rl.loops.iter().enumerate() {

@@ -566,7 +566,7 @@ fn check_with(i: PlanInput, ctx: &ContextConfig) -> Result<(), TestCaseError> {
     };
     prop_assert_eq!(
         r.estimate,
-        counter.request_tokens(Encoding::O200k, &r.messages, None),
+        counter.request_tokens(Encoding::O200k, &r.messages, i.tools),
         "the estimate is the count of what is sent"
     );
     let owned = r.owned_messages();
@@ -617,7 +617,7 @@ fn check_with(i: PlanInput, ctx: &ContextConfig) -> Result<(), TestCaseError> {
     }
     prop_assert_eq!(
         r.record.tokens_after,
-        counter.request_tokens(Encoding::O200k, out, None)
+        counter.request_tokens(Encoding::O200k, out, i.tools)
     );
     prop_assert!(r.record.tokens_after as f64 <= ctx.hard_limit.max(ctx.threshold) * window as f64);
     // idempotent: rewriting the output changes nothing (summaries are keyed by the prefix they cover, so a
@@ -627,7 +627,9 @@ fn check_with(i: PlanInput, ctx: &ContextConfig) -> Result<(), TestCaseError> {
     if r.record.stages.contains(&"summarized") || ratio < 1.0 / ctx.threshold {
         return Ok(());
     }
-    match plan(&input(out, window), ctx, &prune, &counter) {
+    let mut again = input(out, window);
+    again.tools = i.tools;
+    match plan(&again, ctx, &prune, &counter) {
         Plan::Forward { .. } => {}
         Plan::Rewrite(again) => prop_assert_eq!(&again.owned_messages(), out, "idempotent"),
         Plan::Reject { .. } => prop_assert!(false, "the output of a rewrite was rejected"),

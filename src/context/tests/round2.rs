@@ -3,6 +3,12 @@
 
 use super::*;
 use crate::config::ToolSelection;
+use crate::context::runloop::run_loops_with;
+
+/// The tools an agent's requests offer.
+fn agent_tools() -> Value {
+    json!([{"type":"function","function":{"name":"read_file","parameters":{"type":"object"}}}])
+}
 
 /// An agent run whose calls write files: `n` calls with arguments of about `words` words and small results.
 fn writing_run(n: usize, words: usize) -> Vec<Value> {
@@ -94,8 +100,9 @@ fn a_nudged_run_is_one_loop_and_keeps_its_dialogue_when_pruned() {
         m.push(result(&id, 300));
         m.push(reply("ok"));
     }
-    let loops = run_loops(&m, None).loops;
+    let loops = run_loops_with(&m, None, true).loops;
     assert_eq!(loops.len(), 3, "the nudge does not open a loop");
+    let tools = agent_tools();
     let window = count(&m) * 10 / 9;
     let ctx = ContextConfig {
         clear_at_least: crate::config::TokenAmount::Tokens(0),
@@ -106,7 +113,9 @@ fn a_nudged_run_is_one_loop_and_keeps_its_dialogue_when_pruned() {
         keep_run_loops: 1,
         ..Default::default()
     };
-    let r = rewrite(run_with(&input(&m, window), &ctx, &prune));
+    let mut i = input(&m, window);
+    i.tools = Some(&tools);
+    let r = rewrite(run_with(&i, &ctx, &prune));
     assert!(r.record.pruned_loops >= 1, "{:?}", r.record);
     check_sequence(&r.messages).unwrap();
     let texts: Vec<&str> = r
@@ -284,6 +293,18 @@ fn the_note_goes_right_after_the_last_changed_unit() {
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// An agent's requests (tools offered: nudges continue their run) keep every invariant too.
+    #[test]
+    fn agent_rewrites_keep_every_invariant(
+        m in history(),
+        window in prop_oneof![Just(1_500u64), Just(4_000), Just(16_000)],
+    ) {
+        let tools = agent_tools();
+        let mut i = input(&m, window);
+        i.tools = Some(&tools);
+        check_with(i, &ContextConfig::default())?;
+    }
 
     /// A re-cut keeps every message before the first one it changes: the earlier request's output up to that
     /// point (and never past its note) is the later request's prefix.
