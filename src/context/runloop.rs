@@ -285,7 +285,8 @@ mod tests {
             "a chat without tools: no nudges"
         );
         let rl = run_loops_with(&m, None, true);
-        let shape: Vec<(usize, usize, Option<usize>, Option<usize>, Vec<usize>)> = rl
+        type Shape = (usize, usize, Option<usize>, Option<usize>, Vec<usize>);
+        let shape: Vec<Shape> = rl
             .loops
             .iter()
             .map(|l| (l.start, l.end, l.user, l.final_reply, l.nudged.clone()))
