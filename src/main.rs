@@ -291,15 +291,10 @@ fn compare_cmd(
     let rows = compare::rows(&cfg, with).map_err(|e| anyhow::anyhow!("--with {e}"))?;
     let files = read_traces(traces)?;
     let counters = Counters::default();
-    let progress = progress_bar(rows.len() as u64);
-    let mut results = Vec::with_capacity(rows.len());
-    for row in &rows {
-        progress.set_message(row.label.clone());
-        let r = compare::run(&files, opts, std::slice::from_ref(row), &counters)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", row.label))?;
-        results.extend(r);
-        progress.inc(1);
-    }
+    let progress = progress_bar((rows.len() * files.len()) as u64);
+    progress.set_message(format!("{} rows", rows.len()));
+    let results = compare::run(&files, opts, &rows, &counters, &|| progress.inc(1))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     progress.finish_and_clear();
     let mut out = std::io::stdout().lock();
     if json {

@@ -467,7 +467,12 @@ fn compare_runs_every_row_over_the_same_traces() {
         window: Some(4000),
         ..Default::default()
     };
-    let out = compare::run(&traces, &opts, &rows, &Counters::default()).unwrap();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let tick = || {
+        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    };
+    let out = compare::run(&traces, &opts, &rows, &Counters::default(), &tick).unwrap();
+    assert_eq!(done.into_inner(), rows.len() * traces.len());
     let labels: Vec<&str> = out.iter().map(|r| r.label.as_str()).collect();
     assert_eq!(
         labels,
@@ -537,7 +542,7 @@ fn compare_over_the_shared_traces() {
         window: Some(16_000),
         ..Default::default()
     };
-    let out = compare::run(&traces, &opts, &rows, &Counters::default()).unwrap();
+    let out = compare::run(&traces, &opts, &rows, &Counters::default(), &|| ()).unwrap();
     assert_eq!(out.len(), 4);
     assert_eq!(out[0].totals.cache_cost, Some(1.0));
     for r in &out[1..] {

@@ -10,8 +10,7 @@ use crate::dialect::Dialect;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use serde_json::{Map, Value};
-use std::io;
-use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::xxh3_64;
 
 /// Share of the price a cached input token costs.
 pub const CACHED_PRICE: f64 = 0.1;
@@ -31,8 +30,9 @@ pub struct Shape {
     pub weights: Vec<u64>,
 }
 
-/// The prefix items of `body` in `dialect` (see the module doc).
-pub fn prefix_items(dialect: Dialect, body: &Map<String, Value>) -> Vec<&Value> {
+/// The fields of `body` that open its prefix items in `dialect`: `tools`, and the system field of a dialect that
+/// keeps it outside the conversation (`null` when absent).
+fn field_items(dialect: Dialect, body: &Map<String, Value>) -> Vec<&Value> {
     const NULL: &Value = &Value::Null;
     let field = |k: &str| body.get(k).unwrap_or(NULL);
     let mut items = vec![field("tools")];
@@ -41,28 +41,36 @@ pub fn prefix_items(dialect: Dialect, body: &Map<String, Value>) -> Vec<&Value> 
         Dialect::Anthropic => items.push(field("system")),
         Dialect::Responses => items.push(field("instructions")),
     }
-    if let Some(Value::Array(a)) = body.get(dialect.conversation_key()) {
-        items.extend(a.iter());
-    }
+    items
+}
+
+/// The items of the conversation of `body` in `dialect` (none when it has none).
+fn conversation(dialect: Dialect, body: &Map<String, Value>) -> &[Value] {
+    body.get(dialect.conversation_key())
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
+/// The prefix items of `body` in `dialect` (see the module doc).
+pub fn prefix_items(dialect: Dialect, body: &Map<String, Value>) -> Vec<&Value> {
+    let mut items = field_items(dialect, body);
+    items.extend(conversation(dialect, body));
     items
 }
 
 /// The xxh3 hash of `v`'s compact JSON.
 pub fn hash(v: &Value) -> u64 {
-    struct Sink(Xxh3);
-    impl io::Write for Sink {
-        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-            self.0.update(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut sink = Sink(Xxh3::new());
-    // writing a Value to a sink that never fails cannot fail
-    let _ = serde_json::to_writer(&mut sink, v);
-    sink.0.digest()
+    let mut buf = Vec::new();
+    compact(v, &mut buf)
+}
+
+/// Writes `v`'s compact JSON into `buf` (cleared first); its hash.
+fn compact(v: &Value, buf: &mut Vec<u8>) -> u64 {
+    buf.clear();
+    // writing a Value into a Vec cannot fail
+    let _ = serde_json::to_writer(&mut *buf, v);
+    xxh3_64(buf)
 }
 
 impl Weights {
@@ -73,28 +81,52 @@ impl Weights {
 
     /// The shape of `body`, sent in `dialect`, counted in `enc`.
     pub fn shape(&self, enc: Encoding, dialect: Dialect, body: &Map<String, Value>) -> Shape {
-        let items = prefix_items(dialect, body);
-        let hashes: Vec<u64> = items.iter().map(|v| hash(v)).collect();
-        let weights = items
-            .iter()
-            .zip(&hashes)
-            .map(|(v, h)| self.weight(enc, v, *h))
-            .collect();
-        Shape { hashes, weights }
+        let mut shape = self.items(enc, field_items(dialect, body));
+        shape.append(self.items(enc, conversation(dialect, body)));
+        shape
     }
 
-    /// Tokens of `v`'s compact JSON (`h` its hash).
-    fn weight(&self, enc: Encoding, v: &Value, h: u64) -> u64 {
-        if let Some(n) = self.map.lock().get(&(enc, h)) {
-            return *n;
+    /// The shape of `body` whose conversation is the first items of a conversation of shape `items` (computed
+    /// once by [`Weights::items`] for a whole trace): only its fields are weighed.
+    pub fn shape_over(
+        &self,
+        enc: Encoding,
+        dialect: Dialect,
+        body: &Map<String, Value>,
+        items: &Shape,
+    ) -> Shape {
+        let n = conversation(dialect, body).len().min(items.hashes.len());
+        let mut shape = self.items(enc, field_items(dialect, body));
+        shape.hashes.extend_from_slice(&items.hashes[..n]);
+        shape.weights.extend_from_slice(&items.weights[..n]);
+        shape
+    }
+
+    /// The hashes and weights of `items`.
+    pub fn items<'v>(&self, enc: Encoding, items: impl IntoIterator<Item = &'v Value>) -> Shape {
+        let mut buf = Vec::new();
+        let mut shape = Shape::default();
+        for v in items {
+            let h = compact(v, &mut buf);
+            let cached = self.map.lock().get(&(enc, h)).copied();
+            let w = cached.unwrap_or_else(|| {
+                let n = std::str::from_utf8(&buf).map_or(0, |s| count_text(enc, s));
+                self.map.lock().insert((enc, h), n);
+                n
+            });
+            shape.hashes.push(h);
+            shape.weights.push(w);
         }
-        let n = serde_json::to_string(v).map_or(0, |s| count_text(enc, &s));
-        self.map.lock().insert((enc, h), n);
-        n
+        shape
     }
 }
 
 impl Shape {
+    fn append(&mut self, other: Shape) {
+        self.hashes.extend(other.hashes);
+        self.weights.extend(other.weights);
+    }
+
     /// Tokens of the whole request (every item).
     pub fn tokens(&self) -> u64 {
         self.weights.iter().sum()

@@ -6,11 +6,12 @@
 //! string when it is not one), set onto the loaded config, which is then deserialised and validated again.
 
 use super::text::{percent, ratio};
-use super::{replay_trace_with, Counters, ReplayOptions, ReplayTotals};
+use super::{replay_trace_with, Counters, ReplayOptions, ReplayReport, ReplayTotals};
 use crate::config::{Config, Strategy};
 use serde::Serialize;
 use serde_json::Value;
 use std::io::{self, Write};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// One `--with` group: settings applied together onto the loaded config.
 #[derive(Debug, Clone, PartialEq)]
@@ -184,25 +185,64 @@ pub struct CompareRow {
 }
 
 /// Replays every `(name, trace)` once per row with `opts` (its strategy and summaries set by the row), sharing
-/// `counters` between all of them.
+/// `counters` between all of them; `done` is called after each trace of each row. The replays run on every core
+/// (each is independent and the counters count by content, so the figures do not depend on the order).
 pub fn run(
     traces: &[(String, Value)],
     opts: &ReplayOptions,
     rows: &[Row],
     counters: &Counters,
+    done: &(dyn Fn() + Sync),
 ) -> Result<Vec<CompareRow>, String> {
-    let mut out = Vec::with_capacity(rows.len());
-    for row in rows {
-        let opts = ReplayOptions {
+    let row_opts: Vec<ReplayOptions> = rows
+        .iter()
+        .map(|row| ReplayOptions {
             strategy: Some(row.strategy),
             summaries: opts.summaries || row.summaries,
             ..opts.clone()
-        };
+        })
+        .collect();
+    let jobs = rows.len() * traces.len();
+    let next = AtomicUsize::new(0);
+    let work = || {
+        let mut out = Vec::new();
+        loop {
+            let j = next.fetch_add(1, Ordering::Relaxed);
+            if j >= jobs {
+                return out;
+            }
+            let (r, t) = (j / traces.len(), j % traces.len());
+            let (name, trace) = &traces[t];
+            let report = replay_trace_with(trace, &row_opts[r], &rows[r].config, counters)
+                .map_err(|e| format!("{}: {name}: {e}", rows[r].label));
+            done();
+            out.push((j, report));
+        }
+    };
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(jobs.max(1));
+    let mut results: Vec<(usize, Result<ReplayReport, String>)> = if threads < 2 {
+        work()
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads).map(|_| s.spawn(work)).collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap_or_default())
+                .collect()
+        })
+    };
+    if results.len() != jobs {
+        return Err("a replay thread failed".into());
+    }
+    results.sort_by_key(|(j, _)| *j);
+    let mut reports = results.into_iter().map(|(_, r)| r);
+    let mut out = Vec::with_capacity(rows.len());
+    for (row, opts) in rows.iter().zip(&row_opts) {
         let mut steps = Vec::new();
-        for (name, trace) in traces {
-            let report = replay_trace_with(trace, &opts, &row.config, counters)
-                .map_err(|e| format!("{name}: {e}"))?;
-            steps.extend(report.steps);
+        for report in reports.by_ref().take(traces.len()) {
+            steps.extend(report?.steps);
         }
         out.push(CompareRow {
             label: row.label.clone(),

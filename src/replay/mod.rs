@@ -328,6 +328,8 @@ fn replay(
     let mut ready: Vec<(usize, Value)> = Vec::new();
     let mut steps = Vec::new();
     let (mut client_seq, mut sent_seq) = (Sequence::default(), Sequence::default());
+    // replayed in its own format, every request's conversation is a prefix of the trace's: weighed once
+    let native_items = (dialect == t.format).then(|| counters.weights.items(encoding, t.items()));
     for &k in &t.steps {
         let body = Value::Object(t.body(&model, k, dialect)?);
         let raw = Bytes::from(serde_json::to_vec(&body).map_err(|e| e.to_string())?);
@@ -405,7 +407,10 @@ fn replay(
         s.over_window = s.outcome != Outcome::Reject && s.upstream_tokens > window;
         // the prompt cache: the client's sequence, and what is sent
         let weights = &counters.weights;
-        let client_shape = weights.shape(encoding, dialect, as_map(&body));
+        let client_shape = match &native_items {
+            Some(items) => weights.shape_over(encoding, dialect, as_map(&body), items),
+            None => weights.shape(encoding, dialect, as_map(&body)),
+        };
         let sent_shape = match (sent_body, s.outcome) {
             (Some(_), Outcome::Forward) => Some(client_shape.clone()),
             (Some(b), _) => Some(weights.shape(encoding, dialect, as_map(b))),

@@ -108,6 +108,11 @@ impl<'a> Trace<'a> {
         })
     }
 
+    /// Its conversation: every item (chat or Anthropic messages, Responses input items).
+    pub fn items(&self) -> &'a [Value] {
+        self.items
+    }
+
     /// The trace's `id` (empty when it has none).
     pub fn id(&self) -> &str {
         self.obj.get("id").and_then(Value::as_str).unwrap_or("")
