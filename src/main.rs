@@ -4,7 +4,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ctxgate::config::{Config, LogFormat, Strategy};
 use ctxgate::dialect::Dialect;
-use ctxgate::replay::{ReplayOptions, ReplayReport, ReplayTotals};
+use ctxgate::replay::compare::{self, Settings};
+use ctxgate::replay::{Counters, ReplayOptions, ReplayReport, ReplayTotals};
 use serde::Serialize;
 use std::io::Write;
 use std::path::PathBuf;
@@ -60,17 +61,21 @@ enum Command {
         listen: String,
     },
     /// Replay recorded conversations (`../shared/traces/*.json`) through the context planner, offline: per turn
-    /// the tokens the client sent and those that would go upstream, what was rewritten, and whether the request
-    /// stays valid. Exits non-zero if any request would be invalid.
+    /// the tokens the client sent and those that would go upstream, what was rewritten, whether the request
+    /// stays valid, and what a provider's prompt cache would make of the requests sent. With `--compare`, one
+    /// table of every strategy (and `--with` settings) over the same traces. Exits non-zero if any request would
+    /// be invalid.
     Replay {
-        /// Trace files: `{"id", "model", "tools", "messages": [...]}`.
+        /// Trace files: chat completions `{"id", "model", "tools", "messages": [...]}`, or an Anthropic Messages
+        /// (`system`, `messages` of content blocks, `tools` with `input_schema`) or Responses (`instructions`,
+        /// `input` items, `tools`) conversation; the format is detected.
         #[arg(required = true, value_name = "TRACE.json")]
         traces: Vec<PathBuf>,
         /// Context window in tokens (default: the model table's window for the trace's model).
         #[arg(long, value_name = "N")]
         window: Option<u64>,
         /// Strategy (default: `[context] strategy`, hybrid).
-        #[arg(long, value_parser = parse_strategy, value_name = "off|prune|summarize|hybrid")]
+        #[arg(long, conflicts_with = "compare", value_parser = parse_strategy, value_name = "off|prune|summarize|hybrid")]
         strategy: Option<Strategy>,
         /// Model name for the tokenizer and the window (default: the first word of the trace's `model`).
         #[arg(long, value_name = "NAME")]
@@ -83,13 +88,22 @@ enum Command {
         /// Config file for `[context]`, `[prune]`, `[recall]`, `[summary]` and `[models]`.
         #[arg(long, value_name = "PATH")]
         config: Option<PathBuf>,
-        /// Print the reports as JSON.
+        /// Print the reports (or the `--compare` table) as JSON.
         #[arg(long)]
         json: bool,
-        /// The client's dialect: `chat` (the traces as recorded), `anthropic` or `responses` (each request converted
-        /// to the Anthropic Messages / Responses request it stands for and planned as the gateway plans one).
-        #[arg(long, value_parser = parse_dialect, value_name = "chat|anthropic|responses", default_value = "chat")]
-        dialect: Dialect,
+        /// The client's dialect (default: the trace's own): a chat trace replays as `chat`, or as `anthropic` or
+        /// `responses` (each request converted to the Anthropic Messages / Responses request it stands for and
+        /// planned as the gateway plans one); an Anthropic or Responses trace only in its own dialect.
+        #[arg(long, value_parser = parse_dialect, value_name = "chat|anthropic|responses")]
+        dialect: Option<Dialect>,
+        /// Replay the traces once per row and print one table: `off` (sending everything), then `prune`, `hybrid`
+        /// and `summarize` (summaries simulated for both), each with the config as loaded and with each `--with`.
+        #[arg(long)]
+        compare: bool,
+        /// With `--compare`: a row per strategy with these settings applied onto the loaded config, by config path
+        /// (`--with context.target=0.4,prune.keep_tool_results=2`); repeat for more rows.
+        #[arg(long = "with", requires = "compare", value_parser = parse_settings, value_name = "KEY=VALUE[,KEY=VALUE…]")]
+        with: Vec<Settings>,
     },
 }
 
@@ -102,6 +116,10 @@ fn parse_dialect(s: &str) -> Result<Dialect, String> {
             "unknown dialect {s:?} (chat, anthropic, responses)"
         )),
     }
+}
+
+fn parse_settings(s: &str) -> Result<Settings, String> {
+    Settings::parse(s)
 }
 
 fn parse_strategy(s: &str) -> Result<Strategy, String> {
@@ -183,6 +201,37 @@ struct FileReport<'a> {
     report: &'a ReplayReport,
 }
 
+/// A progress bar on stderr (drawn only on a terminal), so stdout stays the report.
+fn progress_bar(len: u64) -> indicatif::ProgressBar {
+    let progress = indicatif::ProgressBar::with_draw_target(
+        Some(len),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    progress.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len}  {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    progress
+}
+
+/// Each trace file read as JSON, named by its stem.
+fn read_traces(traces: &[PathBuf]) -> anyhow::Result<Vec<(String, serde_json::Value)>> {
+    traces
+        .iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            let trace = serde_json::from_str(&text)
+                .with_context(|| format!("{}: not JSON", path.display()))?;
+            let name = path.file_stem().map_or_else(
+                || path.display().to_string(),
+                |s| s.to_string_lossy().into_owned(),
+            );
+            Ok((name, trace))
+        })
+        .collect()
+}
+
 fn replay_cmd(
     traces: &[PathBuf],
     opts: &ReplayOptions,
@@ -190,29 +239,15 @@ fn replay_cmd(
     json: bool,
 ) -> anyhow::Result<()> {
     let cfg = Config::load(config.as_deref())?;
-    let mut reports = Vec::with_capacity(traces.len());
-    // Progress on stderr (drawn only on a terminal), so stdout stays the report.
-    let progress = indicatif::ProgressBar::with_draw_target(
-        Some(traces.len() as u64),
-        indicatif::ProgressDrawTarget::stderr(),
-    );
-    progress.set_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} traces  {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    for path in traces {
-        progress.set_message(path.display().to_string());
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        let trace: serde_json::Value =
-            serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
-        let report = ctxgate::replay::replay_trace(&trace, opts, &cfg)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        let name = path.file_stem().map_or_else(
-            || path.display().to_string(),
-            |s| s.to_string_lossy().into_owned(),
-        );
-        reports.push((name, report));
+    let files = read_traces(traces)?;
+    let mut reports = Vec::with_capacity(files.len());
+    let counters = Counters::default();
+    let progress = progress_bar(files.len() as u64);
+    for (name, trace) in &files {
+        progress.set_message(name.clone());
+        let report = ctxgate::replay::replay_trace_with(trace, opts, &cfg, &counters)
+            .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+        reports.push((name.clone(), report));
         progress.inc(1);
     }
     progress.finish_and_clear();
@@ -240,6 +275,38 @@ fn replay_cmd(
     }
     if overall.invalid > 0 {
         anyhow::bail!("{} request(s) would be sent invalid", overall.invalid);
+    }
+    Ok(())
+}
+
+/// `replay --compare`: every row over every trace, one table.
+fn compare_cmd(
+    traces: &[PathBuf],
+    opts: &ReplayOptions,
+    config: Option<PathBuf>,
+    with: &[Settings],
+    json: bool,
+) -> anyhow::Result<()> {
+    let cfg = Config::load(config.as_deref())?;
+    let rows = compare::rows(&cfg, with).map_err(|e| anyhow::anyhow!("--with {e}"))?;
+    let files = read_traces(traces)?;
+    let counters = Counters::default();
+    let progress = progress_bar((rows.len() * files.len()) as u64);
+    progress.set_message(format!("{} rows", rows.len()));
+    let results = compare::run(&files, opts, &rows, &counters, &|| progress.inc(1))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    progress.finish_and_clear();
+    let mut out = std::io::stdout().lock();
+    if json {
+        let files: Vec<String> = traces.iter().map(|p| p.display().to_string()).collect();
+        let doc = serde_json::json!({"files": files, "rows": results});
+        writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+    } else {
+        compare::write_table(&mut out, &results)?;
+    }
+    let invalid: usize = results.iter().map(|r| r.totals.invalid).sum();
+    if invalid > 0 {
+        anyhow::bail!("{invalid} request(s) would be sent invalid");
     }
     Ok(())
 }
@@ -337,15 +404,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             config,
             json,
             dialect,
+            compare,
+            with,
         } => {
             let opts = ReplayOptions {
                 window,
                 strategy,
                 model,
                 summaries,
-                dialect: Some(dialect),
+                dialect,
             };
-            replay_cmd(&traces, &opts, config, json)
+            if compare {
+                compare_cmd(&traces, &opts, config, &with, json)
+            } else {
+                replay_cmd(&traces, &opts, config, json)
+            }
         }
         Command::ConfigReference => {
             let mut out = std::io::stdout().lock();

@@ -1,6 +1,8 @@
-//! Replays every recorded conversation in `../shared/traces/` through the planner with a 16k window: every request
-//! sent stays valid, none is refused, and every request above the threshold is rewritten smaller; with summaries
-//! off (the default config) and simulated.
+//! Replays every recorded conversation in `../shared/traces/` (or the directory in `CTXGATE_TRACES`) through the
+//! planner with a 16k window: every request sent stays valid, none is refused, none exceeds the window, and every
+//! request above the threshold is rewritten smaller; with summaries off (the default config) and simulated. Also
+//! the traces of the other dialects (`tests/traces/`: an Anthropic Messages and a Responses agent run), the prompt
+//! cache figures against a recount of the bytes sent, and `ctxgate replay --compare`.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -14,7 +16,10 @@ use ctxgate::replay::{replay_trace, Outcome, ReplayOptions, ReplayReport, Replay
 use std::path::{Path, PathBuf};
 
 fn trace_files() -> Option<Vec<PathBuf>> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
+    let dir = std::env::var_os("CTXGATE_TRACES").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces"),
+        PathBuf::from,
+    );
     if !dir.is_dir() {
         let required = std::env::var("CTXGATE_REQUIRE_EXTERNAL").is_ok_and(|v| v == "1");
         assert!(!required, "{} is missing", dir.display());
@@ -89,6 +94,7 @@ fn replay_all_in(summaries: bool, dialect: Dialect) -> Option<Vec<ReplayReport>>
     }
     let overall = ReplayTotals::of(all.iter().flat_map(|r| &r.steps));
     assert_eq!((overall.invalid, overall.rejected), (0, 0));
+    assert_eq!(overall.over_window, 0, "no request sent above the window");
     assert!(
         overall.above_threshold > 0,
         "a 16k window should put some steps above the threshold"
@@ -174,4 +180,476 @@ fn every_text_in_the_traces_counts_as_tiktoken_does() {
         }
     }
     println!("{texts} texts counted as tiktoken counts them");
+}
+
+fn fixture(name: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/traces")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+use ctxgate::config::Strategy;
+use ctxgate::context::tokens::{count_text, Encoding};
+use ctxgate::replay::compare::{self, Settings};
+use ctxgate::replay::{replay_requests, Counters};
+use serde_json::{json, Value};
+
+const FIXTURES: [(&str, &str, usize); 2] = [
+    ("anthropic_agent.json", "anthropic", 10),
+    ("responses_agent.json", "responses", 9),
+];
+
+fn opts(window: u64, strategy: Strategy) -> ReplayOptions {
+    ReplayOptions {
+        window: Some(window),
+        strategy: Some(strategy),
+        summaries: true,
+        ..Default::default()
+    }
+}
+
+/// The Anthropic and Responses fixtures are detected and replayed in their own dialect: a request per answer of
+/// the model, each valid under that API's rules, the later ones rewritten in a small window.
+#[test]
+fn traces_of_the_other_dialects_replay_in_their_own() {
+    let cfg = Config::default();
+    for (file, format, answers) in FIXTURES {
+        let trace = fixture(file);
+        for strategy in [
+            Strategy::Off,
+            Strategy::Prune,
+            Strategy::Hybrid,
+            Strategy::Summarize,
+        ] {
+            let r = replay_trace(&trace, &opts(4000, strategy), &cfg).unwrap();
+            let at = format!("{file} {}", strategy.as_str());
+            assert_eq!((r.format, r.dialect), (format, format), "{at}");
+            assert_eq!(r.steps.len(), answers, "{at}");
+            for s in &r.steps {
+                assert!(s.valid, "{at} step {}: {:?}", s.index, s.problem);
+                assert_ne!(s.outcome, Outcome::Reject, "{at} step {}", s.index);
+            }
+            if strategy == Strategy::Off {
+                assert_eq!(r.totals.cache_cost, Some(1.0), "{at}");
+            } else {
+                assert!(r.totals.rewritten > 0, "{at}");
+                assert!(r.totals.upstream_tokens < r.totals.client_tokens, "{at}");
+            }
+        }
+        // they do not convert to another dialect
+        let chat = ReplayOptions {
+            dialect: Some(Dialect::Chat),
+            ..Default::default()
+        };
+        let e = replay_trace(&trace, &chat, &cfg).unwrap_err();
+        assert!(e.contains(&format!("replays as {format} only")), "{e}");
+    }
+}
+
+/// A hand-made chat agent run: system, two user turns with tool loops (results of ~`words` words), answers.
+fn chat_trace(words: usize) -> Value {
+    let mut m = vec![json!({"role":"system","content":"You are a coding agent."})];
+    for task in 0..2 {
+        m.push(json!({"role":"user","content":format!("Task {task}: fix the failing test.")}));
+        for i in 0..8 {
+            let id = format!("call_{task}_{i}");
+            m.push(json!({"role":"assistant","content":null,"tool_calls":[{"id":id,"type":"function",
+                "function":{"name":"read_file","arguments":format!("{{\"path\":\"src/t{task}/f{i}.rs\"}}")}}]}));
+            let text: Vec<String> = (0..words).map(|w| format!("word{}", w * 7 + i)).collect();
+            m.push(json!({"role":"tool","tool_call_id":id,"content":text.join(" ")}));
+        }
+        m.push(json!({"role":"assistant","content":format!("Task {task} is fixed.")}));
+    }
+    let tools = json!([{"type":"function","function":{"name":"read_file","description":"Read a file.",
+        "parameters":{"type":"object","properties":{"path":{"type":"string"}}}}}]);
+    json!({"id":"chat","model":"gpt-4o","tools":tools,"messages":m})
+}
+
+/// A chat trace replayed as Anthropic (or Responses) requests and the same conversation recorded natively in
+/// that dialect replay alike: the same requests, decisions and figures, step for step.
+#[test]
+fn a_chat_trace_and_its_native_recording_replay_alike() {
+    use ctxgate::dialect::anthropic::from_chat::chat_to_anthropic;
+    use ctxgate::dialect::responses::from_chat::chat_to_responses;
+    let chat = chat_trace(120);
+    let body = json!({"model":"gpt-4o","messages":chat["messages"],"tools":chat["tools"]});
+    let body = body.as_object().unwrap();
+    let cfg = Config::default();
+    for (dialect, native) in [
+        (Dialect::Anthropic, chat_to_anthropic(body)),
+        (Dialect::Responses, chat_to_responses(body)),
+    ] {
+        let mut native = Value::Object(native);
+        native["id"] = json!("native");
+        let converted = ReplayOptions {
+            dialect: Some(dialect),
+            ..opts(3000, Strategy::Prune)
+        };
+        let (a, ra) = replay_requests(&chat, &converted, &cfg).unwrap();
+        let (b, rb) = replay_requests(&native, &opts(3000, Strategy::Prune), &cfg).unwrap();
+        assert_eq!(b.format, dialect.as_str());
+        assert_eq!(a.steps.len(), b.steps.len(), "{dialect:?}");
+        assert!(a.totals.rewritten > 0);
+        for ((x, y), (rx, ry)) in a.steps.iter().zip(&b.steps).zip(ra.iter().zip(&rb)) {
+            assert_eq!(
+                rx.client_body, ry.client_body,
+                "{dialect:?} step {}",
+                x.index
+            );
+            assert_eq!(
+                rx.upstream_body, ry.upstream_body,
+                "{dialect:?} step {}",
+                x.index
+            );
+            let figures = |s: &ctxgate::replay::ReplayStep| {
+                (
+                    s.outcome,
+                    s.client_tokens,
+                    s.upstream_tokens,
+                    s.wire_tokens,
+                    s.wire_cached,
+                    s.task_whole,
+                )
+            };
+            assert_eq!(figures(x), figures(y), "{dialect:?} step {}", x.index);
+        }
+        assert_eq!(a.totals, b.totals);
+    }
+}
+
+/// The prefix items of a body, recounted here: `tools`, the system field of the dialect, the conversation.
+fn items(dialect: Dialect, body: &Value) -> Vec<Value> {
+    let field = |k: &str| body.get(k).cloned().unwrap_or(Value::Null);
+    let mut out = vec![field("tools")];
+    match dialect {
+        Dialect::Chat => {}
+        Dialect::Anthropic => out.push(field("system")),
+        Dialect::Responses => out.push(field("instructions")),
+    }
+    out.extend(
+        body[dialect.conversation_key()]
+            .as_array()
+            .unwrap()
+            .iter()
+            .cloned(),
+    );
+    out
+}
+
+/// `(tokens, cached, appends)` of each body after the one before.
+fn cache_walk(dialect: Dialect, enc: Encoding, bodies: &[Value]) -> Vec<(u64, u64, Option<bool>)> {
+    let mut prev: Option<Vec<Value>> = None;
+    let mut out = Vec::new();
+    for b in bodies {
+        let cur = items(dialect, b);
+        let weight = |v: &Value| count_text(enc, &serde_json::to_string(v).unwrap());
+        let tokens = cur.iter().map(weight).sum();
+        let (cached, appends) = match &prev {
+            None => (0, None),
+            Some(p) => {
+                let shared = cur.iter().zip(p).take_while(|(a, b)| a == b).count();
+                let cached = cur[..shared].iter().map(weight).sum();
+                (cached, Some(shared == p.len() && p.len() <= cur.len()))
+            }
+        };
+        out.push((tokens, cached, appends));
+        prev = Some(cur);
+    }
+    out
+}
+
+/// The client's first user message opening a turn, as its own item.
+fn first_task(dialect: Dialect, client: &Value) -> Option<Value> {
+    let conv = client[dialect.conversation_key()].as_array().unwrap();
+    conv.iter()
+        .find(|m| {
+            let user = m["role"] == "user";
+            match dialect {
+                Dialect::Chat => user,
+                Dialect::Anthropic => {
+                    user && !m["content"]
+                        .as_array()
+                        .is_some_and(|b| b.iter().any(|b| b["type"] == "tool_result"))
+                }
+                Dialect::Responses => user && (m["type"] == "message" || m.get("type").is_none()),
+            }
+        })
+        .cloned()
+}
+
+/// The prefix-stable pairs, the cache cost and the task figures agree with a recount from the bytes of every
+/// request sent (items compared as JSON values, weighed from their text).
+#[test]
+fn cache_and_task_figures_agree_with_a_recount_of_the_bytes_sent() {
+    let cfg = Config::default();
+    let mut cases = vec![(chat_trace(120), Dialect::Chat)];
+    for (file, format, _) in FIXTURES {
+        cases.push((fixture(file), Dialect::named(format)));
+    }
+    for (trace, dialect) in cases {
+        for strategy in [Strategy::Off, Strategy::Prune, Strategy::Hybrid] {
+            let (r, reqs) = replay_requests(&trace, &opts(3500, strategy), &cfg).unwrap();
+            let at = format!("{} {}", r.id, strategy.as_str());
+            let enc = Encoding::for_model(&r.model);
+            let parse = |b: &[u8]| serde_json::from_slice::<Value>(b).unwrap();
+            let clients: Vec<Value> = reqs.iter().map(|q| parse(&q.client_body)).collect();
+            let sent: Vec<(usize, Value)> = reqs
+                .iter()
+                .enumerate()
+                .filter_map(|(i, q)| q.upstream_body.as_deref().map(|b| (i, parse(b))))
+                .collect();
+            let client_walk = cache_walk(dialect, enc, &clients);
+            let bodies: Vec<Value> = sent.iter().map(|(_, b)| b.clone()).collect();
+            let sent_walk = cache_walk(dialect, enc, &bodies);
+            let (mut billed, mut client_billed, mut pairs, mut stable) = (0.0, 0.0, 0, 0);
+            for ((i, body), (tokens, cached, appends)) in sent.iter().zip(&sent_walk) {
+                let s = &r.steps[*i];
+                assert_eq!(
+                    (s.wire_tokens, s.wire_cached, s.prefix_stable),
+                    (*tokens, *cached, *appends),
+                    "{at} step {}",
+                    s.index
+                );
+                let (ct, cc, _) = client_walk[*i];
+                assert_eq!(
+                    (s.client_wire_tokens, s.client_wire_cached),
+                    (ct, cc),
+                    "{at} step {}",
+                    s.index
+                );
+                billed += *tokens as f64 - 0.9 * *cached as f64;
+                client_billed += ct as f64 - 0.9 * cc as f64;
+                pairs += usize::from(appends.is_some());
+                stable += usize::from(*appends == Some(true));
+                let task = first_task(dialect, &clients[*i]);
+                let whole = task.is_none_or(|t| {
+                    body[dialect.conversation_key()]
+                        .as_array()
+                        .unwrap()
+                        .contains(&t)
+                });
+                let expected = (s.outcome == Outcome::Rewrite).then_some(whole);
+                assert_eq!(s.task_whole, expected, "{at} step {}", s.index);
+            }
+            let t = &r.totals;
+            assert_eq!(
+                (t.prefix_pairs, t.prefix_stable_pairs),
+                (pairs, stable),
+                "{at}"
+            );
+            assert!(
+                (t.billed - billed).abs() < 1e-6 && (t.client_billed - client_billed).abs() < 1e-6,
+                "{at}"
+            );
+            assert_eq!(t.cache_cost, Some(billed / client_billed), "{at}");
+            if strategy != Strategy::Off {
+                assert!(
+                    stable < pairs,
+                    "{at}: the first rewrite adds the recall tools"
+                );
+            }
+        }
+    }
+}
+
+/// `--compare` rows over the fixtures: the baseline sends everything (cache cost 1, every pair stable); each
+/// strategy row runs with its settings.
+#[test]
+fn compare_runs_every_row_over_the_same_traces() {
+    let traces: Vec<(String, Value)> = FIXTURES
+        .iter()
+        .map(|(f, _, _)| (f.to_string(), fixture(f)))
+        .collect();
+    let with = [Settings::parse("context.threshold=0.5").unwrap()];
+    let rows = compare::rows(&Config::default(), &with).unwrap();
+    let opts = ReplayOptions {
+        window: Some(4000),
+        ..Default::default()
+    };
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let tick = || {
+        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    };
+    let out = compare::run(&traces, &opts, &rows, &Counters::default(), &tick).unwrap();
+    assert_eq!(done.into_inner(), rows.len() * traces.len());
+    let labels: Vec<&str> = out.iter().map(|r| r.label.as_str()).collect();
+    assert_eq!(
+        labels,
+        [
+            "off",
+            "prune",
+            "prune context.threshold=0.5",
+            "hybrid",
+            "hybrid context.threshold=0.5",
+            "summarize",
+            "summarize context.threshold=0.5"
+        ]
+    );
+    let off = &out[0].totals;
+    assert_eq!((off.rewritten, off.savings), (0, 0.0));
+    assert_eq!((off.cache_cost, off.prefix_stable), (Some(1.0), Some(1.0)));
+    assert!(off.over_window > 0);
+    // each row is the replay of every trace with its strategy and config
+    let cfg = Config::default();
+    let mut half = cfg.clone();
+    half.context.threshold = 0.5;
+    for (row, strategy, config) in [
+        (1, Strategy::Prune, &cfg),
+        (2, Strategy::Prune, &half),
+        (4, Strategy::Hybrid, &half),
+    ] {
+        let steps: Vec<_> = traces
+            .iter()
+            .flat_map(|(_, t)| {
+                replay_trace(t, &self::opts(4000, strategy), config)
+                    .unwrap()
+                    .steps
+            })
+            .collect();
+        assert_eq!(
+            out[row].totals,
+            ReplayTotals::of(&steps),
+            "{}",
+            out[row].label
+        );
+    }
+    assert!(
+        out[2].totals.above_threshold > out[1].totals.above_threshold,
+        "the setting applies: a lower threshold puts more requests above it"
+    );
+    assert!(out[3].summaries && !out[1].summaries);
+    let mut text = Vec::new();
+    compare::write_table(&mut text, &out).unwrap();
+    let text = String::from_utf8(text).unwrap();
+    assert_eq!(text.lines().count(), 8);
+    assert!(text.contains("CACHE") && text.contains("prune context.threshold=0.5"));
+}
+
+/// The shared traces through `--compare`'s rows: the baseline sends everything, the strategies rewrite validly.
+#[test]
+fn compare_over_the_shared_traces() {
+    let Some(files) = trace_files() else { return };
+    let traces: Vec<(String, Value)> = files
+        .iter()
+        .map(|p| {
+            let t = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+            (p.display().to_string(), t)
+        })
+        .collect();
+    let rows = compare::rows(&Config::default(), &[]).unwrap();
+    let opts = ReplayOptions {
+        window: Some(16_000),
+        ..Default::default()
+    };
+    let out = compare::run(&traces, &opts, &rows, &Counters::default(), &|| ()).unwrap();
+    assert_eq!(out.len(), 4);
+    assert_eq!(out[0].totals.cache_cost, Some(1.0));
+    for r in &out[1..] {
+        let t = &r.totals;
+        println!(
+            "{}: saved {:.3}, ratio {:?}, stable {:?}, cache {:?}, task {:?}",
+            r.label,
+            t.savings,
+            t.mean_ratio_above,
+            t.prefix_stable,
+            t.cache_cost,
+            t.task_whole_share
+        );
+        assert_eq!(
+            (t.invalid, t.rejected, t.over_window),
+            (0, 0, 0),
+            "{}",
+            r.label
+        );
+        assert!(t.savings > 0.0, "{}", r.label);
+    }
+}
+
+fn ctxgate(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_ctxgate"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_compare_command_prints_one_row_per_strategy_and_setting() {
+    let out = ctxgate(&[
+        "replay",
+        "--compare",
+        "--json",
+        "--window",
+        "4000",
+        "--with",
+        "context.threshold=0.5",
+        "--with",
+        "prune.keep_tool_results=2,context.threshold=0.6",
+        "tests/traces/anthropic_agent.json",
+        "tests/traces/responses_agent.json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = doc["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 10);
+    assert_eq!(
+        rows[3]["label"],
+        "prune prune.keep_tool_results=2,context.threshold=0.6"
+    );
+    assert_eq!(rows[0]["totals"]["cache_cost"], 1.0);
+    assert!(rows[1]["totals"]["prefix_stable"].is_number());
+    // text: a header and ten rows
+    let out = ctxgate(&[
+        "replay",
+        "--compare",
+        "--window",
+        "4000",
+        "tests/traces/anthropic_agent.json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 5);
+}
+
+#[test]
+fn the_compare_command_refuses_unknown_settings_and_misplaced_options() {
+    let file = "tests/traces/anthropic_agent.json";
+    let out = ctxgate(&["replay", "--compare", "--with", "context.bogus=1", file]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("context.bogus=1") && err.contains("bogus"),
+        "{err}"
+    );
+    let out = ctxgate(&[
+        "replay",
+        "--compare",
+        "--with",
+        "context.threshold=lots",
+        file,
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("context.threshold=lots"));
+    // --with needs --compare; --compare runs every strategy
+    for args in [
+        &["replay", "--with", "context.threshold=0.5", file][..],
+        &["replay", "--compare", "--strategy", "prune", file][..],
+        &["replay", "--compare", "--with", "nokeyvalue", file][..],
+    ] {
+        let out = ctxgate(args);
+        assert!(!out.status.success(), "{args:?}");
+    }
+    // a trace of another dialect is not converted
+    let out = ctxgate(&["replay", "--dialect", "chat", file]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("replays as anthropic only"));
 }

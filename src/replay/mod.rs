@@ -1,0 +1,592 @@
+//! Offline replay of a recorded conversation through the context planner: for every assistant turn, the tokens
+//! the client sent, the tokens that would go upstream, what the rewrite did, whether the request is valid, and
+//! what a provider's prompt cache would make of the sequence sent (`cache`). Pure over a parsed trace; the caller
+//! reads the files and writes the text. A trace may be recorded in any dialect ctxgate speaks (`traces`).
+//! Offline there is no LLM to write summaries: when they are simulated, every summary the planner asks for is
+//! taken as written (a stand-in of `summary.max_tokens` tokens) before the next turn, as if the background job
+//! always finished in time. `compare` runs several strategies and settings over the same traces.
+
+pub mod cache;
+pub mod compare;
+mod text;
+pub mod traces;
+
+#[cfg(test)]
+mod tests;
+
+pub use text::{write_summary, write_text};
+
+use crate::config::{Config, Strategy};
+use crate::context::decide::{self, Decision};
+use crate::context::models::ModelTable;
+use crate::context::tokens::{Encoding, TokenCounter};
+use crate::context::units::{check_sequence, system_messages};
+use crate::context::Plan;
+use crate::dialect::anthropic::validate;
+use crate::dialect::responses::validate as responses_validate;
+use crate::dialect::{Dialect, Request};
+use crate::message::opens_turn;
+use crate::recall::Offer;
+use crate::summary::prompt::summary_message;
+use bytes::Bytes;
+use cache::{billed, Sequence, Weights};
+use serde::Serialize;
+use serde_json::Value;
+use traces::Trace;
+
+/// "Now" for every step: no message has a first-seen time, so ages play no part.
+const NOW: i64 = 1_700_000_000;
+
+/// What to replay with, beyond the config.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayOptions {
+    /// Context window in tokens; `None`: the model table's window for the model.
+    pub window: Option<u64>,
+    /// Strategy; `None`: the config's (`hybrid` by default).
+    pub strategy: Option<Strategy>,
+    /// Model name; `None`: the first word of the trace's `model` (traces describe the model in prose).
+    pub model: Option<String>,
+    /// Simulate summaries (for `summarize` and `hybrid`) even when the config names no `summary.model`.
+    pub summaries: bool,
+    /// The dialect the client speaks; `None`: the trace's own. A chat trace replays in any dialect (each request
+    /// converted by `dialect::<d>::from_chat`); an Anthropic or Responses trace only in its own.
+    pub dialect: Option<Dialect>,
+}
+
+/// The counters a replay uses, shared by every replay given them: tokens of messages and tools (the planner's
+/// counter) and weights of prefix items (`cache`). Counts depend on content only, never on what shares them.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// The planner's token counter.
+    pub tokens: TokenCounter,
+    /// Weights of prefix items.
+    pub weights: Weights,
+}
+
+/// What the planner decided for one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// Sent as the client sent it.
+    Forward,
+    /// Rewritten.
+    Rewrite,
+    /// Refused without calling upstream.
+    Reject,
+}
+
+/// One request of the replay: the client sends the trace's first `index` items, the upstream answers the next.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayStep {
+    /// Index of the item answering this request (= items the client sent).
+    pub index: usize,
+    /// The planner's decision.
+    pub outcome: Outcome,
+    /// Tokens of the client's request (messages, tools, reply priming).
+    pub client_tokens: u64,
+    /// Tokens sent upstream: the rewritten request with the recall tools and note the gateway adds, the client's
+    /// when forwarded, 0 when rejected.
+    pub upstream_tokens: u64,
+    /// The client's request is above the rewrite threshold.
+    pub above_threshold: bool,
+    /// A request was sent with more tokens than the context window.
+    pub over_window: bool,
+    /// Messages sent upstream.
+    pub messages_sent: usize,
+    /// The stages that changed something (`cleared`, `pruned`, `truncated`).
+    pub stages: Vec<&'static str>,
+    /// Tool results replaced by a placeholder.
+    pub cleared_results: usize,
+    /// Past run loops cut to their user message and final reply.
+    pub pruned_loops: usize,
+    /// Run loops dropped for count or age.
+    pub dropped_loops: usize,
+    /// Messages dropped by the hard limit.
+    pub dropped_messages: usize,
+    /// Tool calls whose results are not sent (recallable).
+    pub pruned_calls: usize,
+    /// Messages covered by the summary sent (0: none).
+    pub summary_upto: usize,
+    /// The planner asked for a summary of the first N messages (needed now, or ahead of time).
+    pub wanted_summary: Option<usize>,
+    /// The rewritten request recounted from scratch (recall reserve excluded): equals the planner's estimate
+    /// when its cost model is right.
+    pub recounted_tokens: Option<u64>,
+    /// What is sent is a valid request that keeps the system prompt and the newest message (false when rejected).
+    pub valid: bool,
+    /// Why the request is invalid, or why it was refused.
+    pub problem: Option<String>,
+    /// Tokens of the prefix items of what is sent (`cache`; 0 when rejected).
+    pub wire_tokens: u64,
+    /// Of them, the tokens of the leading items equal to the previous request sent of the trace (a cache hit).
+    pub wire_cached: u64,
+    /// Tokens of the prefix items of the client's request.
+    pub client_wire_tokens: u64,
+    /// Of them, the tokens of the leading items equal to the client's previous request.
+    pub client_wire_cached: u64,
+    /// What is sent only appends to the previous request sent (`None`: the first sent, or rejected).
+    pub prefix_stable: Option<bool>,
+    /// A rewrite sends the client's first user message (the first opening a turn) byte for byte (`None`: not a
+    /// rewrite; `true` when there is no user message).
+    pub task_whole: Option<bool>,
+}
+
+/// Sums over steps (of one trace or several).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ReplayTotals {
+    /// Requests replayed.
+    pub steps: usize,
+    /// Requests above the threshold.
+    pub above_threshold: usize,
+    /// Requests rewritten.
+    pub rewritten: usize,
+    /// Rewrites that sent a summary (the rest are summary-free).
+    pub summarized: usize,
+    /// Requests for which the planner asked for a summary.
+    pub summaries_wanted: usize,
+    /// Requests sent invalid (rejected ones are not counted here).
+    pub invalid: usize,
+    /// Requests refused.
+    pub rejected: usize,
+    /// Requests sent with more tokens than the window.
+    pub over_window: usize,
+    /// Tokens the client sent, over all steps.
+    pub client_tokens: u64,
+    /// Tokens sent upstream, over all steps.
+    pub upstream_tokens: u64,
+    /// `1 - upstream / client` over the steps that were sent.
+    pub savings: f64,
+    /// Mean of `upstream / client` over the steps above the threshold that were sent; `None` when there are none.
+    pub mean_ratio_above: Option<f64>,
+    /// Share of the requests sent that are valid; `None` when none was sent.
+    pub valid_share: Option<f64>,
+    /// Pairs of consecutive requests sent (of one trace).
+    pub prefix_pairs: usize,
+    /// Of them, those where the second only appends to the first.
+    pub prefix_stable_pairs: usize,
+    /// `prefix_stable_pairs / prefix_pairs`; `None` without pairs.
+    pub prefix_stable: Option<f64>,
+    /// Billed input tokens of the requests sent: each request's prefix tokens less 90% of those it shares with the
+    /// previous one sent.
+    pub billed: f64,
+    /// The same for the client's own requests, over the same steps.
+    pub client_billed: f64,
+    /// `billed / client_billed`: above 1, ctxgate costs more than sending everything; `None` when nothing was
+    /// billed.
+    pub cache_cost: Option<f64>,
+    /// Rewrites that send the client's first user message whole.
+    pub task_whole: usize,
+    /// `task_whole / rewritten`; `None` without rewrites.
+    pub task_whole_share: Option<f64>,
+}
+
+fn share(part: f64, whole: f64) -> Option<f64> {
+    (whole > 0.0).then(|| part / whole)
+}
+
+impl ReplayTotals {
+    /// The totals of `steps`.
+    pub fn of<'a>(steps: impl IntoIterator<Item = &'a ReplayStep>) -> Self {
+        let mut t = ReplayTotals::default();
+        let (mut sent_client, mut ratios) = (0u64, Vec::new());
+        for s in steps {
+            t.steps += 1;
+            t.above_threshold += usize::from(s.above_threshold);
+            t.rewritten += usize::from(s.outcome == Outcome::Rewrite);
+            t.summarized += usize::from(s.summary_upto > 0);
+            t.summaries_wanted += usize::from(s.wanted_summary.is_some());
+            t.rejected += usize::from(s.outcome == Outcome::Reject);
+            t.invalid += usize::from(s.outcome != Outcome::Reject && !s.valid);
+            t.over_window += usize::from(s.over_window);
+            t.client_tokens += s.client_tokens;
+            t.upstream_tokens += s.upstream_tokens;
+            t.prefix_pairs += usize::from(s.prefix_stable.is_some());
+            t.prefix_stable_pairs += usize::from(s.prefix_stable == Some(true));
+            t.task_whole += usize::from(s.task_whole == Some(true));
+            if s.outcome != Outcome::Reject {
+                sent_client += s.client_tokens;
+                t.billed += billed(s.wire_tokens, s.wire_cached);
+                t.client_billed += billed(s.client_wire_tokens, s.client_wire_cached);
+                if s.above_threshold && s.client_tokens > 0 {
+                    ratios.push(s.upstream_tokens as f64 / s.client_tokens as f64);
+                }
+            }
+        }
+        if sent_client > 0 {
+            t.savings = 1.0 - t.upstream_tokens as f64 / sent_client as f64;
+        }
+        if !ratios.is_empty() {
+            t.mean_ratio_above = Some(ratios.iter().sum::<f64>() / ratios.len() as f64);
+        }
+        let sent = (t.steps - t.rejected) as f64;
+        t.valid_share = share(sent - t.invalid as f64, sent);
+        t.prefix_stable = share(t.prefix_stable_pairs as f64, t.prefix_pairs as f64);
+        t.cache_cost = share(t.billed, t.client_billed);
+        t.task_whole_share = share(t.task_whole as f64, t.rewritten as f64);
+        t
+    }
+}
+
+/// The replay of one trace.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayReport {
+    /// The trace's `id`.
+    pub id: String,
+    /// The dialect the trace is recorded in (`chat`, `anthropic`, `responses`).
+    pub format: &'static str,
+    /// The model name used for the encoding and the window.
+    pub model: String,
+    /// The dialect the requests were planned in (`chat`, `anthropic`, `responses`).
+    pub dialect: &'static str,
+    /// The tokenizer.
+    pub encoding: &'static str,
+    /// The context window.
+    pub window: u64,
+    /// The strategy.
+    pub strategy: &'static str,
+    /// Summaries were simulated.
+    pub summaries: bool,
+    /// Client tokens above which a request is over the threshold.
+    pub threshold_tokens: u64,
+    /// Every request, in order.
+    pub steps: Vec<ReplayStep>,
+    /// Their totals.
+    pub totals: ReplayTotals,
+}
+
+/// One request of a replay as bytes: what the client sends, and what the gateway would send upstream for it.
+#[derive(Debug, Clone)]
+pub struct ReplayedRequest {
+    /// Index of the item answering it (as in [`ReplayStep::index`]).
+    pub index: usize,
+    /// The client's body (for a chat trace replayed as chat: `{"model", "messages", "tools"}`, no `tools` when
+    /// the trace has none).
+    pub client_body: Vec<u8>,
+    /// The body sent upstream (the client's when forwarded); `None` when refused.
+    pub upstream_body: Option<Vec<u8>>,
+}
+
+/// Replays `trace` (chat: `{"id", "model", "tools", "messages": [...]}`; or an Anthropic or Responses
+/// conversation, see `traces`) through the planner as the gateway would plan it, with `cfg`'s `[context]`,
+/// `[prune]`, `[recall]`, `[summary]` and `[models]`: ratio 1.0, no first-seen times. `Err` when `trace` is not
+/// a trace.
+pub fn replay_trace(
+    trace: &Value,
+    opts: &ReplayOptions,
+    cfg: &Config,
+) -> Result<ReplayReport, String> {
+    replay(trace, opts, cfg, &Counters::default(), None)
+}
+
+/// [`replay_trace`] with `counters` shared with other replays (their caches carry over; the report is the same).
+pub fn replay_trace_with(
+    trace: &Value,
+    opts: &ReplayOptions,
+    cfg: &Config,
+    counters: &Counters,
+) -> Result<ReplayReport, String> {
+    replay(trace, opts, cfg, counters, None)
+}
+
+/// [`replay_trace`], with the bytes of every request: the client's and what would go upstream.
+pub fn replay_requests(
+    trace: &Value,
+    opts: &ReplayOptions,
+    cfg: &Config,
+) -> Result<(ReplayReport, Vec<ReplayedRequest>), String> {
+    let mut requests = Vec::new();
+    let report = replay(trace, opts, cfg, &Counters::default(), Some(&mut requests))?;
+    Ok((report, requests))
+}
+
+fn replay(
+    trace: &Value,
+    opts: &ReplayOptions,
+    cfg: &Config,
+    counters: &Counters,
+    mut requests: Option<&mut Vec<ReplayedRequest>>,
+) -> Result<ReplayReport, String> {
+    let t = Trace::read(trace)?;
+    let model = match (&opts.model, t.model()) {
+        (Some(m), _) => m.clone(),
+        (None, Some(m)) => m.to_string(),
+        (None, None) => "unknown".to_string(),
+    };
+    let window = match opts.window {
+        Some(w) => w,
+        None => {
+            ModelTable::new(&cfg.models, cfg.context.default_context_window)?.context_window(&model)
+        }
+    };
+    let strategy = opts.strategy.unwrap_or(cfg.context.strategy);
+    let dialect = opts.dialect.unwrap_or(t.format);
+    let encoding = Encoding::for_model(&model);
+    let counter = &counters.tokens;
+    let threshold_tokens = (cfg.context.threshold * window as f64) as u64;
+    let summarizer = opts.summaries || cfg.summary.model.is_some();
+    let summarizing = summarizer && matches!(strategy, Strategy::Summarize | Strategy::Hybrid);
+    let mut ready: Vec<(usize, Value)> = Vec::new();
+    let mut steps = Vec::new();
+    let (mut client_seq, mut sent_seq) = (Sequence::default(), Sequence::default());
+    // replayed in its own format, every request's conversation is a prefix of the trace's: weighed once
+    let native_items = (dialect == t.format).then(|| counters.weights.items(encoding, t.items()));
+    for &k in &t.steps {
+        let body = Value::Object(t.body(&model, k, dialect)?);
+        let raw = Bytes::from(serde_json::to_vec(&body).map_err(|e| e.to_string())?);
+        // as the gateway parses and plans it
+        let request = dialect
+            .parse(raw.clone())
+            .map_err(|e| format!("request {k}: {e}"))?;
+        let sent = request.messages();
+        let tools = request.body.get("tools").filter(|t| !t.is_null());
+        let req = decide::Request {
+            body: &request.body,
+            messages: sent,
+            key: dialect.conversation_key(),
+            raw_len: raw.len(),
+            encoding,
+            window,
+            ratio: 1.0,
+            strategy,
+            first_seen: None,
+            now: NOW,
+            summarizer,
+        };
+        let offer = Offer::new(dialect, &request.body, &cfg.recall);
+        let client = counter.request_tokens(encoding, sent, tools);
+        let plan = decide::plan_request(
+            &req,
+            summarizing.then_some(ready.as_slice()),
+            cfg,
+            &offer,
+            counter,
+        );
+        // a summary covers whole client messages, as in the gateway
+        let wanted = decide::wanted_summary(&plan)
+            .and_then(|n| request.summary_boundary(n))
+            .map(|(n, _)| n);
+        let rewritten = match &plan {
+            Plan::Rewrite(rw) => Some(rw.owned_messages()),
+            _ => None,
+        };
+        let serialise = |b: &crate::context::RewrittenBody<'_>| dialect.render(&request, b);
+        let decision =
+            decide::render(&req, plan, &offer, counter, &serialise).map_err(|e| e.to_string())?;
+        let upstream_body: Option<Bytes> = match &decision {
+            Decision::Forward { .. } => Some(raw.clone()),
+            Decision::Rewrite(rw) => Some(Bytes::from(rw.body.clone())),
+            Decision::Reject { .. } => None,
+        };
+        let mut s = step(k, client, decision, sent, rewritten.as_deref());
+        // what is sent, as JSON: the client's own body when forwarded
+        let parsed = match (&upstream_body, s.outcome) {
+            (Some(up), Outcome::Rewrite) => match serde_json::from_slice::<Value>(up) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    s.problem = Some(format!("the body sent is not JSON: {e}"));
+                    s.valid = false;
+                    None
+                }
+            },
+            _ => None,
+        };
+        let sent_body = match s.outcome {
+            Outcome::Forward => Some(&body),
+            Outcome::Rewrite => parsed.as_ref(),
+            Outcome::Reject => None,
+        };
+        if let (Some(up), None) = (sent_body, &s.problem) {
+            s.problem = api_problem(dialect, &body, up);
+            s.valid = s.problem.is_none();
+        }
+        s.wanted_summary = wanted;
+        s.recounted_tokens = rewritten
+            .as_ref()
+            .map(|r| counter.request_tokens(encoding, r, tools));
+        s.above_threshold = client > threshold_tokens;
+        s.over_window = s.outcome != Outcome::Reject && s.upstream_tokens > window;
+        // the prompt cache: the client's sequence, and what is sent
+        let weights = &counters.weights;
+        let client_shape = match &native_items {
+            Some(items) => weights.shape_over(encoding, dialect, as_map(&body), items),
+            None => weights.shape(encoding, dialect, as_map(&body)),
+        };
+        let sent_shape = match (sent_body, s.outcome) {
+            (Some(_), Outcome::Forward) => Some(client_shape.clone()),
+            (Some(b), _) => Some(weights.shape(encoding, dialect, as_map(b))),
+            (None, _) => None,
+        };
+        let c = client_seq.push(client_shape);
+        (s.client_wire_tokens, s.client_wire_cached) = (c.tokens, c.cached);
+        if let Some(shape) = sent_shape {
+            let c = sent_seq.push(shape);
+            (s.wire_tokens, s.wire_cached, s.prefix_stable) = (c.tokens, c.cached, c.extends);
+        }
+        if let (Outcome::Rewrite, Some(shape)) = (s.outcome, sent_seq.last()) {
+            s.task_whole = Some(task_whole(&request, shape));
+        }
+        if let Some(upto) = s.wanted_summary {
+            if !ready.iter().any(|(u, _)| *u == upto) {
+                ready.push((upto, stand_in_summary(upto, cfg.summary.max_tokens)));
+                ready.sort_by_key(|(u, _)| *u);
+            }
+        }
+        steps.push(s);
+        if let Some(out) = requests.as_deref_mut() {
+            out.push(ReplayedRequest {
+                index: k,
+                client_body: raw.to_vec(),
+                upstream_body: upstream_body.map(|b| b.to_vec()),
+            });
+        }
+    }
+    Ok(ReplayReport {
+        id: t.id().to_string(),
+        format: t.format.as_str(),
+        model,
+        dialect: dialect.as_str(),
+        encoding: encoding.as_str(),
+        window,
+        strategy: strategy.as_str(),
+        summaries: summarizing,
+        threshold_tokens,
+        totals: ReplayTotals::of(&steps),
+        steps,
+    })
+}
+
+/// The object of a body built or parsed as one (an empty map for anything else).
+fn as_map(v: &Value) -> &serde_json::Map<String, Value> {
+    static EMPTY: std::sync::OnceLock<serde_json::Map<String, Value>> = std::sync::OnceLock::new();
+    v.as_object()
+        .unwrap_or_else(|| EMPTY.get_or_init(serde_json::Map::new))
+}
+
+/// Whether the sent request (`sent`) holds the client's first user message opening a turn in `request` byte for
+/// byte (its wire form: the client's own item); true when there is none.
+pub fn task_whole(request: &Request, sent: &cache::Shape) -> bool {
+    let Some(i) = request.messages().iter().position(opens_turn) else {
+        return true;
+    };
+    match request
+        .native_index(i)
+        .and_then(|k| request.native().get(k))
+    {
+        Some(item) => sent.conversation_has(request.dialect, cache::hash(item)),
+        None => true,
+    }
+}
+
+/// The summary message taken as written for the first `upto` messages: about `max_tokens` tokens (the most a
+/// real one may have).
+fn stand_in_summary(upto: usize, max_tokens: u64) -> Value {
+    let head = format!("(replay stand-in for a summary of messages 1-{upto})");
+    let words = usize::try_from(max_tokens.saturating_sub(30)).unwrap_or(0);
+    summary_message(&format!("{head}{}", " note".repeat(words)))
+}
+
+/// The step for `decision`; `rewritten`: the rewritten messages before the gateway's additions.
+fn step(
+    index: usize,
+    client: u64,
+    decision: Decision,
+    original: &[Value],
+    rewritten: Option<&[Value]>,
+) -> ReplayStep {
+    let mut s = ReplayStep {
+        index,
+        outcome: Outcome::Forward,
+        client_tokens: client,
+        upstream_tokens: client,
+        above_threshold: false,
+        over_window: false,
+        messages_sent: original.len(),
+        stages: Vec::new(),
+        cleared_results: 0,
+        pruned_loops: 0,
+        dropped_loops: 0,
+        dropped_messages: 0,
+        pruned_calls: 0,
+        summary_upto: 0,
+        wanted_summary: None,
+        recounted_tokens: None,
+        valid: true,
+        problem: None,
+        wire_tokens: 0,
+        wire_cached: 0,
+        client_wire_tokens: 0,
+        client_wire_cached: 0,
+        prefix_stable: None,
+        task_whole: None,
+    };
+    match decision {
+        Decision::Forward { .. } => {
+            s.problem = check_sequence(original).err();
+        }
+        Decision::Reject {
+            tokens,
+            limit,
+            window,
+        } => {
+            s.outcome = Outcome::Reject;
+            s.upstream_tokens = 0;
+            s.messages_sent = 0;
+            s.problem = Some(format!(
+                "rejected: the smallest rewrite is {tokens} tokens, over the hard limit of {limit} (window {window})"
+            ));
+        }
+        Decision::Rewrite(rw) => {
+            // what the gateway sends: the recall tools and note included
+            s.upstream_tokens = rw.estimate;
+            let r = rw.record;
+            s.outcome = Outcome::Rewrite;
+            s.messages_sent = r.messages_after;
+            s.stages = r.stages;
+            s.cleared_results = r.cleared_results;
+            s.pruned_loops = r.pruned_loops;
+            s.dropped_loops = r.dropped_loops;
+            s.dropped_messages = r.dropped_messages;
+            s.pruned_calls = r.pruned_call_ids.len();
+            s.summary_upto = r.summary_upto;
+            s.problem = check_rewrite(original, rewritten.unwrap_or_default()).err();
+        }
+    }
+    s.valid = s.problem.is_none();
+    s
+}
+
+/// What the dialect's API would refuse in the body `sent` upstream for the client's `client` body, or what a
+/// rewrite may not change (chat's rules are checked on the neutral form, by [`step`]).
+fn api_problem(dialect: Dialect, client: &Value, sent: &Value) -> Option<String> {
+    let items = sent
+        .get(dialect.conversation_key())
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let checked = match dialect {
+        Dialect::Chat => Ok(()),
+        Dialect::Anthropic => {
+            validate::check_sequence(items).and_then(|()| validate::check_rewrite(client, sent))
+        }
+        Dialect::Responses => responses_validate::check_sequence(items)
+            .and_then(|()| responses_validate::check_rewrite(client, sent)),
+    };
+    checked.err()
+}
+
+/// A rewrite must be a valid sequence that keeps every system message (in order; a summary may come between)
+/// and the newest message as they were.
+fn check_rewrite(original: &[Value], sent: &[Value]) -> Result<(), String> {
+    check_sequence(sent)?;
+    let mut kept = system_messages(sent).into_iter();
+    if !system_messages(original)
+        .into_iter()
+        .all(|m| kept.any(|k| k == m))
+    {
+        return Err("a system message was not kept as it was".into());
+    }
+    if original.last() != sent.last() {
+        return Err("the newest message was not kept as it was".into());
+    }
+    Ok(())
+}

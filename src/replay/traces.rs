@@ -1,0 +1,306 @@
+//! Reading a trace in any dialect ctxgate speaks: a chat-completions conversation (`messages`, `tools`), an
+//! Anthropic Messages one (`system`, `messages` of content blocks, `tools` with `input_schema`) or a Responses one
+//! (`instructions`, `input` items, `tools`). The format is detected from the trace's shape, its steps (where the
+//! model answered) are found on the neutral form made by the dialect's own conversion, and each step's request is
+//! the body the client sends in the dialect it is replayed in.
+
+use crate::dialect::anthropic::convert as anthropic_convert;
+use crate::dialect::anthropic::from_chat::{chat_to_anthropic, DEFAULT_MAX_TOKENS};
+use crate::dialect::responses::convert as responses_convert;
+use crate::dialect::responses::from_chat::chat_to_responses;
+use crate::dialect::Dialect;
+use crate::message::role;
+use serde_json::{Map, Value};
+
+/// Top-level request fields of an Anthropic trace carried into every request (besides `model`, `max_tokens`,
+/// `system`, `messages`).
+const ANTHROPIC_FIELDS: [&str; 4] = ["tools", "tool_choice", "thinking", "temperature"];
+/// Top-level request fields of a Responses trace carried into every request (besides `model`, `instructions`,
+/// `input`; `store` is always `false`: a replayed request carries its whole history).
+const RESPONSES_FIELDS: [&str; 5] = [
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "reasoning",
+    "include",
+];
+
+/// A parsed trace: its format, its items and the steps to replay.
+#[derive(Debug)]
+pub struct Trace<'a> {
+    /// The trace object.
+    obj: &'a Map<String, Value>,
+    /// The dialect the trace is recorded in.
+    pub format: Dialect,
+    /// Its conversation: chat or Anthropic `messages`, Responses `input` items.
+    items: &'a [Value],
+    /// For every request, the number of items the client sends (the item at that index starts the answer).
+    pub steps: Vec<usize>,
+}
+
+/// The dialect of the trace object `obj`: Responses when it has an `input` array and no `messages`; Anthropic when
+/// it has `messages` and Anthropic marks (a top-level `system`, a tool with `input_schema`, a `tool_use` or
+/// `tool_result` block) but no chat ones (a `tool` message, `tool_calls`, a tool with `function`); chat otherwise.
+pub fn detect(obj: &Map<String, Value>) -> Result<Dialect, String> {
+    let messages = obj.get("messages").and_then(Value::as_array);
+    if messages.is_none() {
+        return match obj.get("input") {
+            Some(Value::Array(_)) => Ok(Dialect::Responses),
+            _ => Err("not a trace: no \"messages\" or \"input\" array".into()),
+        };
+    }
+    let messages = messages.map(Vec::as_slice).unwrap_or_default();
+    let tools = obj
+        .get("tools")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let chat = messages
+        .iter()
+        .any(|m| role(m) == "tool" || m.get("tool_calls").is_some())
+        || tools.iter().any(|t| t.get("function").is_some());
+    let block = |m: &Value| {
+        m.get("content").and_then(Value::as_array).is_some_and(|b| {
+            b.iter().any(|b| {
+                matches!(
+                    b.get("type").and_then(Value::as_str),
+                    Some("tool_use" | "tool_result")
+                )
+            })
+        })
+    };
+    let anthropic = obj.get("system").is_some_and(|s| !s.is_null())
+        || tools.iter().any(|t| t.get("input_schema").is_some())
+        || messages.iter().any(block);
+    Ok(if anthropic && !chat {
+        Dialect::Anthropic
+    } else {
+        Dialect::Chat
+    })
+}
+
+impl<'a> Trace<'a> {
+    /// Reads `trace`: its format and its steps. `Err` when it is not a trace.
+    pub fn read(trace: &'a Value) -> Result<Self, String> {
+        let obj = trace
+            .as_object()
+            .ok_or("not a trace: expected a JSON object")?;
+        let format = detect(obj)?;
+        let items = obj
+            .get(format.conversation_key())
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        if let Some(i) = items.iter().position(|m| !m.is_object()) {
+            let what = if format == Dialect::Responses {
+                "input item"
+            } else {
+                "message"
+            };
+            return Err(format!("not a trace: {what} {i} is not an object"));
+        }
+        let steps = steps(format, obj, items);
+        Ok(Trace {
+            obj,
+            format,
+            items,
+            steps,
+        })
+    }
+
+    /// Its conversation: every item (chat or Anthropic messages, Responses input items).
+    pub fn items(&self) -> &'a [Value] {
+        self.items
+    }
+
+    /// The trace's `id` (empty when it has none).
+    pub fn id(&self) -> &str {
+        self.obj.get("id").and_then(Value::as_str).unwrap_or("")
+    }
+
+    /// The first word of the trace's `model` (traces describe the model in prose).
+    pub fn model(&self) -> Option<&str> {
+        self.obj
+            .get("model")
+            .and_then(Value::as_str)
+            .and_then(|m| m.split_whitespace().next())
+    }
+
+    /// The body the client sends at step `k` (the first `k` items) in `dialect`: the trace's own format, or, for a
+    /// chat trace, the Anthropic or Responses request it stands for. `Err` when a non-chat trace is asked for in
+    /// another dialect.
+    pub fn body(
+        &self,
+        model: &str,
+        k: usize,
+        dialect: Dialect,
+    ) -> Result<Map<String, Value>, String> {
+        let items = Value::Array(self.items[..k].to_vec());
+        let mut body = Map::new();
+        body.insert("model".into(), Value::from(model));
+        match (self.format, dialect) {
+            (Dialect::Chat, _) => {
+                body.insert("messages".into(), items);
+                if let Some(t) = self.obj.get("tools").filter(|t| !t.is_null()) {
+                    body.insert("tools".into(), t.clone());
+                }
+                Ok(match dialect {
+                    Dialect::Chat => body,
+                    Dialect::Anthropic => chat_to_anthropic(&body),
+                    Dialect::Responses => chat_to_responses(&body),
+                })
+            }
+            (Dialect::Anthropic, Dialect::Anthropic) => {
+                let max = self.obj.get("max_tokens").filter(|v| v.is_u64());
+                let max = max.cloned().unwrap_or(Value::from(DEFAULT_MAX_TOKENS));
+                body.insert("max_tokens".into(), max);
+                self.copy(&mut body, &["system"]);
+                body.insert("messages".into(), items);
+                self.copy(&mut body, &ANTHROPIC_FIELDS);
+                Ok(body)
+            }
+            (Dialect::Responses, Dialect::Responses) => {
+                self.copy(&mut body, &["instructions"]);
+                body.insert("input".into(), items);
+                self.copy(&mut body, &RESPONSES_FIELDS);
+                body.insert("store".into(), Value::Bool(false));
+                Ok(body)
+            }
+            (format, _) => Err(format!(
+                "the trace is {} conversation: it replays as {} only (the dialect option applies to chat traces)",
+                describe(format),
+                format.as_str()
+            )),
+        }
+    }
+
+    fn copy(&self, body: &mut Map<String, Value>, keys: &[&str]) {
+        for key in keys {
+            if let Some(v) = self.obj.get(*key).filter(|v| !v.is_null()) {
+                body.insert((*key).into(), v.clone());
+            }
+        }
+    }
+}
+
+/// The format in words.
+pub fn describe(format: Dialect) -> &'static str {
+    match format {
+        Dialect::Chat => "a chat-completions",
+        Dialect::Anthropic => "an Anthropic Messages",
+        Dialect::Responses => "a Responses",
+    }
+}
+
+/// Where the model answered: for each neutral assistant message (the dialect's own conversion), the index of the
+/// first client item it comes from; the client sent the items before it. In order, without repeats.
+fn steps(format: Dialect, obj: &Map<String, Value>, items: &[Value]) -> Vec<usize> {
+    let mut out: Vec<usize> = match format {
+        Dialect::Chat => items
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| role(m) == "assistant")
+            .map(|(k, _)| k)
+            .collect(),
+        Dialect::Anthropic => {
+            let n = anthropic_convert::to_neutral(obj.get("system"), items);
+            n.messages
+                .iter()
+                .zip(&n.origins)
+                .filter(|(m, _)| role(m) == "assistant")
+                .filter_map(|(_, o)| o.native())
+                .collect()
+        }
+        Dialect::Responses => {
+            let n = responses_convert::to_neutral(obj.get("instructions"), items);
+            n.messages
+                .iter()
+                .zip(&n.origins)
+                .filter(|(m, _)| role(m) == "assistant")
+                .filter_map(|(_, o)| o.items().map(|r| r.start))
+                .collect()
+        }
+    };
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn read(v: &Value) -> (Dialect, Vec<usize>) {
+        let t = Trace::read(v).unwrap();
+        (t.format, t.steps.clone())
+    }
+
+    #[test]
+    fn formats_are_told_apart_by_their_shape() {
+        let chat = json!({"messages":[{"role":"system","content":"s"},{"role":"user","content":"u"},
+            {"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function",
+                "function":{"name":"f","arguments":"{}"}}]},
+            {"role":"tool","tool_call_id":"c","content":"r"},{"role":"assistant","content":"done"}]});
+        assert_eq!(read(&chat), (Dialect::Chat, vec![2, 4]));
+        let anthropic = json!({"system":"s","messages":[{"role":"user","content":"u"},
+            {"role":"assistant","content":[{"type":"tool_use","id":"c","name":"f","input":{}}]},
+            {"role":"user","content":[{"type":"tool_result","tool_use_id":"c","content":"r"}]},
+            {"role":"assistant","content":[{"type":"text","text":"done"}]}]});
+        assert_eq!(read(&anthropic), (Dialect::Anthropic, vec![1, 3]));
+        let responses = json!({"instructions":"s","input":[
+            {"type":"message","role":"user","content":[{"type":"input_text","text":"u"}]},
+            {"type":"reasoning","id":"rs","summary":[]},
+            {"type":"function_call","call_id":"c","name":"f","arguments":"{}"},
+            {"type":"function_call_output","call_id":"c","output":"r"},
+            {"type":"message","role":"assistant","content":[{"type":"output_text","text":"done"}]}]});
+        // the reasoning item and its call are one answer
+        assert_eq!(read(&responses), (Dialect::Responses, vec![1, 4]));
+        // plain text without a system prompt reads as chat (the same request either way)
+        let plain =
+            json!({"messages":[{"role":"user","content":"u"},{"role":"assistant","content":"a"}]});
+        assert_eq!(read(&plain).0, Dialect::Chat);
+        // an Anthropic tool schema alone is enough
+        let tools = json!({"tools":[{"name":"f","input_schema":{}}],"messages":[]});
+        assert_eq!(read(&tools).0, Dialect::Anthropic);
+    }
+
+    #[test]
+    fn non_traces_are_refused() {
+        for (v, needle) in [
+            (json!([1]), "JSON object"),
+            (json!({"id":"x"}), "\"messages\""),
+            (json!({"messages":[1]}), "message 0"),
+            (json!({"input":[{"type":"message"}, 2]}), "input item 1"),
+        ] {
+            let e = Trace::read(&v).unwrap_err();
+            assert!(e.contains(needle), "{e}");
+        }
+    }
+
+    #[test]
+    fn native_bodies_carry_the_request_fields_and_other_dialects_are_refused() {
+        let anthropic = json!({"id":"a","model":"claude-sonnet-4 (agent)","system":"s","max_tokens":512,
+            "tools":[{"name":"f","input_schema":{}}],"provenance":"x",
+            "messages":[{"role":"user","content":"u"},{"role":"assistant","content":"a"}]});
+        let t = Trace::read(&anthropic).unwrap();
+        assert_eq!(t.model(), Some("claude-sonnet-4"));
+        let body = t.body("claude-sonnet-4", 1, Dialect::Anthropic).unwrap();
+        assert_eq!(
+            Value::Object(body),
+            json!({"model":"claude-sonnet-4","max_tokens":512,"system":"s",
+                "messages":[{"role":"user","content":"u"}],"tools":[{"name":"f","input_schema":{}}]})
+        );
+        let e = t.body("m", 1, Dialect::Chat).unwrap_err();
+        assert!(e.contains("Anthropic Messages"), "{e}");
+        let responses = json!({"instructions":"s","input":[{"role":"user","content":"u"},
+            {"type":"message","role":"assistant","content":[{"type":"output_text","text":"a"}]}]});
+        let t = Trace::read(&responses).unwrap();
+        let body = t.body("gpt-5", 1, Dialect::Responses).unwrap();
+        assert_eq!(
+            Value::Object(body),
+            json!({"model":"gpt-5","instructions":"s","input":[{"role":"user","content":"u"}],"store":false})
+        );
+        assert!(t.body("gpt-5", 1, Dialect::Anthropic).is_err());
+    }
+}
