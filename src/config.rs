@@ -255,10 +255,10 @@ impl Default for ContextConfig {
         Self {
             strategy: Strategy::Hybrid,
             threshold: 0.8,
-            target: 0.5,
+            target: 0.4,
             hard_limit: 0.95,
             default_context_window: 128_000,
-            clear_at_least: TokenAmount::Fraction(0.05),
+            clear_at_least: TokenAmount::Fraction(0.1),
             max_messages: None,
         }
     }
