@@ -144,6 +144,36 @@ pub fn plan_request<'a>(
     plan(&input, &cfg.context, &cfg.prune, counter)
 }
 
+/// Tokens a summary of the first `upto` messages may take so that the rewrite using it reaches `context.target`:
+/// the target, less what stays beside the summary (the tools, the system messages, the task, the messages from
+/// `upto` on) and the additions' reserve; at least a quarter of `summary.max_tokens`, at most all of it.
+pub fn summary_budget(
+    req: &Request<'_>,
+    upto: usize,
+    additions: &dyn Additions,
+    cfg: &Config,
+    counter: &TokenCounter,
+) -> u64 {
+    let target = (cfg.context.target * req.window as f64 / req.ratio.max(0.1)) as u64;
+    let task = req.messages.iter().position(crate::message::opens_turn);
+    let kept: Vec<&Value> = req
+        .messages
+        .iter()
+        .enumerate()
+        .filter(|(i, m)| *i >= upto || Some(*i) == task || crate::message::is_system(m))
+        .map(|(_, m)| m)
+        .collect();
+    let tool_results = req
+        .messages
+        .iter()
+        .filter(|m| m.get("role").and_then(Value::as_str) == Some("tool"))
+        .count();
+    let reserve = additions.reserve(tool_results).min(req.window / 10);
+    let beside = counter.request_tokens(req.encoding, &kept, req.body.get("tools")) + reserve;
+    let max = cfg.summary.max_tokens;
+    target.saturating_sub(beside).clamp(max / 4, max)
+}
+
 /// The summary of the first N messages `plan` asks to have written.
 pub fn wanted_summary(plan: &Plan<'_>) -> Option<usize> {
     match plan {

@@ -137,6 +137,7 @@ pub async fn plan_request(
         // The job copies the history: built only once the summarizer is sure to start it.
         let precomputed = matches!(decision, Plan::Forward { .. });
         let at = (upto, native_upto);
+        let length = decide::summary_budget(&req, upto, &offer, cfg, &state.counter);
         let make = || {
             summary_job(
                 m,
@@ -145,7 +146,7 @@ pub async fn plan_request(
                 &ready,
                 credentials,
                 req.encoding,
-                precomputed,
+                (precomputed, Some(length)),
             )
         };
         let done = s.start_with(&m.entry.id, make, state.sessions.clone(), &state.tasks);
@@ -239,7 +240,7 @@ fn summary_job(
     ready: &[(usize, Value, String)],
     credentials: &HeaderMap,
     encoding: Encoding,
-    precomputed: bool,
+    (precomputed, length): (bool, Option<u64>),
 ) -> summary::Job {
     summary::Job {
         entry: mark.entry.clone(),
@@ -254,5 +255,6 @@ fn summary_job(
         credentials: credentials.clone(),
         precomputed,
         encoding,
+        length,
     }
 }

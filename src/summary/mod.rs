@@ -42,6 +42,9 @@ pub struct Job {
     pub precomputed: bool,
     /// Tokenizer of the conversation's model (for the record's counts).
     pub encoding: Encoding,
+    /// The length the summary is asked to keep under, in tokens (`None`: `summary.max_tokens`): what lets the
+    /// rewrite using it reach `context.target` (see `context::decide::summary_budget`).
+    pub length: Option<u64>,
 }
 
 /// Writes summaries; one per session at a time, with backoff after failures.
@@ -272,10 +275,12 @@ impl Summarizer {
             job.upto,
             job.previous.as_ref().map(|(_, t)| t.as_str()),
         );
+        let length = job.length.unwrap_or(self.max_tokens).min(self.max_tokens);
+        let instructions = prompt::with_length(&self.prompt, length);
         let body = prompt::request_body(
             self.api,
             &self.model,
-            &self.prompt,
+            &instructions,
             &transcript,
             self.max_tokens,
         );
@@ -413,6 +418,7 @@ pub fn manual_job(
         credentials: HeaderMap::new(),
         precomputed: false,
         encoding: Encoding::for_model(model),
+        length: None,
     })
 }
 

@@ -100,6 +100,15 @@ pub fn api_of(model: &str) -> Api {
     }
 }
 
+/// The prompt with the length the summary must keep under: `tokens` (about three quarters as many words).
+pub fn with_length(prompt: &str, tokens: u64) -> String {
+    format!(
+        "{}\n\nLength limit: at most {tokens} tokens (about {} words).",
+        prompt.trim_end(),
+        tokens * 3 / 4
+    )
+}
+
 /// Where summary requests go, below the API's base URL.
 pub fn upstream_path(api: Api) -> &'static str {
     match api {
@@ -204,6 +213,12 @@ mod tests {
             json!({"role":"tool","tool_call_id":"call_7","content":"src/a.rs:3: panic!()"}),
             json!({"role":"assistant","content":"Found it in src/a.rs."}),
         ]
+    }
+
+    #[test]
+    fn the_prompt_states_the_length_limit() {
+        let p = with_length("Summarize.\n", 400);
+        assert_eq!(p, "Summarize.\n\nLength limit: at most 400 tokens (about 300 words).");
     }
 
     #[test]
