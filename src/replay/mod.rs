@@ -109,6 +109,8 @@ pub struct ReplayStep {
     pub summary_upto: usize,
     /// The planner asked for a summary of the first N messages (needed now, or ahead of time).
     pub wanted_summary: Option<usize>,
+    /// A summary not written before was asked for: a summary call (the gateway starts one job per summary).
+    pub summary_call: bool,
     /// The rewritten request recounted from scratch (recall reserve excluded): equals the planner's estimate
     /// when its cost model is right.
     pub recounted_tokens: Option<u64>,
@@ -144,6 +146,8 @@ pub struct ReplayTotals {
     pub summarized: usize,
     /// Requests for which the planner asked for a summary.
     pub summaries_wanted: usize,
+    /// Summary calls: distinct summaries asked for (each written once, then reused).
+    pub summary_calls: usize,
     /// Requests sent invalid (rejected ones are not counted here).
     pub invalid: usize,
     /// Requests refused.
@@ -195,6 +199,7 @@ impl ReplayTotals {
             t.rewritten += usize::from(s.outcome == Outcome::Rewrite);
             t.summarized += usize::from(s.summary_upto > 0);
             t.summaries_wanted += usize::from(s.wanted_summary.is_some());
+            t.summary_calls += usize::from(s.summary_call);
             t.rejected += usize::from(s.outcome == Outcome::Reject);
             t.invalid += usize::from(s.outcome != Outcome::Reject && !s.valid);
             t.over_window += usize::from(s.over_window);
@@ -370,11 +375,11 @@ fn replay(
             _ => None,
         };
         let serialise = |b: &crate::context::RewrittenBody<'_>| dialect.render(&request, b);
-        let decision =
+        let mut decision =
             decide::render(&req, plan, &offer, counter, &serialise).map_err(|e| e.to_string())?;
-        let upstream_body: Option<Bytes> = match &decision {
+        let upstream_body: Option<Bytes> = match &mut decision {
             Decision::Forward { .. } => Some(raw.clone()),
-            Decision::Rewrite(rw) => Some(Bytes::from(rw.body.clone())),
+            Decision::Rewrite(rw) => Some(Bytes::from(std::mem::take(&mut rw.body))),
             Decision::Reject { .. } => None,
         };
         let mut s = step(k, client, decision, sent, rewritten.as_deref());
@@ -427,6 +432,7 @@ fn replay(
         }
         if let Some(upto) = s.wanted_summary {
             if !ready.iter().any(|(u, _)| *u == upto) {
+                s.summary_call = true;
                 ready.push((upto, stand_in_summary(upto, cfg.summary.max_tokens)));
                 ready.sort_by_key(|(u, _)| *u);
             }
@@ -509,6 +515,7 @@ fn step(
         pruned_calls: 0,
         summary_upto: 0,
         wanted_summary: None,
+        summary_call: false,
         recounted_tokens: None,
         valid: true,
         problem: None,

@@ -114,6 +114,12 @@ fn simulated_summaries_are_sent_on_later_turns() {
     assert_eq!(r.steps[first].summary_upto, 0);
     assert!(r.steps[first + 1..].iter().any(|s| s.summary_upto > 0));
     assert!(r.totals.summarized > 0 && r.totals.summarized <= r.totals.rewritten);
+    // a summary call per distinct summary asked for
+    let mut distinct: Vec<usize> = r.steps.iter().filter_map(|s| s.wanted_summary).collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(r.totals.summary_calls, distinct.len());
+    assert!(r.totals.summary_calls > 0 && r.totals.summary_calls <= r.totals.summaries_wanted);
     let t = TokenCounter::new().message_tokens(Encoding::O200k, &stand_in_summary(9, 1000));
     assert!((900..=1000).contains(&t), "{t}");
 }

@@ -60,7 +60,7 @@ pub fn write_text(out: &mut impl Write, name: &str, r: &ReplayReport) -> io::Res
         out,
         "  total: {} steps, {} above threshold (*), {} rewritten ({} summary-free), {} rejected, {} invalid, \
          {} over the window; tokens {} -> {} (saved {:.1}%); mean upstream/client above threshold: {}; \
-         prefix-stable pairs {}/{} ({}); cache cost {}; task whole in {}/{} rewrites ({})",
+         prefix-stable pairs {}/{} ({}); cache cost {}; task whole in {}/{} rewrites ({}); {} summary call(s)",
         t.steps,
         t.above_threshold,
         t.rewritten,
@@ -79,6 +79,7 @@ pub fn write_text(out: &mut impl Write, name: &str, r: &ReplayReport) -> io::Res
         t.task_whole,
         t.rewritten,
         percent(t.task_whole_share),
+        t.summary_calls,
     )
 }
 
