@@ -229,6 +229,12 @@ fn traces_of_the_other_dialects_replay_in_their_own() {
             for s in &r.steps {
                 assert!(s.valid, "{at} step {}: {:?}", s.index, s.problem);
                 assert_ne!(s.outcome, Outcome::Reject, "{at} step {}", s.index);
+                let rewrites = strategy != Strategy::Off;
+                assert!(
+                    !(rewrites && s.over_window),
+                    "{at} step {}: the additions fit",
+                    s.index
+                );
             }
             if strategy == Strategy::Off {
                 assert_eq!(r.totals.cache_cost, Some(1.0), "{at}");
@@ -236,6 +242,15 @@ fn traces_of_the_other_dialects_replay_in_their_own() {
                 assert!(r.totals.rewritten > 0, "{at}");
                 assert!(r.totals.upstream_tokens < r.totals.client_tokens, "{at}");
             }
+        }
+        // Clearing all but the newest result never reaches into the newest message (parallel results of one
+        // Anthropic user message stay whole), and nothing sent is over the window.
+        let mut keep_one = Config::default();
+        keep_one.prune.keep_tool_results = 1;
+        let r = replay_trace(&trace, &opts(4000, Strategy::Prune), &keep_one).unwrap();
+        for s in &r.steps {
+            assert!(s.valid, "{file} keep 1, step {}: {:?}", s.index, s.problem);
+            assert!(!s.over_window, "{file} keep 1, step {}", s.index);
         }
         // they do not convert to another dialect
         let chat = ReplayOptions {

@@ -235,12 +235,25 @@ pub fn render(
         tools + added
     };
     let before = ours(&body);
-    let injected = additions.add(&mut body, &rw.pruned);
-    let estimate = if injected {
+    let plain = body.clone();
+    let mut injected = additions.add(&mut body, &rw.pruned);
+    let mut estimate = if injected {
         (rw.estimate + ours(&body)).saturating_sub(before)
     } else {
         rw.estimate
     };
+    let hard = rw.hard_limit;
+    if injected && estimate > hard && rw.estimate <= hard {
+        // In a small window the recall tools and note may not fit beside the rewrite: send it without them.
+        tracing::debug!(
+            estimate,
+            hard,
+            "recall: tools not offered, they would pass the hard limit"
+        );
+        body = plain;
+        injected = false;
+        estimate = rw.estimate;
+    }
     debug_assert_eq!(
         estimate,
         counter.request_tokens(encoding, &body.messages, body.fields.get("tools")),

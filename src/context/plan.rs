@@ -105,6 +105,8 @@ pub struct Rewrite<'a> {
     /// Where in `messages` a note about the rewrite goes: right after the last message the rewrite changed (at
     /// the end of its unit), so everything before the cut stays byte-identical from one re-cut to the next.
     pub note_at: usize,
+    /// The hard limit in the estimator's tokens (uncalibrated, like `estimate`): what is sent stays under it.
+    pub hard_limit: u64,
 }
 
 impl Rewrite<'_> {
@@ -235,7 +237,7 @@ pub fn plan<'a>(
         &mut model,
         &cuts,
         calibrated(before),
-        (cost, calibrated(cost)),
+        (cost, calibrated(cost), lim.hard),
         wanted,
     )
 }
@@ -267,13 +269,13 @@ fn precompute(model: &mut Model<'_, '_>, cuts: &Cuts, base: u64, lim: Limits) ->
     Some(bound)
 }
 
-/// `after`: the rewrite's cost, uncalibrated and calibrated.
+/// The rewrite's cost (uncalibrated and calibrated) and the hard limit (uncalibrated).
 fn build<'a>(
     input: &PlanInput<'a>,
     model: &mut Model<'a, '_>,
     cuts: &Cuts,
     before: u64,
-    (estimate, after): (u64, u64),
+    (estimate, after, model_hard): (u64, u64, u64),
     wanted_summary: Option<usize>,
 ) -> Plan<'a> {
     let mut messages = Vec::with_capacity(input.messages.len());
@@ -386,5 +388,6 @@ fn build<'a>(
         pruned,
         wanted_summary,
         note_at,
+        hard_limit: model_hard,
     }))
 }

@@ -434,6 +434,8 @@ impl<'a, 'c> Model<'a, 'c> {
         } else {
             0
         };
+        // Never inside the newest message's unit: its results are what the model is answering.
+        let bound = bound.min(self.units[self.unit_of[j - 1]].start);
         while self.clearing && cost > lim.target && c.clear < bound {
             let i = c.clear;
             let owner = self.inputs_at.get(&i).copied();

@@ -3,8 +3,8 @@
 //! what a provider's prompt cache would make of the sequence sent (`cache`). Pure over a parsed trace; the caller
 //! reads the files and writes the text. A trace may be recorded in any dialect ctxgate speaks (`traces`).
 //! Offline there is no LLM to write summaries: when they are simulated, every summary the planner asks for is
-//! taken as written (a stand-in of `summary.max_tokens` tokens) before the next turn, as if the background job
-//! always finished in time. `compare` runs several strategies and settings over the same traces.
+//! taken as written (a stand-in of the length the summary request asks for, at most `summary.max_tokens` tokens)
+//! before the next turn, as if the background job always finished in time. `compare` runs several strategies and settings over the same traces.
 
 pub mod cache;
 pub mod compare;
@@ -25,7 +25,7 @@ use crate::context::Plan;
 use crate::dialect::anthropic::validate;
 use crate::dialect::responses::validate as responses_validate;
 use crate::dialect::{Dialect, Request};
-use crate::message::opens_turn;
+use crate::message::{message_text, opens_turn};
 use crate::recall::Offer;
 use crate::summary::prompt::summary_message;
 use bytes::Bytes;
@@ -370,6 +370,8 @@ fn replay(
         let wanted = decide::wanted_summary(&plan)
             .and_then(|n| request.summary_boundary(n))
             .map(|(n, _)| n);
+        // the summary is asked to keep to the length that lets its rewrite reach the target
+        let length = wanted.map(|n| decide::summary_budget(&req, n, &offer, cfg, counter));
         let rewritten = match &plan {
             Plan::Rewrite(rw) => Some(rw.owned_messages()),
             _ => None,
@@ -428,12 +430,23 @@ fn replay(
             (s.wire_tokens, s.wire_cached, s.prefix_stable) = (c.tokens, c.cached, c.extends);
         }
         if let (Outcome::Rewrite, Some(shape)) = (s.outcome, sent_seq.last()) {
-            s.task_whole = Some(task_whole(&request, shape));
+            // A task over `prune.max_pinned_tokens` is kept as its pinned head and tail, as designed.
+            let pinned = rewritten.as_deref().is_some_and(|r| {
+                r.iter()
+                    .any(|m| message_text(m).contains(crate::context::shape::PINNED_MARKER))
+            });
+            let oversized = request
+                .messages()
+                .iter()
+                .find(|m| opens_turn(m))
+                .is_some_and(|t| counter.message_tokens(encoding, t) > cfg.prune.max_pinned_tokens);
+            s.task_whole = Some(task_whole(&request, shape) || (pinned && oversized));
         }
         if let Some(upto) = s.wanted_summary {
             if !ready.iter().any(|(u, _)| *u == upto) {
                 s.summary_call = true;
-                ready.push((upto, stand_in_summary(upto, cfg.summary.max_tokens)));
+                let length = length.unwrap_or(cfg.summary.max_tokens);
+                ready.push((upto, stand_in_summary(upto, length)));
                 ready.sort_by_key(|(u, _)| *u);
             }
         }

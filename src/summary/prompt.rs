@@ -218,7 +218,10 @@ mod tests {
     #[test]
     fn the_prompt_states_the_length_limit() {
         let p = with_length("Summarize.\n", 400);
-        assert_eq!(p, "Summarize.\n\nLength limit: at most 400 tokens (about 300 words).");
+        assert_eq!(
+            p,
+            "Summarize.\n\nLength limit: at most 400 tokens (about 300 words)."
+        );
     }
 
     #[test]

@@ -197,6 +197,33 @@ fn input_clearing_follows_the_tool_selection_and_exclusions() {
 }
 
 #[test]
+fn clearing_never_reaches_into_the_newest_unit() {
+    // The newest message is a batch of parallel results: none of them is cleared, even keeping one result.
+    let mut m = agent_run(6, 300);
+    let ids: Vec<String> = (0..3).map(|i| format!("p{i}")).collect();
+    m.push(calls(&ids));
+    for id in &ids {
+        m.push(result(id, 600));
+    }
+    let window = count(&m) * 10 / 9;
+    let prune = PruneConfig {
+        keep_tool_results: 1,
+        ..Default::default()
+    };
+    let r = rewrite(run_with(
+        &input(&m, window),
+        &ContextConfig::default(),
+        &prune,
+    ));
+    assert!(r.record.cleared_results > 0, "{:?}", r.record);
+    assert_eq!(
+        r.messages[r.messages.len() - 4..],
+        m[m.len() - 4..],
+        "the newest unit is whole"
+    );
+}
+
+#[test]
 fn excluded_tools_keep_their_results() {
     let m = agent_run(20, 300);
     let window = count(&m) * 10 / 9;
