@@ -417,7 +417,7 @@ impl Default for SummaryConfig {
             keep_recent: 10,
             max_tokens: 1000,
             timeout_secs: 30,
-            precompute_at: 0.6,
+            precompute_at: 0.75,
             wait_ms: 0,
             prompt_file: None,
             max_concurrent: 4,

@@ -62,6 +62,7 @@ async fn harness(wait_ms: u64, timeout_secs: u64) -> Harness {
         c.summary.wait_ms = wait_ms;
         c.summary.timeout_secs = timeout_secs;
         c.summary.keep_recent = 4;
+        c.summary.precompute_at = 0.6; // chat(6) is past it
     })
     .await
 }
