@@ -24,6 +24,11 @@ pub struct AnthropicReply {
     pub input_tokens: Option<u64>,
     /// `usage.output_tokens`; unset: an estimate from the content.
     pub output_tokens: Option<u64>,
+    /// `usage.cache_read_input_tokens` (prompt tokens read from the cache, beyond `input_tokens`; 0 when unset).
+    pub cache_read_input_tokens: u64,
+    /// `usage.cache_creation_input_tokens` (prompt tokens written to the cache, beyond `input_tokens`; 0 when
+    /// unset).
+    pub cache_creation_input_tokens: u64,
     /// `model`; unset: the request's.
     pub model: Option<String>,
     /// The message id; unset: `msg_mock_` and a hash of the request (clients such as Claude Code merge the
@@ -137,6 +142,8 @@ impl AnthropicReply {
             stop_reason: None,
             input_tokens: None,
             output_tokens: None,
+            cache_read_input_tokens: 0,
+            cache_creation_input_tokens: 0,
             model: None,
             id: None,
             stream_error: None,
@@ -152,7 +159,8 @@ impl AnthropicReply {
     }
 
     /// From the value of a `{"anthropic": …}` spec: `content` (a string, or a list of blocks), and optional
-    /// `stop_reason`, `usage` (`input_tokens`, `output_tokens`), `model`, `id`, `stream_error` (`{"after_blocks",
+    /// `stop_reason`, `usage` (`input_tokens`, `output_tokens`, `cache_read_input_tokens`,
+    /// `cache_creation_input_tokens`), `model`, `id`, `stream_error` (`{"after_blocks",
     /// "type", "message", "status"?}`).
     pub fn from_spec(spec: &Value) -> Result<AnthropicReply, String> {
         let o = spec
@@ -196,6 +204,8 @@ impl AnthropicReply {
             stop_reason: string("stop_reason")?,
             input_tokens: usage("input_tokens")?,
             output_tokens: usage("output_tokens")?,
+            cache_read_input_tokens: usage("cache_read_input_tokens")?.unwrap_or(0),
+            cache_creation_input_tokens: usage("cache_creation_input_tokens")?.unwrap_or(0),
             model: string("model")?,
             id: string("id")?,
             stream_error,
@@ -265,7 +275,8 @@ impl AnthropicReply {
                 .max(1)
         });
         json!({"input_tokens": self.input_tokens.unwrap_or_else(|| estimate_tokens(request)),
-               "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": output})
+               "cache_creation_input_tokens": self.cache_creation_input_tokens,
+               "cache_read_input_tokens": self.cache_read_input_tokens, "output_tokens": output})
     }
 
     fn message(&self, request: &Value, content: Vec<Value>) -> Value {
