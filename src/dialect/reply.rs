@@ -160,3 +160,55 @@ impl AssembledReply {
             .as_u64()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn prompt_and_cached_tokens_of_each_dialects_usage() {
+        let chat = json!({"prompt_tokens": 1000, "completion_tokens": 5,
+                          "prompt_tokens_details": {"cached_tokens": 800}});
+        let anthropic = json!({"input_tokens": 100, "cache_creation_input_tokens": 200,
+                               "cache_read_input_tokens": 700, "output_tokens": 9});
+        let responses = json!({"input_tokens": 1000, "input_tokens_details": {"cached_tokens": 900},
+                               "output_tokens": 9});
+        for (u, prompt, cached) in [
+            (&chat, 1000, 800),
+            (&anthropic, 1000, 700),
+            (&responses, 1000, 900),
+        ] {
+            assert_eq!(usage_prompt_tokens(u), Some(prompt), "{u}");
+            assert_eq!(usage_cached_tokens(u), Some(cached), "{u}");
+        }
+        let bare = json!({"prompt_tokens": 10, "completion_tokens": 5});
+        assert_eq!(usage_cached_tokens(&bare), None);
+        assert_eq!(
+            usage_cached_tokens(&json!({"cache_read_input_tokens": "many"})),
+            None
+        );
+    }
+
+    #[test]
+    fn the_upstream_counts_sum_every_round_when_there_were_several() {
+        let round =
+            |input: u64, read: u64| json!({"input_tokens": input, "cache_read_input_tokens": read});
+        // The client is told the last round's prompt figures; the upstream was sent both rounds.
+        let mut reply = AssembledReply {
+            usage: Some(round(80, 3000)),
+            ..Default::default()
+        };
+        assert_eq!(reply.upstream_prompt_tokens(), Some(3080));
+        assert_eq!(reply.upstream_cached_tokens(), Some(3000));
+        reply.round_usage = vec![round(50, 2000), round(80, 3000)];
+        assert_eq!(reply.upstream_prompt_tokens(), Some(5130));
+        assert_eq!(reply.upstream_cached_tokens(), Some(5000));
+        assert_eq!(reply.prompt_tokens(), Some(3080));
+        // Rounds that reported nothing count nothing.
+        reply.round_usage = vec![json!({}), json!({"output_tokens": 3})];
+        assert_eq!(reply.upstream_prompt_tokens(), None);
+        assert_eq!(reply.upstream_cached_tokens(), None);
+    }
+}
