@@ -235,7 +235,7 @@ fn new_arguments() -> impl Strategy<Value = String> {
 
 /// The neutral tool calls of the rewrite, in order, given `args[k]` as arguments (`None`: left as they are);
 /// returns the (call id, new arguments) replaced.
-fn replace_arguments(out: &mut [Cow<'_, Value>], args: &[Option<String>]) -> Vec<(String, String)> {
+fn replace_arguments(out: &mut [Cow<'_, Value>], args: &[Option<String>]) -> Replaced {
     let (mut k, mut replaced) = (0, Vec::new());
     for m in out.iter_mut() {
         let n = m
@@ -254,6 +254,9 @@ fn replace_arguments(out: &mut [Cow<'_, Value>], args: &[Option<String>]) -> Vec
     replaced
 }
 
+/// The (call id, new arguments) of the calls given new arguments.
+type Replaced = Vec<(String, String)>;
+
 /// Like [`rewritten`], with the neutral calls of the rewrite given new arguments (`args`, in order).
 fn rewritten_with(
     client: &Value,
@@ -261,7 +264,7 @@ fn rewritten_with(
     strat: u8,
     counter: &TokenCounter,
     args: &[Option<String>],
-) -> Option<(Value, bool, Vec<(String, String)>)> {
+) -> Option<(Value, bool, Replaced)> {
     let native = client["input"].as_array()?;
     let neutral = to_neutral(client.get("instructions"), native);
     let total: u64 = neutral
