@@ -548,6 +548,27 @@ mod tests {
     }
 
     #[test]
+    fn scripted_cache_usage_is_reported_in_json_and_in_the_stream() {
+        let spec = json!({"content": "x", "usage": {"input_tokens": 12, "cache_read_input_tokens": 3000,
+                                                    "cache_creation_input_tokens": 40}});
+        let reply = AnthropicReply::from_spec(&spec).unwrap();
+        let MockReply::Json { body, .. } = reply.render(&json!({})) else {
+            panic!()
+        };
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        let ev = events(&reply.render(&json!({"stream": true})));
+        let start = &ev.iter().find(|(n, _)| n == "message_start").unwrap().1;
+        let delta = &ev.iter().find(|(n, _)| n == "message_delta").unwrap().1;
+        for usage in [&body["usage"], &start["message"]["usage"], &delta["usage"]] {
+            assert_eq!(usage["input_tokens"], 12, "{usage}");
+            assert_eq!(usage["cache_read_input_tokens"], 3000, "{usage}");
+            assert_eq!(usage["cache_creation_input_tokens"], 40, "{usage}");
+        }
+        let bad = json!({"content": "x", "usage": {"cache_read_input_tokens": -1}});
+        assert!(AnthropicReply::from_spec(&bad).is_err());
+    }
+
+    #[test]
     fn bad_specs_are_refused() {
         for bad in [
             json!("text"),
