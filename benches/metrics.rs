@@ -55,6 +55,7 @@ fn chat_turn_with(
         &TokenCounts {
             client_prompt: Some(1200),
             upstream_prompt: Some(1200),
+            upstream_cached: Some(1000),
             completion: Some(80),
         },
     );

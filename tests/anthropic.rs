@@ -243,10 +243,14 @@ async fn recall_round_trip(stream: bool) {
     );
     assert_eq!(asst["content"][1]["name"], "recall_tool_call");
     assert_eq!(answer["content"][0]["tool_use_id"], "toolu_recall");
-    let result = answer["content"][0]["content"].to_string();
-    assert!(
-        result.contains("line0-199"),
-        "the original result: {result}"
+    // The original arguments (the client's `input`, as its JSON text) and the original result, verbatim.
+    let result: String = (0..200).map(|w| format!("line0-{w} ")).collect();
+    assert_eq!(
+        answer["content"][0]["content"],
+        format!(
+            "Arguments of call toolu_00 (Bash):\n{}\n\nResult:\n{result}",
+            m[1]["content"][2]["input"]
+        )
     );
 }
 

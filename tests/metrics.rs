@@ -174,12 +174,13 @@ async fn script(h: &Harness) {
     assert_eq!(s, 200);
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
     // big enough to be counted, small enough to go as it is; the upstream's count (900 for ~800 estimated
-    // tokens) calibrates the estimate
+    // tokens, 600 of them read from its prompt cache) calibrates the estimate
     h.mock.push(MockReply::json(
         200,
         json!({"id":"chatcmpl-c","object":"chat.completion","created":1,"model":MODEL,
             "choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],
-            "usage":{"prompt_tokens":900,"completion_tokens":5,"total_tokens":905}}),
+            "usage":{"prompt_tokens":900,"completion_tokens":5,"total_tokens":905,
+                "prompt_tokens_details":{"cached_tokens":600}}}),
     ));
     let counted = json!({"model":MODEL,"messages":[{"role":"user","content":"word ".repeat(800)}]});
     let (s, _) = chat(h, "counted", counted.to_string()).await;
@@ -375,6 +376,15 @@ async fn scripted_traffic_moves_every_family() {
     assert_eq!(
         sum(&m, names::UPSTREAM_COMPLETION_TOKENS_TOTAL, &model),
         5.0 + 2.0 + 5.0 + 10.0
+    );
+    // the prompt cache: only the counted request reported cached tokens
+    assert_eq!(
+        sum(
+            &m,
+            names::UPSTREAM_CACHED_TOKENS_TOTAL,
+            &[("model", LABEL), ("dialect", "chat")]
+        ),
+        600.0
     );
     let client = sum(&m, names::CLIENT_PROMPT_TOKENS_TOTAL, &model);
     let saved = sum(&m, names::SAVED_TOKENS_TOTAL, &model);
@@ -1171,6 +1181,7 @@ async fn a_real_prometheus_answers_the_dashboard_queries() {
         "Upstream wait (chat)",
         "Time to first byte (streams)",
         "Prompt tokens / s: client vs upstream",
+        "Prompt cache hit ratio",
         "Tokens saved / s by model",
         "Rewrites / s by outcome",
         "Recall and search calls / s",

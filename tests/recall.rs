@@ -121,10 +121,19 @@ async fn a_recall_is_answered_and_the_client_gets_an_ordinary_answer() {
     let a = answers(&h, 1);
     assert_eq!(a.len(), 1);
     assert_eq!(a[0]["tool_call_id"], "r1");
-    assert!(
-        a[0]["content"].as_str().unwrap().contains("MARKER-0 line0"),
-        "{}",
-        a[0]
+    // The call's original arguments and its result, verbatim, under plain labels.
+    let client = body(false);
+    let (made, result) = (&client["messages"][2], &client["messages"][3]);
+    assert_eq!(made["tool_calls"][0]["id"], "call_0");
+    assert_eq!(
+        a[0]["content"].as_str().unwrap(),
+        format!(
+            "Arguments of call call_0 (read_file):\n{}\n\nResult:\n{}",
+            made["tool_calls"][0]["function"]["arguments"]
+                .as_str()
+                .unwrap(),
+            result["content"].as_str().unwrap()
+        )
     );
     // the internal exchange is kept apart from the history
     h.state.drain().await;

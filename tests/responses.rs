@@ -185,10 +185,12 @@ async fn recall_round_trip(stream: bool) {
     );
     assert_eq!(items[n - 2]["name"], "recall_tool_call");
     assert_eq!(items[n - 1]["call_id"], "call_recall");
-    assert!(items[n - 1]["output"]
-        .as_str()
-        .unwrap()
-        .contains("line0-199"));
+    // The original arguments and result, verbatim.
+    let result: String = (0..200).map(|w| format!("line0-{w} ")).collect();
+    assert_eq!(
+        items[n - 1]["output"],
+        format!("Arguments of call call_00 (exec_command):\n{{\"cmd\":\"make step0\"}}\n\nResult:\n{result}")
+    );
 }
 
 #[tokio::test]

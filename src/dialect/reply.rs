@@ -68,26 +68,65 @@ pub struct AssembledReply {
     pub complete: bool,
     /// Number of `data:` events that carried a chunk.
     pub chunks: usize,
+    /// The `usage` of every upstream answer behind this reply, in order, when recall rounds made it of several
+    /// (`usage` is then what the client is told); empty when the reply is one upstream answer.
+    pub round_usage: Vec<Value>,
+}
+
+/// The prompt tokens a `usage` object reports: `prompt_tokens` (chat), else `input_tokens` plus Anthropic's
+/// `cache_read_input_tokens` and `cache_creation_input_tokens` (Responses' `input_tokens` already holds its cached
+/// tokens).
+pub fn usage_prompt_tokens(u: &Value) -> Option<u64> {
+    if let Some(n) = u.get("prompt_tokens") {
+        return n.as_u64();
+    }
+    let parts = [
+        "input_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+    ]
+    .map(|k| u.get(k).and_then(Value::as_u64));
+    parts
+        .iter()
+        .any(Option::is_some)
+        .then(|| parts.iter().flatten().sum())
+}
+
+/// The prompt tokens a `usage` object reports as read from the provider's prompt cache: chat
+/// `prompt_tokens_details.cached_tokens`, Responses `input_tokens_details.cached_tokens`, Anthropic
+/// `cache_read_input_tokens`.
+pub fn usage_cached_tokens(u: &Value) -> Option<u64> {
+    u.pointer("/prompt_tokens_details/cached_tokens")
+        .or_else(|| u.pointer("/input_tokens_details/cached_tokens"))
+        .or_else(|| u.get("cache_read_input_tokens"))
+        .and_then(Value::as_u64)
 }
 
 impl AssembledReply {
     /// `usage.prompt_tokens`, when reported; else Anthropic's whole prompt: `input_tokens` plus
     /// `cache_read_input_tokens` and `cache_creation_input_tokens`.
     pub fn prompt_tokens(&self) -> Option<u64> {
-        let u = self.usage.as_ref()?;
-        if let Some(n) = u.get("prompt_tokens") {
-            return n.as_u64();
+        usage_prompt_tokens(self.usage.as_ref()?)
+    }
+
+    /// The prompt tokens of every upstream request behind the reply (each recall round's), as the upstream
+    /// reported them ([`usage_prompt_tokens`]); `None` when it reported none.
+    pub fn upstream_prompt_tokens(&self) -> Option<u64> {
+        self.upstream_sum(usage_prompt_tokens)
+    }
+
+    /// Of [`Self::upstream_prompt_tokens`], those read from the provider's prompt cache
+    /// ([`usage_cached_tokens`]); `None` when the upstream reported none.
+    pub fn upstream_cached_tokens(&self) -> Option<u64> {
+        self.upstream_sum(usage_cached_tokens)
+    }
+
+    fn upstream_sum(&self, of: fn(&Value) -> Option<u64>) -> Option<u64> {
+        if self.round_usage.is_empty() {
+            return self.usage.as_ref().and_then(of);
         }
-        let parts = [
-            "input_tokens",
-            "cache_read_input_tokens",
-            "cache_creation_input_tokens",
-        ]
-        .map(|k| u.get(k).and_then(Value::as_u64));
-        parts
-            .iter()
-            .any(Option::is_some)
-            .then(|| parts.iter().flatten().sum())
+        let counts: Vec<u64> = self.round_usage.iter().filter_map(of).collect();
+        (!counts.is_empty()).then(|| counts.iter().sum())
     }
 
     /// The message says nothing: no text, no tool or function call, no refusal (e.g. a bare `[DONE]`).
@@ -119,5 +158,57 @@ impl AssembledReply {
         u.get("completion_tokens")
             .or_else(|| u.get("output_tokens"))?
             .as_u64()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn prompt_and_cached_tokens_of_each_dialects_usage() {
+        let chat = json!({"prompt_tokens": 1000, "completion_tokens": 5,
+                          "prompt_tokens_details": {"cached_tokens": 800}});
+        let anthropic = json!({"input_tokens": 100, "cache_creation_input_tokens": 200,
+                               "cache_read_input_tokens": 700, "output_tokens": 9});
+        let responses = json!({"input_tokens": 1000, "input_tokens_details": {"cached_tokens": 900},
+                               "output_tokens": 9});
+        for (u, prompt, cached) in [
+            (&chat, 1000, 800),
+            (&anthropic, 1000, 700),
+            (&responses, 1000, 900),
+        ] {
+            assert_eq!(usage_prompt_tokens(u), Some(prompt), "{u}");
+            assert_eq!(usage_cached_tokens(u), Some(cached), "{u}");
+        }
+        let bare = json!({"prompt_tokens": 10, "completion_tokens": 5});
+        assert_eq!(usage_cached_tokens(&bare), None);
+        assert_eq!(
+            usage_cached_tokens(&json!({"cache_read_input_tokens": "many"})),
+            None
+        );
+    }
+
+    #[test]
+    fn the_upstream_counts_sum_every_round_when_there_were_several() {
+        let round =
+            |input: u64, read: u64| json!({"input_tokens": input, "cache_read_input_tokens": read});
+        // The client is told the last round's prompt figures; the upstream was sent both rounds.
+        let mut reply = AssembledReply {
+            usage: Some(round(80, 3000)),
+            ..Default::default()
+        };
+        assert_eq!(reply.upstream_prompt_tokens(), Some(3080));
+        assert_eq!(reply.upstream_cached_tokens(), Some(3000));
+        reply.round_usage = vec![round(50, 2000), round(80, 3000)];
+        assert_eq!(reply.upstream_prompt_tokens(), Some(5130));
+        assert_eq!(reply.upstream_cached_tokens(), Some(5000));
+        assert_eq!(reply.prompt_tokens(), Some(3080));
+        // Rounds that reported nothing count nothing.
+        reply.round_usage = vec![json!({}), json!({"output_tokens": 3})];
+        assert_eq!(reply.upstream_prompt_tokens(), None);
+        assert_eq!(reply.upstream_cached_tokens(), None);
     }
 }

@@ -202,7 +202,11 @@ impl Metrics {
             )?,
             upstream_prompt: token(
                 UPSTREAM_PROMPT_TOKENS_TOTAL,
-                "Prompt tokens sent upstream, as the upstream reported them (ctxgate's estimate when it reported none).",
+                "Prompt tokens sent upstream (every recall round's), as the upstream reported them (ctxgate's estimate when it reported none); Anthropic's count includes cache reads and writes.",
+            )?,
+            upstream_cached: token(
+                UPSTREAM_CACHED_TOKENS_TOTAL,
+                "Of the upstream prompt tokens, those the upstream reported as read from its prompt cache (chat prompt_tokens_details.cached_tokens, Anthropic cache_read_input_tokens, Responses input_tokens_details.cached_tokens).",
             )?,
             completion: token(
                 UPSTREAM_COMPLETION_TOKENS_TOTAL,
@@ -441,7 +445,11 @@ impl Metrics {
 
     /// Adds a finished conversation turn's tokens to its model's counters.
     pub fn tokens(&self, model: &str, dialect: impl Into<DialectLabel>, t: &TokenCounts) {
-        if t.client_prompt.is_none() && t.upstream_prompt.is_none() && t.completion.is_none() {
+        if t.client_prompt.is_none()
+            && t.upstream_prompt.is_none()
+            && t.upstream_cached.is_none()
+            && t.completion.is_none()
+        {
             return;
         }
         let di = dialect.into().idx();
@@ -451,6 +459,9 @@ impl Metrics {
             }
             if let Some(n) = t.upstream_prompt {
                 s.upstream_prompt[di].inc_by(n);
+            }
+            if let Some(n) = t.upstream_cached {
+                s.upstream_cached[di].inc_by(n);
             }
             if let Some(n) = t.completion {
                 s.completion[di].inc_by(n);
@@ -574,6 +585,8 @@ pub struct TokenCounts {
     pub client_prompt: Option<u64>,
     /// Prompt tokens sent upstream.
     pub upstream_prompt: Option<u64>,
+    /// Of those, the tokens the upstream read from its prompt cache.
+    pub upstream_cached: Option<u64>,
     /// Completion tokens reported by the upstream.
     pub completion: Option<u64>,
 }

@@ -25,14 +25,16 @@ pub(crate) struct ModelSeries {
     pub label: Arc<str>,
     pub client_prompt: Vec<IntCounter>,
     pub upstream_prompt: Vec<IntCounter>,
+    pub upstream_cached: Vec<IntCounter>,
     pub completion: Vec<IntCounter>,
     pub saved: Vec<IntCounter>,
 }
 
-/// The four per-model counter families (labels `model`, `dialect`).
+/// The per-model counter families (labels `model`, `dialect`).
 pub(crate) struct TokenFamilies {
     pub client_prompt: IntCounterVec,
     pub upstream_prompt: IntCounterVec,
+    pub upstream_cached: IntCounterVec,
     pub completion: IntCounterVec,
     pub saved: IntCounterVec,
 }
@@ -110,6 +112,7 @@ fn series(f: &TokenFamilies, label: Arc<str>) -> ModelSeries {
     ModelSeries {
         client_prompt: per_dialect(&f.client_prompt),
         upstream_prompt: per_dialect(&f.upstream_prompt),
+        upstream_cached: per_dialect(&f.upstream_cached),
         completion: per_dialect(&f.completion),
         saved: per_dialect(&f.saved),
         label,

@@ -26,6 +26,9 @@ pub const STREAM_FIRST_BYTE_SECONDS: &str = "ctxgate_stream_first_byte_seconds";
 pub const CLIENT_PROMPT_TOKENS_TOTAL: &str = "ctxgate_client_prompt_tokens_total";
 /// Counter: prompt tokens sent upstream (as the upstream reported them), by `model`.
 pub const UPSTREAM_PROMPT_TOKENS_TOTAL: &str = "ctxgate_upstream_prompt_tokens_total";
+/// Counter: prompt tokens the upstream reported as read from its prompt cache, by `model` and `dialect` (of
+/// `ctxgate_upstream_prompt_tokens_total`: their ratio is the prompt cache hit ratio).
+pub const UPSTREAM_CACHED_TOKENS_TOTAL: &str = "ctxgate_upstream_cached_tokens_total";
 /// Counter: completion tokens the upstream reported, by `model`.
 pub const UPSTREAM_COMPLETION_TOKENS_TOTAL: &str = "ctxgate_upstream_completion_tokens_total";
 /// Counter: prompt tokens removed by rewriting, by `model`.
@@ -74,6 +77,7 @@ pub const ALL: &[&str] = &[
     STREAM_FIRST_BYTE_SECONDS,
     CLIENT_PROMPT_TOKENS_TOTAL,
     UPSTREAM_PROMPT_TOKENS_TOTAL,
+    UPSTREAM_CACHED_TOKENS_TOTAL,
     UPSTREAM_COMPLETION_TOKENS_TOTAL,
     SAVED_TOKENS_TOTAL,
     TOKEN_ESTIMATE_RATIO,

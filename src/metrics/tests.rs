@@ -402,6 +402,7 @@ fn per_request_series_are_split_by_dialect() {
                 &TokenCounts {
                     client_prompt: Some(100),
                     upstream_prompt: Some(90),
+                    upstream_cached: Some(60),
                     completion: Some(5),
                 },
             );
@@ -435,6 +436,10 @@ fn per_request_series_are_split_by_dialect() {
             (
                 format!("ctxgate_saved_tokens_total{{dialect=\"{d}\",model=\"gpt-4o*\"}}"),
                 10.0 * times,
+            ),
+            (
+                format!("ctxgate_upstream_cached_tokens_total{{dialect=\"{d}\",model=\"gpt-4o*\"}}"),
+                60.0 * times,
             ),
             (
                 format!("ctxgate_recall_calls_total{{dialect=\"{d}\",outcome=\"found\",tool=\"recall\"}}"),

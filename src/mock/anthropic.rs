@@ -24,6 +24,11 @@ pub struct AnthropicReply {
     pub input_tokens: Option<u64>,
     /// `usage.output_tokens`; unset: an estimate from the content.
     pub output_tokens: Option<u64>,
+    /// `usage.cache_read_input_tokens` (prompt tokens read from the cache, beyond `input_tokens`; 0 when unset).
+    pub cache_read_input_tokens: u64,
+    /// `usage.cache_creation_input_tokens` (prompt tokens written to the cache, beyond `input_tokens`; 0 when
+    /// unset).
+    pub cache_creation_input_tokens: u64,
     /// `model`; unset: the request's.
     pub model: Option<String>,
     /// The message id; unset: `msg_mock_` and a hash of the request (clients such as Claude Code merge the
@@ -137,6 +142,8 @@ impl AnthropicReply {
             stop_reason: None,
             input_tokens: None,
             output_tokens: None,
+            cache_read_input_tokens: 0,
+            cache_creation_input_tokens: 0,
             model: None,
             id: None,
             stream_error: None,
@@ -152,7 +159,8 @@ impl AnthropicReply {
     }
 
     /// From the value of a `{"anthropic": …}` spec: `content` (a string, or a list of blocks), and optional
-    /// `stop_reason`, `usage` (`input_tokens`, `output_tokens`), `model`, `id`, `stream_error` (`{"after_blocks",
+    /// `stop_reason`, `usage` (`input_tokens`, `output_tokens`, `cache_read_input_tokens`,
+    /// `cache_creation_input_tokens`), `model`, `id`, `stream_error` (`{"after_blocks",
     /// "type", "message", "status"?}`).
     pub fn from_spec(spec: &Value) -> Result<AnthropicReply, String> {
         let o = spec
@@ -196,6 +204,8 @@ impl AnthropicReply {
             stop_reason: string("stop_reason")?,
             input_tokens: usage("input_tokens")?,
             output_tokens: usage("output_tokens")?,
+            cache_read_input_tokens: usage("cache_read_input_tokens")?.unwrap_or(0),
+            cache_creation_input_tokens: usage("cache_creation_input_tokens")?.unwrap_or(0),
             model: string("model")?,
             id: string("id")?,
             stream_error,
@@ -265,7 +275,8 @@ impl AnthropicReply {
                 .max(1)
         });
         json!({"input_tokens": self.input_tokens.unwrap_or_else(|| estimate_tokens(request)),
-               "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": output})
+               "cache_creation_input_tokens": self.cache_creation_input_tokens,
+               "cache_read_input_tokens": self.cache_read_input_tokens, "output_tokens": output})
     }
 
     fn message(&self, request: &Value, content: Vec<Value>) -> Value {
@@ -534,6 +545,27 @@ mod tests {
             panic!()
         };
         assert_eq!(status, 529);
+    }
+
+    #[test]
+    fn scripted_cache_usage_is_reported_in_json_and_in_the_stream() {
+        let spec = json!({"content": "x", "usage": {"input_tokens": 12, "cache_read_input_tokens": 3000,
+                                                    "cache_creation_input_tokens": 40}});
+        let reply = AnthropicReply::from_spec(&spec).unwrap();
+        let MockReply::Json { body, .. } = reply.render(&json!({})) else {
+            panic!()
+        };
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        let ev = events(&reply.render(&json!({"stream": true})));
+        let start = &ev.iter().find(|(n, _)| n == "message_start").unwrap().1;
+        let delta = &ev.iter().find(|(n, _)| n == "message_delta").unwrap().1;
+        for usage in [&body["usage"], &start["message"]["usage"], &delta["usage"]] {
+            assert_eq!(usage["input_tokens"], 12, "{usage}");
+            assert_eq!(usage["cache_read_input_tokens"], 3000, "{usage}");
+            assert_eq!(usage["cache_creation_input_tokens"], 40, "{usage}");
+        }
+        let bad = json!({"content": "x", "usage": {"cache_read_input_tokens": -1}});
+        assert!(AnthropicReply::from_spec(&bad).is_err());
     }
 
     #[test]

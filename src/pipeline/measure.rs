@@ -97,8 +97,8 @@ pub(super) fn turn(
     if !status.is_success() {
         return;
     }
-    // The upstream's own count when it reported one; otherwise our calibrated estimate.
-    let sent = outcome.reply.prompt_tokens().or_else(|| {
+    // The upstream's own count (every recall round's) when it reported one; otherwise our calibrated estimate.
+    let sent = outcome.reply.upstream_prompt_tokens().or_else(|| {
         planned
             .sent_estimate
             .map(|e| state.counter.calibrated(model, e))
@@ -109,6 +109,7 @@ pub(super) fn turn(
         &TokenCounts {
             client_prompt: planned.rewritten_from.or(sent),
             upstream_prompt: sent,
+            upstream_cached: outcome.reply.upstream_cached_tokens(),
             completion: outcome.reply.completion_tokens(),
         },
     );

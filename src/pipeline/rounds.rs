@@ -123,6 +123,8 @@ impl Rounds {
         let idle = self.state.upstream.timeout();
         let mut body = read_body(first, idle).await;
         let mut usage = None;
+        // Each round's usage as the upstream reported it (the metrics count every request sent).
+        let mut round_usage = Vec::new();
         let mut first_id = None;
         let mut last_good: Option<Value> = None;
         let mut round = 0;
@@ -152,13 +154,14 @@ impl Rounds {
                                 (err.status(), Bytes::from(body))
                             }
                         };
-                        self.finish(&raw, None).await;
+                        self.finish(&raw, Vec::new()).await;
                         return (status, headers, raw);
                     }
                 }
             };
             if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
                 dialect.add_usage(&mut usage, u);
+                round_usage.push(u.clone());
             }
             first_id.get_or_insert_with(|| v.get("id").cloned().unwrap_or(Value::Null));
             let message = dialect.answer_message(&v).unwrap_or(Value::Null);
@@ -187,14 +190,16 @@ impl Rounds {
             .dialect
             .finalize_answer(final_value, &names, usage, first_id);
         let raw = Bytes::from(serde_json::to_vec(&out).unwrap_or_default());
-        self.finish(&raw, None).await;
+        self.finish(&raw, round_usage).await;
         (http::StatusCode::OK, headers, raw)
     }
 
-    async fn finish(&mut self, body: &[u8], error: Option<String>) {
+    /// Records the client's JSON answer `body`; `round_usage`: each upstream round's usage behind it.
+    async fn finish(&mut self, body: &[u8], round_usage: Vec<Value>) {
         let f = std::mem::replace(&mut self.finisher, Box::new(|_| Box::pin(async {})));
-        let reply = self.dialect.reply_from_body(body);
-        f(outcome(reply, false, error, body.len() as u64, None)).await;
+        let mut reply = self.dialect.reply_from_body(body);
+        reply.round_usage = round_usage;
+        f(outcome(reply, false, None, body.len() as u64, None)).await;
     }
 
     /// Streaming: relays every round into one client stream (see `StreamSplicer`). Returns the body stream.

@@ -1,5 +1,5 @@
 //! Answering the injected tools from the session's full history (all branches) and the current request, never
-//! from another session or tenant.
+//! from another session or tenant. A recall returns the call's original arguments and its result, verbatim.
 
 use super::InjectedNames;
 use crate::config::RecallConfig;
@@ -58,15 +58,53 @@ impl HistorySource {
         })
     }
 
-    fn tool_name(&self, call_id: &str) -> Option<&str> {
+    /// The tool call with that id, as the assistant message that made it holds it (the request's copy first: the
+    /// client's own, never a rewritten one).
+    fn tool_call(&self, call_id: &str) -> Option<&Value> {
         self.all().find_map(|(_, m)| {
             m.get("tool_calls")?
                 .as_array()?
                 .iter()
-                .find(|c| c.get("id").and_then(Value::as_str) == Some(call_id))?
-                .pointer("/function/name")?
-                .as_str()
+                .find(|c| c.get("id").and_then(Value::as_str) == Some(call_id))
         })
+    }
+}
+
+/// The answer to a recall of call `id`: its original arguments and its result, verbatim (each cut at `max`
+/// characters with a marker), under plain labels; `None` when neither is in the history.
+///
+/// ```text
+/// Arguments of call <id> (<tool>):
+/// <arguments>
+///
+/// Result:
+/// <result>
+/// ```
+///
+/// Without a recorded result the second part reads `Result: none recorded.`; without the call (only its result
+/// is known) the answer is `Result of call <id> (<tool>):\n<result>`.
+fn recall_text(src: &HistorySource, id: &str, max: usize) -> Option<String> {
+    let call = src.tool_call(id);
+    let result = src.tool_result(id).map(|m| cut(&message_text(m), max));
+    let tool = call
+        .and_then(|c| c.pointer("/function/name"))
+        .and_then(Value::as_str)
+        .unwrap_or("unknown tool");
+    let args = call
+        .and_then(|c| c.pointer("/function/arguments"))
+        .map(|a| match a {
+            Value::String(s) => cut(s, max),
+            other => cut(&other.to_string(), max),
+        });
+    match (args, result) {
+        (Some(a), Some(r)) => Some(format!(
+            "Arguments of call {id} ({tool}):\n{a}\n\nResult:\n{r}"
+        )),
+        (Some(a), None) => Some(format!(
+            "Arguments of call {id} ({tool}):\n{a}\n\nResult: none recorded."
+        )),
+        (None, Some(r)) => Some(format!("Result of call {id} ({tool}):\n{r}")),
+        (None, None) => None,
     }
 }
 
@@ -82,7 +120,7 @@ fn cut(s: &str, max: usize) -> String {
 /// How ctxgate answered an injected call (for metrics).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answered {
-    /// The recalled result, or at least one search match, was returned.
+    /// The recalled call (its arguments, its result or both), or at least one search match, was returned.
     Found,
     /// No call with that id, or no search match.
     NotFound,
@@ -123,15 +161,8 @@ pub fn answer_call_with_outcome(
                 Answered::Error,
             );
         };
-        match src.tool_result(id) {
-            Some(m) => {
-                let tool = src.tool_name(id).unwrap_or("unknown tool");
-                let text = format!(
-                    "Result of tool call {id} ({tool}):\n{}",
-                    cut(&message_text(m), cfg.max_result_chars)
-                );
-                (text, Answered::Found)
-            }
+        match recall_text(src, id, cfg.max_result_chars) {
+            Some(text) => (text, Answered::Found),
             None => (
                 format!("Not found: no tool call with id {id:?} exists in this conversation."),
                 Answered::NotFound,
@@ -265,9 +296,10 @@ mod tests {
             &src,
             &cfg,
         );
-        assert!(
-            out.contains("ZEBRA-42") && out.contains("read_file"),
-            "{out}"
+        assert_eq!(
+            out,
+            "Arguments of call call_a (read_file):\n{\"path\":\"c.toml\"}\n\n\
+             Result:\nport = 8080\nsecret_marker = ZEBRA-42"
         );
         let out = answer_call(
             &call("recall_tool_call", json!({"call_id":"nope"})),
@@ -278,6 +310,104 @@ mod tests {
         assert!(out.starts_with("Not found"));
         let out = answer_call(&call("recall_tool_call", json!({})), &names(), &src, &cfg);
         assert!(out.starts_with("Error"));
+    }
+
+    #[test]
+    fn a_call_without_a_result_answers_with_its_arguments() {
+        let h = history();
+        let cfg = RecallConfig::default();
+        let recall = call("recall_tool_call", json!({"call_id":"call_a"}));
+        // The call is known (the request's assistant message), its result is not.
+        let src = HistorySource::new(&h[..2], None);
+        let (out, how) = answer_call_with_outcome(&recall, &names(), &src, &cfg);
+        assert_eq!(
+            out,
+            "Arguments of call call_a (read_file):\n{\"path\":\"c.toml\"}\n\nResult: none recorded."
+        );
+        assert_eq!(how, Answered::Found);
+        // Only the result is known: it is answered under its own label.
+        let src = HistorySource::new(&h[2..], None);
+        let out = answer_call(&recall, &names(), &src, &cfg);
+        assert_eq!(
+            out,
+            "Result of call call_a (unknown tool):\nport = 8080\nsecret_marker = ZEBRA-42"
+        );
+    }
+
+    #[test]
+    fn the_original_arguments_come_from_the_stored_history_when_the_request_lost_them() {
+        let mut tree = Tree::new();
+        let h = history();
+        tree.append_request(&h, &[], 0);
+        let src = HistorySource::new(&h[3..], Some(&tree));
+        let out = answer_call(
+            &call("recall_tool_call", json!({"call_id":"call_a"})),
+            &names(),
+            &src,
+            &RecallConfig::default(),
+        );
+        assert!(
+            out.starts_with(
+                "Arguments of call call_a (read_file):\n{\"path\":\"c.toml\"}\n\nResult:\n"
+            ),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn long_arguments_are_cut_like_results() {
+        let args = json!({"content": "y".repeat(5_000)}).to_string();
+        let h = [
+            json!({"role":"assistant","content":null,"tool_calls":[{"id":"w","type":"function",
+                "function":{"name":"write_file","arguments":args}}]}),
+            json!({"role":"tool","tool_call_id":"w","content":"ok"}),
+        ];
+        let cfg = RecallConfig {
+            max_result_chars: 1000,
+            ..Default::default()
+        };
+        let out = answer_call(
+            &call("recall_tool_call", json!({"call_id":"w"})),
+            &names(),
+            &HistorySource::new(&h, None),
+            &cfg,
+        );
+        assert!(out.contains(&args[..1000]) && out.contains("truncated: 4014 more characters"));
+        assert!(out.ends_with("\n\nResult:\nok"), "{out}");
+    }
+
+    proptest::proptest! {
+        /// Whatever the arguments and the result, both come back byte for byte under their labels.
+        #[test]
+        fn recall_returns_arguments_and_result_verbatim(
+            id in "[A-Za-z0-9_]{1,24}",
+            tool in "[a-z_]{1,16}",
+            args in proptest::prelude::any::<String>(),
+            result in proptest::prelude::any::<String>(),
+            stored in proptest::prelude::any::<bool>(),
+        ) {
+            let h = [
+                json!({"role":"user","content":"go"}),
+                json!({"role":"assistant","content":null,"tool_calls":[{"id":id,"type":"function",
+                    "function":{"name":tool,"arguments":args}}]}),
+                json!({"role":"tool","tool_call_id":id,"content":result}),
+                json!({"role":"assistant","content":"done"}),
+            ];
+            let mut tree = Tree::new();
+            tree.append_request(&h, &[], 0);
+            // From the request, or from the stored history when the request no longer holds the call.
+            let src = if stored {
+                HistorySource::new(&h[3..], Some(&tree))
+            } else {
+                HistorySource::new(&h, None)
+            };
+            let cfg = RecallConfig { max_result_chars: usize::MAX, ..Default::default() };
+            let out = answer_call(&call("recall_tool_call", json!({"call_id":id})), &names(), &src, &cfg);
+            proptest::prop_assert_eq!(
+                out,
+                format!("Arguments of call {id} ({tool}):\n{args}\n\nResult:\n{result}")
+            );
+        }
     }
 
     #[test]

@@ -195,6 +195,7 @@ impl Assembler {
             error: self.error.clone(),
             complete: self.stopped && self.error.is_none() && !self.overflow,
             chunks: self.chunks,
+            round_usage: Vec::new(),
         }
     }
 }
@@ -221,6 +222,7 @@ pub fn from_body(body: &[u8]) -> AssembledReply {
         model: text("model"),
         error: None,
         chunks: 0,
+        round_usage: Vec::new(),
     }
 }
 

@@ -1,7 +1,9 @@
 //! Rebuilding one client message after the context engine changed or left out part of it: the message keeps its
 //! role, every other field and its block order; only the blocks the rewrite touched change. Thinking, redacted
 //! thinking, server tool, image, document and unknown blocks are carried byte-exact, and no `cache_control` is
-//! added or moved (a replaced text block keeps the marker of the block it replaces).
+//! added or moved (a replaced text block keeps the marker of the block it replaces). A `tool_use` whose call's
+//! arguments the rewrite changed (tool-input clearing) gets them as its `input` when they are a JSON object, every
+//! other field in place.
 
 use super::convert::Origin;
 use crate::message::message_text;
@@ -131,6 +133,7 @@ fn assistant_blocks(blocks: &[Value], part: &Part<'_>) -> Option<Value> {
         .iter()
         .filter_map(|c| c.get("id").and_then(Value::as_str))
         .collect();
+    let inputs = NewInputs::of(part);
     let mut swap = TextSwap::new(part);
     let mut out = Vec::with_capacity(blocks.len());
     for (b, block) in blocks.iter().enumerate() {
@@ -142,7 +145,10 @@ fn assistant_blocks(blocks: &[Value], part: &Part<'_>) -> Option<Value> {
             "tool_use" => {
                 let id = block.get("id").and_then(Value::as_str).unwrap_or("");
                 if calls.contains(id) {
-                    out.push(block.clone());
+                    out.push(match inputs.get(id) {
+                        Some(input) => with_field(block, "input", input.clone()),
+                        None => block.clone(),
+                    });
                 }
             }
             _ => out.push(block.clone()),
@@ -187,6 +193,50 @@ fn user_blocks(blocks: &[Value], parts: &[Part<'_>]) -> Option<Value> {
     }
     out.extend(swap.and_then(TextSwap::leftover));
     (!out.is_empty()).then_some(Value::Array(out))
+}
+
+/// The calls whose arguments the rewrite changed (e.g. cleared to a short placeholder), by id, with the new
+/// arguments parsed: only those that are a JSON object (a `tool_use` input must be one; other arguments leave the
+/// client's input in place, so the request stays valid).
+struct NewInputs<'p>(Vec<(&'p str, Value)>);
+
+impl<'p> NewInputs<'p> {
+    fn of(&(_, new, orig): &Part<'p>) -> Self {
+        let args = |m: &'p Value| -> Vec<(&'p str, &'p str)> {
+            crate::message::tool_calls(m)
+                .iter()
+                .filter_map(|c| {
+                    let id = c.get("id")?.as_str()?;
+                    Some((id, c.pointer("/function/arguments")?.as_str()?))
+                })
+                .collect()
+        };
+        let before = orig.map(args).unwrap_or_default();
+        let changed = args(new).into_iter().filter(|(id, a)| {
+            before
+                .iter()
+                .find(|(b, _)| b == id)
+                .is_some_and(|(_, was)| was != a)
+        });
+        let parsed = changed.filter_map(|(id, a)| match serde_json::from_str(a) {
+            Ok(v @ Value::Object(_)) => Some((id, v)),
+            _ => None,
+        });
+        NewInputs(parsed.collect())
+    }
+
+    fn get(&self, id: &str) -> Option<&Value> {
+        self.0.iter().find(|(i, _)| *i == id).map(|(_, v)| v)
+    }
+}
+
+/// `block` with `key` set to `v` (in place when present, every other field kept in order).
+fn with_field(block: &Value, key: &str, v: Value) -> Value {
+    let mut b = block.clone();
+    if let Some(o) = b.as_object_mut() {
+        o.insert(key.into(), v);
+    }
+    b
 }
 
 /// A `tool_result` block with its `content` replaced by the rewritten neutral content (a string; parts become

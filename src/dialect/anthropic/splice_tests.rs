@@ -262,6 +262,8 @@ fn a_single_round_passes_through() {
     upstream.iter().for_each(|e| a.on_event(e));
     let mut expected = a.finish();
     expected.chunks = s.reply().chunks;
+    // The one round's usage, as the upstream reported it, for the metrics.
+    expected.round_usage = vec![expected.usage.clone().unwrap()];
     assert_eq!(s.reply(), expected);
     assert_eq!(s.reply().finish_reason.as_deref(), Some("tool_use"));
 }

@@ -10,6 +10,7 @@ use crate::message::{Source, CONTINUES};
 use serde_json::{json, Value};
 use std::borrow::Cow;
 
+mod inputs;
 mod props;
 
 fn think(n: &str) -> Value {

@@ -33,7 +33,8 @@ fn ids<'v>(m: &'v Value, kind: &str, key: &str) -> Vec<&'v str> {
 }
 
 /// Checks a message list as the Messages API does (research doc A.5): roles `user`/`assistant`/`system`, content a
-/// non-empty string or a non-empty array of typed blocks (text blocks non-empty), the first non-system message a
+/// non-empty string or a non-empty array of typed blocks (text blocks non-empty, a `tool_use` input an object), the
+/// first non-system message a
 /// user message; each assistant's `tool_use` ids unique in the conversation and answered, each exactly once, by
 /// `tool_result` blocks of the very next message, a user message; every `tool_result` answering a `tool_use` of the
 /// message just before; `tool_result` blocks before any other block of their message.
@@ -126,6 +127,13 @@ fn check_content(i: usize, m: &Value) -> Result<(), String> {
                 {
                     return Err(format!("messages.{i}.content.{b}: empty text block"));
                 }
+                if block_type(block) == "tool_use"
+                    && !block.get("input").is_some_and(Value::is_object)
+                {
+                    return Err(format!(
+                        "messages.{i}.content.{b}: tool_use input is not an object"
+                    ));
+                }
             }
             Ok(())
         }
@@ -139,7 +147,8 @@ fn check_content(i: usize, m: &Value) -> Result<(), String> {
 /// top-level field but `messages` and `tools` identical and in the same order (`system`, `context_management`
 /// among them); the client's `tools` an identical prefix of the sent ones (ctxgate may only append its own); at
 /// most [`MAX_CACHE_MARKERS`] `cache_control` markers, each on a client block that carries it as sent, or on the
-/// block that replaced a marked client block of the same role, type (and tool use); every thinking or redacted
+/// block that replaced a marked client block of the same role, type (and tool use: a `tool_use` whose input was
+/// cleared keeps its own call's marker); every thinking or redacted
 /// thinking block sent byte-identical to one of the client's; an assistant message sent (as it was or rebuilt)
 /// with exactly the thinking blocks of the client's message it comes from; the thinking blocks of the client's last assistant
 /// message all sent, in order in one message, unless that message went as a whole and the conversation does not end
@@ -258,6 +267,7 @@ fn check_markers(
                 && block_type(fb) == block_type(b)
                 && fb.get("cache_control") == b.get("cache_control")
                 && fb.get("tool_use_id") == b.get("tool_use_id")
+                && (block_type(b) != "tool_use" || fb.get("id") == b.get("id"))
         };
         match free.iter_mut().find(|f| f.is_some_and(same_place)) {
             Some(slot) => *slot = None,

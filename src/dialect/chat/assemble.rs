@@ -176,6 +176,7 @@ impl MessageAssembler {
             error: None,
             complete: choice.is_some(),
             chunks: 0,
+            round_usage: Vec::new(),
         }
     }
 
@@ -192,6 +193,7 @@ impl MessageAssembler {
                 error: self.error.clone(),
                 complete: false,
                 chunks: self.chunks,
+                round_usage: Vec::new(),
             };
         }
         let mut m = Map::new();
@@ -239,6 +241,7 @@ impl MessageAssembler {
             // An error event means the reply was cut short, even when `[DONE]` follows it.
             complete: (self.done || self.finish_reason.is_some()) && self.error.is_none(),
             chunks: self.chunks,
+            round_usage: Vec::new(),
         }
     }
 }

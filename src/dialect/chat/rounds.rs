@@ -66,7 +66,9 @@ impl Splice for ChatSplice {
     }
 
     fn reply(&self) -> AssembledReply {
-        self.seen.finish()
+        let mut reply = self.seen.finish();
+        reply.round_usage = self.splicer.round_usage().to_vec();
+        reply
     }
 
     fn done(&self) -> Option<Bytes> {

@@ -71,6 +71,8 @@ pub struct StreamSplicer {
     ident: Option<(Value, Value, Value)>,
     role_sent: bool,
     usage: Option<Value>,
+    /// Each usage the upstream reported (one per round), in order.
+    round_usage: Vec<Value>,
     calls: HashMap<u64, Call>,
     order: Vec<u64>,
     next_client: u64,
@@ -89,6 +91,7 @@ impl StreamSplicer {
             ident: None,
             role_sent: false,
             usage: None,
+            round_usage: Vec::new(),
             calls: HashMap::new(),
             order: Vec::new(),
             next_client: 0,
@@ -104,6 +107,11 @@ impl StreamSplicer {
         self.usage.as_ref()
     }
 
+    /// Each usage the upstream reported so far (one per round), in order.
+    pub fn round_usage(&self) -> &[Value] {
+        &self.round_usage
+    }
+
     /// Takes one upstream chunk; returns what the client gets now.
     pub fn on_chunk(&mut self, mut chunk: Value) -> Vec<Value> {
         if chunk.get("error").is_some() {
@@ -115,6 +123,7 @@ impl StreamSplicer {
         };
         if let Some(u) = obj.remove("usage").filter(|u| u.is_object()) {
             merge_usage(&mut self.usage, &u);
+            self.round_usage.push(u);
         }
         let ident = self.ident.get_or_insert_with(|| {
             (

@@ -241,6 +241,7 @@ impl Assembler {
             error: self.error.clone(),
             complete: self.ended && self.error.is_none() && !self.overflow,
             chunks: self.chunks,
+            round_usage: Vec::new(),
         }
     }
 }
@@ -311,6 +312,7 @@ pub fn from_body(body: &[u8]) -> AssembledReply {
         model: text("model"),
         error,
         chunks: 0,
+        round_usage: Vec::new(),
     }
 }
 

@@ -1,5 +1,6 @@
 //! Rebuilding the items of one neutral message the context engine changed: every item keeps its fields and their
-//! order; only what the rewrite touched changes (an output's `output`, a message's text parts). Reasoning,
+//! order; only what the rewrite touched changes (an output's `output`, a message's text parts, a call's `arguments`
+//! or custom tool `input` when the engine cleared them). Reasoning,
 //! compaction and unknown items are carried byte-exact, and a reasoning item goes with the item it precedes.
 
 use super::convert::{call_id, kind, Kind};
@@ -83,11 +84,16 @@ fn assistant<'a>(
             .collect()
     };
     let (kept, listed) = (ids(new), orig.map(ids).unwrap_or_default());
+    let changed = changed_arguments(orig, new);
     let mut first_message = true;
     let mut out: Vec<Option<Cow<'a, Value>>> = items
         .iter()
         .map(|it| match kind(it) {
             Kind::Call if listed.contains(call_id(it)) && !kept.contains(call_id(it)) => None,
+            Kind::Call => Some(match changed.iter().find(|(id, _)| *id == call_id(it)) {
+                Some((_, args)) => Cow::Owned(with_arguments(it, args)),
+                None => Cow::Borrowed(it),
+            }),
             Kind::Assistant => match &text {
                 None => Some(Cow::Borrowed(it)),
                 Some(t) if std::mem::take(&mut first_message) => with_text(it, t).map(Cow::Owned),
@@ -114,6 +120,41 @@ fn assistant<'a>(
         return Vec::new();
     }
     out
+}
+
+/// The calls of `new` whose arguments differ from those of the same call in `orig` (tool-input clearing), with the
+/// new arguments.
+fn changed_arguments<'v>(orig: Option<&'v Value>, new: &'v Value) -> Vec<(&'v str, &'v str)> {
+    let args = |m: &'v Value| -> Vec<(&'v str, &'v str)> {
+        tool_calls(m)
+            .iter()
+            .filter_map(|c| {
+                let id = c.get("id")?.as_str()?;
+                Some((id, c.pointer("/function/arguments")?.as_str()?))
+            })
+            .collect()
+    };
+    let before = orig.map(args).unwrap_or_default();
+    args(new)
+        .into_iter()
+        .filter(|(id, a)| {
+            before
+                .iter()
+                .find(|(b, _)| b == id)
+                .is_some_and(|(_, was)| was != a)
+        })
+        .collect()
+}
+
+/// A call item given new arguments: a `function_call`'s `arguments`, a `custom_tool_call`'s `input` (whichever
+/// field it carries its arguments in), as a string, every other field kept in place.
+fn with_arguments(item: &Value, args: &str) -> Value {
+    let key = if item.get("arguments").is_none() && item.get("input").is_some() {
+        "input"
+    } else {
+        "arguments"
+    };
+    with_field(item, key, Value::String(args.to_owned()))
 }
 
 /// `item` with `key` replaced (in place, every other field kept in order).

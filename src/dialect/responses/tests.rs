@@ -9,6 +9,7 @@ use crate::message::Source;
 use serde_json::{json, Value};
 use std::borrow::Cow;
 
+mod inputs;
 mod props;
 
 fn items() -> Vec<Value> {

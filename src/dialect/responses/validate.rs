@@ -6,7 +6,8 @@ use serde_json::{Map, Value};
 use std::collections::HashSet;
 
 /// Checks an input as the Responses API does: every `function_call_output` / `custom_tool_call_output` answers a
-/// call earlier in the input (of the matching kind); every `reasoning` item is followed by the item it produced
+/// call earlier in the input (of the matching kind); a `function_call`'s `arguments` and a `custom_tool_call`'s
+/// `input` strings; every `reasoning` item is followed by the item it produced
 /// (not the end of the input, not an output item); call ids unique;
 /// a `compaction_trigger` only as the last item.
 pub fn check_sequence(items: &[Value]) -> Result<(), String> {
@@ -19,6 +20,9 @@ pub fn check_sequence(items: &[Value]) -> Result<(), String> {
                     "input[{i}]: call id {:?} is empty or not unique",
                     call_id(it)
                 ));
+            }
+            Kind::Call if !arguments_are_text(it) => {
+                return Err(format!("input[{i}]: the {t}'s arguments are not a string"));
             }
             Kind::Output => {
                 let call = t.trim_end_matches("_output");
@@ -46,6 +50,16 @@ pub fn check_sequence(items: &[Value]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Whether a call item carries its arguments as a string (`arguments` of a function call, `input` of a custom
+/// tool call).
+fn arguments_are_text(it: &Value) -> bool {
+    let key = match it.get("type").and_then(Value::as_str) {
+        Some("custom_tool_call") => "input",
+        _ => "arguments",
+    };
+    it.get(key).is_some_and(Value::is_string)
 }
 
 /// Checks that `sent`, the body sent upstream, keeps what must not change of `client`, the client's body: every

@@ -62,6 +62,8 @@ pub struct StreamSplicer {
     next_index: u64,
     /// Usage summed over the rounds that ended.
     usage: Option<Value>,
+    /// The usage of each round that ended, as the upstream reported it.
+    round_usage: Vec<Value>,
     /// A client `tool_use` block reached the client.
     client_calls: bool,
     round: Round,
@@ -77,6 +79,7 @@ impl StreamSplicer {
             ended: false,
             next_index: 0,
             usage: None,
+            round_usage: Vec::new(),
             client_calls: false,
             round: Round::default(),
             seen: Assembler::default(),
@@ -103,9 +106,11 @@ impl StreamSplicer {
         self.usage.as_ref()
     }
 
-    /// The reply as the client saw it so far.
+    /// The reply as the client saw it so far, with the usage of each upstream round that ended.
     pub fn reply(&self) -> AssembledReply {
-        self.seen.finish()
+        let mut reply = self.seen.finish();
+        reply.round_usage.clone_from(&self.round_usage);
+        reply
     }
 
     /// Takes one upstream event; returns the encoded events the client gets now.
@@ -224,6 +229,7 @@ impl StreamSplicer {
         let round = std::mem::take(&mut self.round);
         if let Some(u) = &round.usage {
             add_usage(&mut self.usage, u);
+            self.round_usage.push(u.clone());
         }
         if self.ended {
             return RoundEnd::Finish(Vec::new());
@@ -250,6 +256,7 @@ impl StreamSplicer {
         let round = std::mem::take(&mut self.round);
         if let Some(u) = &round.usage {
             add_usage(&mut self.usage, u);
+            self.round_usage.push(u.clone());
         }
         if !self.started || self.ended {
             return Vec::new();

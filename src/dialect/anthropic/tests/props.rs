@@ -245,6 +245,58 @@ fn rewritten(
     strat: u8,
     counter: &TokenCounter,
 ) -> Option<(Value, bool)> {
+    rewritten_with(client, frac, strat, counter, &[])
+        .map(|(sent, summarized, _)| (sent, summarized))
+}
+
+/// Arguments the engine may put in place of a past call's (tool-input clearing): a placeholder object, any JSON
+/// object, or any string at all (not JSON, or JSON but not an object).
+fn new_arguments() -> impl Strategy<Value = String> {
+    prop_oneof![
+        ("[a-z_]{1,12}", 0..100_000u64).prop_map(|(tool, tokens)| {
+            json!({"cleared":"input removed to save space","call_id":"call_x","tool":tool,"tokens":tokens})
+                .to_string()
+        }),
+        prop::collection::btree_map("\\PC{0,6}", "\\PC{0,12}", 0..3)
+            .prop_map(|m| serde_json::to_string(&m).unwrap()),
+        any::<String>(),
+        Just("[]".to_string()),
+        Just("\"cleared\"".to_string()),
+    ]
+}
+
+/// The neutral tool calls of the rewrite, in order, given `args[k]` as arguments (`None`: left as they are);
+/// returns the (call id, new arguments) replaced.
+fn replace_arguments(out: &mut [Cow<'_, Value>], args: &[Option<String>]) -> Replaced {
+    let (mut k, mut replaced) = (0, Vec::new());
+    for m in out.iter_mut() {
+        let n = m
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        for c in 0..n {
+            if let Some(Some(a)) = args.get(k) {
+                let call = &mut m.to_mut()["tool_calls"][c];
+                call["function"]["arguments"] = json!(a);
+                replaced.push((call["id"].as_str().unwrap_or("").to_owned(), a.clone()));
+            }
+            k += 1;
+        }
+    }
+    replaced
+}
+
+/// The (call id, new arguments) of the calls given new arguments.
+type Replaced = Vec<(String, String)>;
+
+/// Like [`rewritten`], with the neutral calls of the rewrite given new arguments (`args`, in order).
+fn rewritten_with(
+    client: &Value,
+    frac: f64,
+    strat: u8,
+    counter: &TokenCounter,
+    args: &[Option<String>],
+) -> Option<(Value, bool, Replaced)> {
     let native = client["messages"].as_array()?;
     let neutral = to_neutral(client.get("system"), native);
     let total: u64 = neutral
@@ -289,6 +341,7 @@ fn rewritten(
     let summarized = rw.sources.contains(&Source::Added);
     // The recall note, where the gateway puts it for Anthropic: a message after the leading system messages.
     let (mut out, mut sources) = (rw.messages.clone(), rw.sources.clone());
+    let replaced = replace_arguments(&mut out, args);
     let at = out.iter().position(|m| !is_system(m)).unwrap_or(out.len());
     let note = json!({"role":"system","content":"Results of earlier tool calls were left out; recall them."});
     out.insert(at, Cow::Owned(note));
@@ -296,7 +349,7 @@ fn rewritten(
     let msgs = from_neutral(native, &neutral, &out, &sources);
     let mut sent = client.clone();
     sent["messages"] = serde_json::to_value(&msgs).ok()?;
-    Some((sent, summarized))
+    Some((sent, summarized, replaced))
 }
 
 proptest! {
@@ -326,6 +379,41 @@ proptest! {
             let again: Value = serde_json::from_str(&client.to_string()).unwrap();
             let (sent2, _) = rewritten(&again, frac, strat, &TokenCounter::new()).unwrap();
             prop_assert_eq!(sent.to_string(), sent2.to_string());
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Any arguments the engine puts in place of past calls' (tool-input clearing) give a valid request that
+    /// differs from the same rewrite without them only in those calls' `input`: the new arguments when they are a
+    /// JSON object, the client's input otherwise.
+    #[test]
+    fn replaced_arguments_give_valid_requests(
+        c in conv(),
+        frac in 0.15f64..1.4,
+        strat in 0..3u8,
+        args in prop::collection::vec(prop::option::of(new_arguments()), 0..12),
+    ) {
+        let client = build(&c);
+        let counter = TokenCounter::new();
+        if let Some((plain, _, _)) = rewritten_with(&client, frac, strat, &counter, &[]) {
+            let (sent, _, replaced) = rewritten_with(&client, frac, strat, &counter, &args).unwrap();
+            let msgs = sent["messages"].as_array().unwrap();
+            prop_assert_eq!(check_sequence(msgs), Ok(()), "{}", serde_json::to_string_pretty(msgs).unwrap());
+            prop_assert_eq!(check_rewrite(&client, &sent), Ok(()));
+            let mut expected = plain;
+            for m in expected["messages"].as_array_mut().unwrap() {
+                for b in m["content"].as_array_mut().into_iter().flatten() {
+                    let id = b["id"].as_str().unwrap_or("").to_owned();
+                    let new = replaced.iter().find(|(r, _)| *r == id && b["type"] == "tool_use");
+                    if let Some(Ok(v @ Value::Object(_))) = new.map(|(_, a)| serde_json::from_str::<Value>(a)) {
+                        b["input"] = v;
+                    }
+                }
+            }
+            prop_assert_eq!(sent.to_string(), expected.to_string());
         }
     }
 }

@@ -93,6 +93,8 @@ pub struct StreamSplicer {
     next_index: u64,
     /// Usage summed over the rounds that ended.
     usage: Option<Value>,
+    /// The usage of each round that ended, as the upstream reported it.
+    round_usage: Vec<Value>,
     first_id: Option<Value>,
     /// The latest `response` object the upstream sent (for a terminal event made up by [`Self::abort`]).
     last_response: Option<Value>,
@@ -111,6 +113,7 @@ impl StreamSplicer {
             next_seq: 0,
             next_index: 0,
             usage: None,
+            round_usage: Vec::new(),
             first_id: None,
             last_response: None,
             round: Round::default(),
@@ -139,9 +142,11 @@ impl StreamSplicer {
         self.usage.as_ref()
     }
 
-    /// The reply as the client saw it so far.
+    /// The reply as the client saw it so far, with the usage of each upstream round that ended.
     pub fn reply(&self) -> AssembledReply {
-        self.seen.finish()
+        let mut reply = self.seen.finish();
+        reply.round_usage.clone_from(&self.round_usage);
+        reply
     }
 
     /// The `error` event that ends the client's stream after a failure, numbered after the events sent (nothing
@@ -341,6 +346,7 @@ impl StreamSplicer {
             .cloned();
         if let Some(u) = &usage {
             add_usage(&mut self.usage, u);
+            self.round_usage.push(u.clone());
         }
         if self.ended {
             self.round = Round::default();
@@ -385,6 +391,7 @@ impl StreamSplicer {
             .filter(|u| u.is_object())
         {
             add_usage(&mut self.usage, u);
+            self.round_usage.push(u.clone());
         }
         if !self.started || self.ended {
             return Vec::new();
