@@ -156,7 +156,14 @@ def check_recall_rounds(gw: Gateway, n_client_messages: int) -> None:
     names = [t["function"]["name"] for t in first["body"]["tools"]]
     assert names[0] == "read_file" and RECALL in names
     assert len(first["raw"]) < len(gw.tap.exchanges[0].request), "the history was shortened"
-    added = second["body"]["messages"][n_client_messages:]
+    sent = first["body"]["messages"]
+    # The client's messages (some rewritten) and ctxgate's note, a system message of its own after the cut; the
+    # client's own system prompt is untouched.
+    assert len(sent) == n_client_messages + 1
+    assert sent[0] == json.loads(gw.tap.exchanges[0].request)["messages"][0]
+    assert any(m["role"] == "system" and m["content"].startswith("[ctxgate]") for m in sent[1:])
+    assert second["body"]["messages"][: len(sent)] == sent, "the follow-up extends the first request"
+    added = second["body"]["messages"][len(sent):]
     assert added[0]["role"] == "assistant" and added[0]["tool_calls"][0]["function"]["name"] == RECALL
     assert added[1]["role"] == "tool" and added[1]["tool_call_id"] == "r1"
     assert "MARKER-0 line0" in added[1]["content"]
