@@ -4,7 +4,7 @@
 use super::{err, run_other, Cmd, Reply};
 use crate::metrics::{StoreMetrics, StoreOp};
 use crate::store::{StoreError, WriteOp};
-use rusqlite::{params, Connection, DropBehavior, ErrorCode};
+use rusqlite::{params, Connection, ErrorCode};
 use std::collections::HashSet;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
@@ -218,23 +218,26 @@ fn commit_batches(
     blocked: &mut HashSet<String>,
 ) -> Vec<Outcome> {
     let before = blocked.clone();
+    // The group's transaction and each batch's savepoint are cached prepared statements: parsing `SAVEPOINT` and
+    // `RELEASE` for every batch was a tenth of the gateway's CPU per small request.
+    let exec = |conn: &Connection, sql: &str| conn.prepare_cached(sql)?.execute([]).map(|_| ());
     let mut run = |conn: &mut Connection| -> Result<Vec<Outcome>, rusqlite::Error> {
-        let mut tx = conn.transaction()?;
+        exec(conn, "BEGIN")?;
         let mut results = Vec::with_capacity(writes.len());
         for batch in writes {
             if batch.ops.iter().any(|op| blocked.contains(op_session(op))) {
                 results.push(Outcome::Deferred);
                 continue;
             }
-            let mut sp = tx.savepoint()?;
-            match batch.ops.iter().try_for_each(|op| apply(&sp, op)) {
+            exec(conn, "SAVEPOINT batch")?;
+            match batch.ops.iter().try_for_each(|op| apply(conn, op)) {
                 Ok(()) => {
-                    sp.commit()?;
+                    exec(conn, "RELEASE batch")?;
                     results.push(Outcome::Committed);
                 }
                 Err(e) => {
-                    sp.set_drop_behavior(DropBehavior::Rollback);
-                    sp.finish()?;
+                    exec(conn, "ROLLBACK TO batch")?;
+                    exec(conn, "RELEASE batch")?;
                     if transient(&e) {
                         blocked.extend(batch.ops.iter().map(|op| op_session(op).to_string()));
                     }
@@ -242,10 +245,15 @@ fn commit_batches(
                 }
             }
         }
-        tx.commit()?;
+        exec(conn, "COMMIT")?;
         Ok(results)
     };
-    match run(conn) {
+    let outcome = run(conn);
+    if outcome.is_err() && !conn.is_autocommit() {
+        // The group failed as a whole (say, COMMIT on a full disk): leave no transaction open.
+        let _ = exec(conn, "ROLLBACK");
+    }
+    match outcome {
         Ok(results) => results,
         Err(e) => {
             *blocked = before;
