@@ -137,7 +137,7 @@ async fn sessions_cmd(config: Option<PathBuf>, action: SessionsAction) -> anyhow
     if cfg.store.backend == ctxgate::config::StoreBackend::Memory {
         anyhow::bail!("store.backend is \"memory\": nothing is persisted for this command to read");
     }
-    if !cfg.store.path.exists() {
+    if cfg.store.backend == ctxgate::config::StoreBackend::Sqlite && !cfg.store.path.exists() {
         anyhow::bail!("no store at {} (store.path)", cfg.store.path.display());
     }
     let store = ctxgate::store::open(&cfg.store)?;

@@ -46,6 +46,9 @@ pub enum SecretError {
     /// The key was refused by HMAC (never, for HMAC takes keys of any length).
     #[error("tenant secret unusable: {0}")]
     Key(String),
+    /// Reading or creating the secret shared in Redis failed.
+    #[error("tenant secret in Redis: {0}")]
+    Shared(String),
     /// Reading, creating or writing the file failed.
     #[error("tenant secret {path}: {message}")]
     File {
@@ -73,12 +76,23 @@ impl TenantKey {
     }
 
     /// The key of a store: for SQLite, read from [`SECRET_FILE`] beside the database (created on first start);
-    /// for the memory backend, whose sessions die with the process, a random key per process.
+    /// for Redis, kept in Redis and shared by every instance; for the memory backend, whose sessions die with the process, a random key per process.
     pub fn for_store(store: &StoreConfig) -> Result<Self, SecretError> {
         match store.backend {
             StoreBackend::Memory => Self::random(),
             StoreBackend::Sqlite => Self::load_or_create(&secret_path(&store.path)),
+            StoreBackend::Redis => Self::shared_in_redis(store),
         }
+    }
+
+    /// The secret every instance on one Redis shares (so that they agree on tenants and session ids), kept in Redis
+    /// beside the sessions it keys: created by the first instance to start.
+    fn shared_in_redis(store: &StoreConfig) -> Result<Self, SecretError> {
+        let mut fresh = [0u8; SECRET_LEN];
+        getrandom::fill(&mut fresh).map_err(|e| SecretError::Random(e.to_string()))?;
+        let text = crate::store::RedisStore::shared_secret(store, &hex::encode(fresh))
+            .map_err(|e| SecretError::Shared(e.to_string()))?;
+        Self::from_bytes(parse_secret(text.as_bytes()).map_err(|m| SecretError::Shared(m.into()))?)
     }
 
     /// Reads the secret at `path`, or creates it (32 random bytes, hex, mode 0600) when there is none. A file

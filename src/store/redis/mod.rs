@@ -1,0 +1,397 @@
+//! The Redis backend (standalone or Cluster), for several ctxgate instances sharing one history: the same contract
+//! as SQLite (see the module docs of `store`), writes applied by one task in per-session lanes (`worker.rs`), each
+//! session's batch one Lua script on keys under the session's hash tag (`scripts.rs`), so atomic on Cluster too.
+//!
+//! Layout (`codec.rs`): per session `<prefix>{<id>}:meta|nodes|log|records|rids`, expiring `store.retention_days`
+//! after the session's last write (each write refreshes the TTL); one sorted set `<prefix>sessions` of ids by
+//! `last_active` for `list` and `purge_idle` (on Cluster it lives in its own slot and is updated right after the
+//! session's script: a crash in between leaves it one write behind, repaired by the next write; ids whose session
+//! expired or was deleted are dropped from it when met); `<prefix>secret`, the tenant secret every instance shares.
+//!
+//! Across instances: `log` is the session's append cursor. [`Store::tail`] returns what was appended since the
+//! cursor an instance has seen (node ids first; only the nodes it lacks are then fetched), so an instance never
+//! serves a turn from a stale cache entry.
+
+mod codec;
+mod conn;
+mod scripts;
+mod worker;
+
+use super::{Cursor, Fresh, NodeRow, Record, SessionMeta, Store, StoreError, StoredSession, Tail};
+use super::WriteOp;
+use crate::config::StoreConfig;
+use crate::metrics::{StoreMetrics, StoreOp};
+use codec::Keys;
+use conn::Conn;
+use futures_util::future::BoxFuture;
+use redis::{RedisError, Value as RValue};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::{mpsc, oneshot};
+use worker::{err, Cmd, Worker};
+
+/// Session ids read from the activity index per round trip when purging.
+const PURGE_CHUNK: isize = 200;
+
+/// Redis behind a writer task.
+pub struct RedisStore {
+    tx: mpsc::UnboundedSender<Cmd>,
+    conn: Conn,
+    keys: Keys,
+    capacity: usize,
+    queued: Arc<AtomicUsize>,
+    metrics: StoreMetrics,
+}
+
+impl RedisStore {
+    /// A store on the configured Redis (`store.redis_url`, or `store.redis_cluster_nodes`); connects lazily, so a
+    /// Redis that is down only fails operations until it is back. Call within a tokio runtime.
+    pub fn open(cfg: &StoreConfig, metrics: StoreMetrics) -> Result<Self, StoreError> {
+        let conn = Conn::open(cfg).map_err(err)?;
+        let keys = Keys::new(&cfg.redis_prefix);
+        let ttl_ms = cfg.retention_days.saturating_mul(86_400_000);
+        let queued = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let worker = Worker::new(
+            conn.clone(),
+            keys.clone(),
+            ttl_ms,
+            metrics.clone(),
+            queued.clone(),
+        );
+        let handle = tokio::runtime::Handle::try_current().map_err(|e| StoreError::Backend {
+            backend: "redis",
+            message: format!("the Redis store needs a tokio runtime: {e}"),
+        })?;
+        handle.spawn(worker.run(rx));
+        Ok(Self {
+            tx,
+            conn,
+            keys,
+            capacity: cfg.queue_capacity.max(1),
+            queued,
+            metrics,
+        })
+    }
+
+    /// The tenant secret (64 hex digits) every instance on this Redis shares: `fresh` is stored when there is none
+    /// yet (`SET NX`), and whichever was stored first is returned. Blocks (a synchronous connection): call at start.
+    pub fn shared_secret(cfg: &StoreConfig, fresh: &str) -> Result<String, StoreError> {
+        conn::shared_secret(cfg, &Keys::new(&cfg.redis_prefix).secret(), fresh).map_err(err)
+    }
+
+    fn send<T>(
+        &self,
+        make: impl FnOnce(worker::Reply<T>) -> Cmd,
+    ) -> BoxFuture<'static, Result<T, StoreError>>
+    where
+        T: Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let sent = self.tx.send(make(tx)).map_err(|_| StoreError::Closed);
+        Box::pin(async move {
+            sent?;
+            rx.await.unwrap_or(Err(StoreError::Closed))
+        })
+    }
+}
+
+impl Store for RedisStore {
+    fn backend(&self) -> &'static str {
+        "redis"
+    }
+
+    fn write(&self, ops: Vec<WriteOp>) -> oneshot::Receiver<Result<(), StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        if !ops.is_empty() {
+            // Bounded like SQLite's queue: batches not finished yet, refused at once beyond the capacity.
+            let before = self.queued.fetch_add(1, Ordering::Relaxed);
+            if before >= self.capacity {
+                self.queued.fetch_sub(1, Ordering::Relaxed);
+                self.metrics.error(StoreOp::Write);
+                let _ = tx.send(Err(StoreError::QueueFull));
+                return rx;
+            }
+        }
+        // One id per record, fixed now: a retried batch never stores a record twice.
+        let record_ids = ops
+            .iter()
+            .filter(|op| matches!(op, WriteOp::Record { .. }))
+            .map(|_| uuid::Uuid::new_v4().simple().to_string())
+            .collect();
+        let writes = !ops.is_empty();
+        if let Err(mpsc::error::SendError(Cmd::Write(_, _, tx))) =
+            self.tx.send(Cmd::Write(ops, record_ids, tx))
+        {
+            if writes {
+                self.queued.fetch_sub(1, Ordering::Relaxed);
+            }
+            let _ = tx.send(Err(StoreError::Closed));
+        }
+        rx
+    }
+
+    fn load(&self, id: &str) -> BoxFuture<'static, Result<Option<StoredSession>, StoreError>> {
+        let id = id.to_string();
+        self.send(move |r| Cmd::Load(id, r))
+    }
+
+    fn list(
+        &self,
+        limit: u32,
+        offset: u64,
+    ) -> BoxFuture<'static, Result<(Vec<SessionMeta>, u64), StoreError>> {
+        let (conn, keys, metrics) = (self.conn.clone(), self.keys.clone(), self.metrics.clone());
+        Box::pin(async move {
+            let started = Instant::now();
+            let r = list(&conn, &keys, limit, offset).await.map_err(err);
+            metrics.observe(StoreOp::List, started, r.is_ok());
+            r
+        })
+    }
+
+    fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        let id = id.to_string();
+        self.send(move |r| Cmd::Delete(id, r))
+    }
+
+    fn purge_idle(&self, before: i64) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let (conn, keys, metrics) = (self.conn.clone(), self.keys.clone(), self.metrics.clone());
+        Box::pin(async move {
+            let started = Instant::now();
+            let r = purge(&conn, &keys, before).await.map_err(err);
+            metrics.observe(StoreOp::Purge, started, r.is_ok());
+            r
+        })
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn tail(
+        &self,
+        id: &str,
+        since: Cursor,
+        have: Box<dyn Fn(&str) -> bool + Send + Sync>,
+    ) -> BoxFuture<'static, Result<Fresh, StoreError>> {
+        let (conn, keys, metrics) = (self.conn.clone(), self.keys.clone(), self.metrics.clone());
+        let id = id.to_string();
+        Box::pin(async move {
+            let started = Instant::now();
+            let r = tail(&conn, &keys, &id, since, have).await.map_err(err);
+            metrics.observe(StoreOp::Load, started, r.is_ok());
+            r
+        })
+    }
+
+    fn ping(&self) -> BoxFuture<'static, Result<(), StoreError>> {
+        let conn = self.conn.clone();
+        Box::pin(async move {
+            conn.query::<String>(&redis::cmd("PING"))
+                .await
+                .map(|_| ())
+                .map_err(err)
+        })
+    }
+}
+
+/// A whole session (one script: a consistent snapshot).
+async fn load(conn: &Conn, keys: &Keys, id: &str) -> Result<Option<StoredSession>, RedisError> {
+    let mut inv = scripts::LOAD.prepare_invoke();
+    for k in keys.session(id) {
+        inv.key(k);
+    }
+    let v: RValue = conn.script(&inv).await?;
+    let parts = codec::items(&v);
+    let [meta, nodes, records] = parts else {
+        return Ok(None);
+    };
+    let Some(meta) = codec::parse_meta(meta) else {
+        return Ok(None);
+    };
+    let nodes: Vec<NodeRow> = codec::pairs(nodes)
+        .into_iter()
+        .filter_map(|(nid, json)| {
+            let n = codec::parse_node(&nid, codec::bytes(json)?);
+            if n.is_none() {
+                tracing::warn!(session = %id, "redis: unreadable node skipped");
+            }
+            n
+        })
+        .collect();
+    let (mut compressions, mut internal) = (Vec::new(), Vec::new());
+    for r in codec::items(records) {
+        match codec::bytes(r).and_then(codec::parse_record) {
+            Some(Record::Compression(c)) => compressions.push(*c),
+            Some(Record::Internal(v)) => internal.push(v),
+            None => tracing::warn!(session = %id, "redis: unreadable record skipped"),
+        }
+    }
+    Ok(Some(StoredSession {
+        meta,
+        nodes,
+        compressions,
+        internal,
+    }))
+}
+
+/// What was appended to session `id` since `since`: one script for the row, the new node ids and records; then
+/// the bodies of the nodes the caller lacks (`have`), when there are any.
+async fn tail(
+    conn: &Conn,
+    keys: &Keys,
+    id: &str,
+    since: Cursor,
+    have: Box<dyn Fn(&str) -> bool + Send + Sync>,
+) -> Result<Fresh, RedisError> {
+    let session = keys.session(id);
+    let mut inv = scripts::TAIL.prepare_invoke();
+    for k in &session {
+        inv.key(k);
+    }
+    inv.arg(since.nodes).arg(since.records);
+    let v: RValue = conn.script(&inv).await?;
+    let [meta, ids, records, log_len, records_len] = codec::items(&v) else {
+        return Ok(Fresh::Gone);
+    };
+    let Some(meta) = codec::parse_meta(meta) else {
+        return Ok(Fresh::Gone);
+    };
+    let missing: Vec<String> = codec::items(ids)
+        .iter()
+        .filter_map(|i| codec::bytes(i).map(|b| String::from_utf8_lossy(b).into_owned()))
+        .filter(|i| !have(i))
+        .collect();
+    let mut nodes = Vec::with_capacity(missing.len());
+    if !missing.is_empty() {
+        let bodies: Vec<Option<Vec<u8>>> = conn
+            .query(redis::cmd("HMGET").arg(&session[1]).arg(&missing))
+            .await?;
+        for (nid, body) in missing.iter().zip(bodies) {
+            match body.and_then(|b| codec::parse_node(nid, &b)) {
+                Some(n) => nodes.push(n),
+                None => tracing::warn!(session = %id, "redis: unreadable node skipped"),
+            }
+        }
+    }
+    let records = codec::items(records)
+        .iter()
+        .filter_map(|r| codec::bytes(r).and_then(codec::parse_record))
+        .collect();
+    let cursor = Cursor {
+        nodes: codec::int(log_len).and_then(|n| u64::try_from(n).ok()).unwrap_or(since.nodes),
+        records: codec::int(records_len)
+            .and_then(|n| u64::try_from(n).ok())
+            .unwrap_or(since.records),
+    };
+    Ok(Fresh::Tail(Tail {
+        meta,
+        nodes,
+        records,
+        cursor,
+    }))
+}
+
+/// Deletes a session's keys (with `idle_before`: only when idle since before then) and its index entry.
+async fn delete(
+    conn: &Conn,
+    keys: &Keys,
+    id: &str,
+    idle_before: Option<i64>,
+) -> Result<bool, RedisError> {
+    let mut inv = scripts::DELETE.prepare_invoke();
+    for k in keys.session(id) {
+        inv.key(k);
+    }
+    if let Some(b) = idle_before {
+        inv.arg(b);
+    }
+    let deleted: i64 = conn.script(&inv).await?;
+    let active: Option<i64> = match idle_before {
+        Some(_) if deleted == 0 => {
+            conn.query(redis::cmd("HGET").arg(&keys.session(id)[0]).arg("last_active"))
+                .await?
+        }
+        _ => None,
+    };
+    match active {
+        // Active again since: its index entry catches up with the row.
+        Some(la) => {
+            conn.query::<i64>(redis::cmd("ZADD").arg(keys.index()).arg("GT").arg(la).arg(id))
+                .await?
+        }
+        None => {
+            conn.query::<i64>(redis::cmd("ZREM").arg(keys.index()).arg(id))
+                .await?
+        }
+    };
+    Ok(deleted == 1)
+}
+
+/// A page of the activity index, newest first, with each row; ids whose row is gone are dropped from the index.
+async fn list(
+    conn: &Conn,
+    keys: &Keys,
+    limit: u32,
+    offset: u64,
+) -> Result<(Vec<SessionMeta>, u64), RedisError> {
+    let mut out = Vec::new();
+    let mut total: u64 = conn.query(redis::cmd("ZCARD").arg(keys.index())).await?;
+    if limit == 0 {
+        return Ok((out, total));
+    }
+    let start = isize::try_from(offset).unwrap_or(isize::MAX);
+    let stop = start.saturating_add(limit as isize - 1);
+    let ids: Vec<String> = conn
+        .query(redis::cmd("ZRANGE").arg(keys.index()).arg(start).arg(stop).arg("REV"))
+        .await?;
+    let rows = futures_util::future::join_all(ids.iter().map(|id| {
+        let key = keys.session(id)[0].clone();
+        async move { conn.query::<RValue>(redis::cmd("HGETALL").arg(key)).await }
+    }))
+    .await;
+    for (id, row) in ids.iter().zip(rows) {
+        match codec::parse_meta(&row?) {
+            Some(m) => out.push(m),
+            None => {
+                conn.query::<i64>(redis::cmd("ZREM").arg(keys.index()).arg(id))
+                    .await?;
+                total = total.saturating_sub(1);
+            }
+        }
+    }
+    // Equal activity: by id, as SQLite orders them.
+    out.sort_by(|a, b| b.last_active.cmp(&a.last_active).then_with(|| a.id.cmp(&b.id)));
+    Ok((out, total))
+}
+
+/// Deletes the sessions idle since before `before`: the index's ids with a lower score, each checked against its
+/// row (a session active again meanwhile is kept).
+async fn purge(conn: &Conn, keys: &Keys, before: i64) -> Result<u64, RedisError> {
+    let mut purged = 0;
+    loop {
+        let ids: Vec<String> = conn
+            .query(
+                redis::cmd("ZRANGE")
+                    .arg(keys.index())
+                    .arg("-inf")
+                    .arg(format!("({before}"))
+                    .arg("BYSCORE")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(PURGE_CHUNK),
+            )
+            .await?;
+        if ids.is_empty() {
+            return Ok(purged);
+        }
+        // Each id leaves the range: deleted, dropped from the index, or moved up to its newer activity.
+        for id in &ids {
+            if delete(conn, keys, id, Some(before)).await? {
+                purged += 1;
+            }
+        }
+    }
+}
