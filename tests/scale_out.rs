@@ -1,0 +1,217 @@
+//! Several gateway instances on one Redis: any instance serves any turn of any session, with the full history,
+//! recall and summaries; concurrent turns on two instances lose nothing. The tests start their own
+//! `redis-server` (they skip without it, unless `CTXGATE_REQUIRE_EXTERNAL=1`).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::redis::RedisServer;
+use common::{test_config, Harness};
+use ctxgate::config::{Config, StoreBackend};
+use ctxgate::mock::{MockReply, MockUpstream};
+use serde_json::{json, Value};
+
+fn redis_config(mock: &MockUpstream, redis: &RedisServer) -> Config {
+    let mut cfg = test_config(&mock.base_url());
+    cfg.store.backend = StoreBackend::Redis;
+    cfg.store.redis_url = redis.url();
+    cfg
+}
+
+/// Two instances on one Redis and one mock upstream.
+async fn pair(redis: &RedisServer, f: impl Fn(&mut Config)) -> (Harness, Harness) {
+    let mock = MockUpstream::start().await.unwrap();
+    let mut cfg = redis_config(&mock, redis);
+    f(&mut cfg);
+    let a = Harness::start_config(mock.clone(), cfg.clone()).await;
+    let b = Harness::start_config(mock, cfg).await;
+    (a, b)
+}
+
+async fn chat(h: &Harness, sid: &str, body: &Value) -> (String, Value) {
+    let resp = h
+        .client
+        .post(h.url("/v1/chat/completions"))
+        .header("authorization", "Bearer sk-a")
+        .header("x-session-id", sid)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let id = resp.headers()["x-ctxgate-session"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    (id, resp.json().await.unwrap())
+}
+
+async fn view(h: &Harness, sid: &str) -> Value {
+    let r = h
+        .client
+        .get(h.url(&format!("/admin/sessions/{sid}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
+fn contents(v: &Value) -> Vec<String> {
+    v["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn turns_alternating_between_two_instances_keep_one_complete_history() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let (a, b) = pair(&redis, |_| {}).await;
+    let mut history = vec![json!({"role":"system","content":"be brief"})];
+    let mut sid = String::new();
+    let mut expected = vec!["be brief".to_string()];
+    for turn in 1..=6 {
+        let h = if turn % 2 == 1 { &a } else { &b };
+        let q = format!("question {turn}");
+        history.push(json!({"role":"user","content": q}));
+        h.mock.push(MockReply::completion(&format!("answer {turn}")));
+        let (id, v) = chat(h, "conv-1", &json!({"model":"gpt-4o","messages":history})).await;
+        history.push(v["choices"][0]["message"].clone());
+        expected.extend([q, format!("answer {turn}")]);
+        if turn > 1 {
+            assert_eq!(id, sid, "both instances name the session alike");
+        }
+        sid = id;
+    }
+    a.state.drain().await;
+    b.state.drain().await;
+    // Both instances show the whole history, in order, and so does a third one starting cold.
+    let mock = a.mock.clone();
+    let c = Harness::start_config(mock.clone(), redis_config(&mock, &redis)).await;
+    for h in [&a, &b, &c] {
+        let v = view(h, &sid).await;
+        assert_eq!(contents(&v), expected);
+        assert_eq!(v["message_count"], 13);
+        assert!(v["branches"].as_array().unwrap().is_empty(), "{v}");
+    }
+}
+
+#[tokio::test]
+async fn a_turn_on_one_instance_sees_what_another_appended_since() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let (a, b) = pair(&redis, |_| {}).await;
+    // B caches the session at its first turn; A then appends a branch B never saw.
+    let first = json!([{"role":"user","content":"start"}]);
+    let (sid, _) = chat(&b, "conv-2", &json!({"model":"gpt-4o","messages":first})).await;
+    let edited = json!([{"role":"user","content":"start over"}]);
+    a.mock.push(MockReply::completion("from A"));
+    chat(&a, "conv-2", &json!({"model":"gpt-4o","messages":edited})).await;
+    a.state.drain().await;
+    // B's cached entry catches up: A's branch (and its newer head) are there without a reload.
+    let v = view(&b, &sid).await;
+    assert_eq!(contents(&v), ["start over", "from A"]);
+    assert_eq!(v["branches"].as_array().unwrap().len(), 1);
+    assert_eq!(v["message_count"], 4);
+}
+
+#[tokio::test]
+async fn a_recall_on_one_instance_finds_a_result_first_seen_on_another() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let (a, b) = pair(&redis, |c| c.context.default_context_window = 8_000).await;
+    let tools = json!([{"type":"function","function":{"name":"read_file","parameters":{"type":"object"}}}]);
+    // B knows the session first (a small turn), then A records a long run whose results B never saw (both under
+    // another model, whose window is large: the mock's token counts calibrate no estimate for mock-model).
+    let opening = common::agent_history(0, 0);
+    b.mock.push(MockReply::completion("ok"));
+    let (sid, _) = chat(&b, "recall-x", &json!({"model":"gpt-4o","messages":opening,"tools":tools})).await;
+    a.mock.push(MockReply::completion("read them"));
+    chat(&a, "recall-x", &json!({"model":"gpt-4o","messages":common::agent_history(14, 300),"tools":tools})).await;
+    a.state.drain().await;
+    // On B the agent continues on another branch (the same calls with other results, as large): the model searches
+    // the session's history for a result only A's run had.
+    let mut other = common::agent_history(14, 300);
+    for m in other.iter_mut() {
+        let s = m.to_string().replace("line", "text").replace("MARKER-", "OTHER-");
+        *m = serde_json::from_str(&s).unwrap();
+    }
+    let search = json!({"id":"r1","type":"function","function":{"name":"search_history","arguments":json!({"query":"MARKER-5 line7"}).to_string()}});
+    b.mock.push(MockReply::message(
+        json!({"role":"assistant","content":null,"tool_calls":[search]}),
+        "tool_calls",
+    ));
+    b.mock.push(MockReply::completion("found it"));
+    let n = b.mock.requests().len();
+    let (id, v) = chat(&b, "recall-x", &json!({"model":"mock-model","messages":other,"tools":tools})).await;
+    assert_eq!(id, sid);
+    assert_eq!(v["choices"][0]["message"]["content"], "found it");
+    let asked = b.mock.requests()[n + 1].json();
+    let answer = asked["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["tool_call_id"] == "r1")
+        .cloned()
+        .unwrap();
+    let found: Value = serde_json::from_str(answer["content"].as_str().unwrap()).unwrap();
+    assert_eq!(found["matches"][0]["call_id"], "call_5", "{found}");
+    assert!(
+        found["matches"][0]["snippet"].as_str().unwrap().contains("MARKER-5"),
+        "B answered from A's result: {found}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_turns_on_two_instances_lose_nothing() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let (a, b) = pair(&redis, |_| {}).await;
+    // The session exists first, on A.
+    let system = json!({"role":"system","content":"shared"});
+    let (sid, _) = chat(&a, "busy", &json!({"model":"gpt-4o","messages":[system, {"role":"user","content":"u-init"}]})).await;
+    let a = std::sync::Arc::new(a);
+    let b = std::sync::Arc::new(b);
+    let mut tasks = Vec::new();
+    for i in 0..32 {
+        let h = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let system = system.clone();
+        tasks.push(tokio::spawn(async move {
+            let msgs = json!([system, {"role":"user","content": format!("u{i}")}]);
+            chat(&h, "busy", &json!({"model":"gpt-4o","messages":msgs})).await.0
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), sid);
+    }
+    a.state.drain().await;
+    b.state.drain().await;
+    // 1 system + 33 questions + 33 replies, at both instances and in the stored row.
+    let (list, _) = a.state.sessions.list(10, 0).await.unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].message_count, 67);
+    for h in [&a, &b] {
+        let v = view(h, &sid).await;
+        assert_eq!(v["message_count"], 67, "{}", h.addr);
+        let mut users: Vec<String> = v["branches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|br| br["messages"].as_array().unwrap().clone())
+            .chain(v["messages"].as_array().unwrap().clone())
+            .filter(|m| m["role"] == "user")
+            .map(|m| m["content"].as_str().unwrap().to_string())
+            .collect();
+        users.sort();
+        users.dedup();
+        assert_eq!(users.len(), 33, "every question is there");
+    }
+}
