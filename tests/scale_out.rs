@@ -215,3 +215,110 @@ async fn concurrent_turns_on_two_instances_lose_nothing() {
         assert_eq!(users.len(), 33, "every question is there");
     }
 }
+
+async fn metrics_text(h: &Harness) -> String {
+    h.client
+        .get(h.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The sum of a metric's series whose labels contain `labels`.
+fn metric_sum(text: &str, name: &str, labels: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stopped_mid_run_degrades_to_proxying_and_history_resumes_after_it_restarts() {
+    let Some(mut redis) = RedisServer::start_persistent() else {
+        return;
+    };
+    let mock = MockUpstream::start().await.unwrap();
+    let mut cfg = redis_config(&mock, &redis);
+    cfg.store.timeout_ms = 300;
+    let h = Harness::start_config(mock.clone(), cfg.clone()).await;
+    let ready = |h: &Harness| {
+        let req = h.client.get(h.url("/readyz"));
+        async move {
+            let r = req.send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap())
+        }
+    };
+    assert_eq!(ready(&h).await.0, 200);
+    let mut history = vec![json!({"role":"system","content":"be brief"})];
+    let mut turn = |h: &Harness, n: usize, history: &mut Vec<Value>| {
+        history.push(json!({"role":"user","content": format!("question {n}")}));
+        h.mock.push(MockReply::completion(&format!("answer {n}")));
+        let body = json!({"model":"gpt-4o","messages":history.clone()});
+        let req = h
+            .client
+            .post(h.url("/v1/chat/completions"))
+            .header("authorization", "Bearer sk-a")
+            .header("x-session-id", "outage")
+            .json(&body);
+        async move {
+            let started = std::time::Instant::now();
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            let sid = r
+                .headers()
+                .get("x-ctxgate-session")
+                .map(|v| v.to_str().unwrap().to_string());
+            let v: Value = r.json().await.unwrap();
+            (sid, v["choices"][0]["message"].clone(), started.elapsed())
+        }
+    };
+    let (sid, reply, _) = turn(&h, 1, &mut history).await;
+    let sid = sid.unwrap();
+    history.push(reply);
+    h.state.drain().await;
+
+    // Redis goes away: requests are still answered (plain proxying), within the store timeout; /healthz stays 200,
+    // /readyz says why it is not ready; the failures are counted.
+    redis.stop();
+    for n in 2..=3 {
+        let (_, reply, took) = turn(&h, n, &mut history).await;
+        assert!(took < std::time::Duration::from_secs(3), "turn {n} took {took:?}");
+        history.push(reply);
+    }
+    let health = h.client.get(h.url("/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let (status, why) = ready(&h).await;
+    assert_eq!(status, 503);
+    assert_eq!(why["status"], "not ready");
+    assert_eq!(why["store"], "redis");
+    assert!(!why["reason"].as_str().unwrap().is_empty());
+    let m = metrics_text(&h).await;
+    assert!(
+        metric_sum(&m, "ctxgate_store_errors_total", r#"backend="redis""#) >= 1.0,
+        "store errors are counted"
+    );
+
+    // Redis is back (with its data): ready again without a restart of ctxgate, and the history resumes — the
+    // turns answered during the outage are recorded from the client's next request, which carries them.
+    redis.restart();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while ready(&h).await.0 != 200 {
+        assert!(std::time::Instant::now() < deadline, "not ready again");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let (sid4, reply, _) = turn(&h, 4, &mut history).await;
+    assert_eq!(sid4.as_deref(), Some(sid.as_str()));
+    history.push(reply);
+    h.state.drain().await;
+    let c = Harness::start_config(mock.clone(), cfg).await;
+    let v = view(&c, &sid).await;
+    let expected: Vec<String> = history
+        .iter()
+        .map(|m| m["content"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(contents(&v), expected);
+}

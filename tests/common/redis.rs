@@ -52,22 +52,31 @@ pub struct RedisServer {
     child: Option<Child>,
     dir: tempfile::TempDir,
     cluster: bool,
+    /// AOF with `appendfsync always`: the data survives [`RedisServer::restart`].
+    persistent: bool,
 }
 
 impl RedisServer {
     /// A standalone server on a free port; `None` when `redis-server` is missing (see the module docs).
     pub fn start() -> Option<RedisServer> {
         external("redis-server")?;
-        Some(Self::spawn(free_port(), false))
+        Some(Self::spawn(free_port(), false, false))
     }
 
-    fn spawn(port: u16, cluster: bool) -> RedisServer {
+    /// A standalone server whose data survives a restart (AOF, `appendfsync always`).
+    pub fn start_persistent() -> Option<RedisServer> {
+        external("redis-server")?;
+        Some(Self::spawn(free_port(), false, true))
+    }
+
+    fn spawn(port: u16, cluster: bool, persistent: bool) -> RedisServer {
         let dir = tempfile::tempdir().unwrap();
         let mut s = RedisServer {
             port,
             child: None,
             dir,
             cluster,
+            persistent,
         };
         s.restart();
         s
@@ -78,7 +87,7 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
-    /// Kills the server (its data is gone: no persistence).
+    /// Kills the server (its data is gone unless it is persistent).
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -101,7 +110,9 @@ impl RedisServer {
             .arg("--save")
             .arg("")
             .arg("--appendonly")
-            .arg("no")
+            .arg(if self.persistent { "yes" } else { "no" })
+            .arg("--appendfsync")
+            .arg("always")
             .arg("--dir")
             .arg(self.dir.path());
         if self.cluster {
@@ -148,7 +159,8 @@ impl RedisCluster {
     pub fn start() -> Option<RedisCluster> {
         external("redis-server")?;
         external("redis-cli")?;
-        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::spawn(free_port(), true)).collect();
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::spawn(free_port(), true, false)).collect();
         let mut create = Command::new("redis-cli");
         create.arg("--cluster").arg("create");
         for n in &nodes {
