@@ -322,3 +322,122 @@ async fn redis_stopped_mid_run_degrades_to_proxying_and_history_resumes_after_it
         .collect();
     assert_eq!(contents(&v), expected);
 }
+
+// --- summaries across instances ---------------------------------------------------------------------------------
+
+const SUMMARIZER: &str = "summarizer-model";
+
+/// A support chat: `loops` finished questions with one small tool call each, then a new question.
+fn support_chat(loops: usize) -> Vec<Value> {
+    let mut m = vec![json!({"role":"system","content":"You help travellers."})];
+    for l in 0..loops {
+        let id = format!("call_{l}");
+        m.push(json!({"role":"user","content":format!("question {l}: {}", "please help ".repeat(120))}));
+        m.push(json!({"role":"assistant","content":null,"tool_calls":[{"id":id,"type":"function","function":{"name":"lookup","arguments":format!("{{\"q\":{l}}}")}}]}));
+        m.push(json!({"role":"tool","tool_call_id":id,"content":format!("RESULT-{l} {}", "data ".repeat(60))}));
+        m.push(json!({"role":"assistant","content":format!("answer {l}: {}", "indeed ".repeat(120))}));
+    }
+    m.push(json!({"role":"user","content":"and now?"}));
+    m
+}
+
+/// Summary requests answered with `text` after `delay`; everything else as usual.
+fn summarizer(mock: &MockUpstream, text: &'static str, delay: std::time::Duration) {
+    mock.set_responder(std::sync::Arc::new(move |r: &ctxgate::mock::RecordedRequest| {
+        (r.json()["model"] == SUMMARIZER).then(|| MockReply::completion(text).delayed(delay))
+    }));
+}
+
+fn summary_config(c: &mut Config) {
+    c.context.default_context_window = 4_000; // support_chat(8) is over the threshold
+    c.summary.model = Some(SUMMARIZER.into());
+    c.summary.wait_ms = 5_000;
+    c.summary.keep_recent = 4;
+}
+
+async fn send_sum(h: &Harness, messages: &[Value]) {
+    let resp = h
+        .client
+        .post(h.url("/v1/chat/completions"))
+        .header("authorization", "Bearer sk-sum")
+        .header("x-session-id", "sum-x")
+        .json(&json!({"model":"mock-model","messages":messages}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
+/// What the mock received: (summary requests, chat requests).
+fn split_requests(mock: &MockUpstream) -> (Vec<Value>, Vec<Value>) {
+    mock.requests()
+        .iter()
+        .map(|r| r.json())
+        .partition(|v| v["model"] == SUMMARIZER)
+}
+
+const SUMMARY_MESSAGE: &str = "Summary of the earlier conversation: S-A";
+
+#[tokio::test]
+async fn a_summary_written_by_one_instance_is_used_by_another() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let (a, b) = pair(&redis, summary_config).await;
+    summarizer(&a.mock, "S-A", std::time::Duration::ZERO);
+    let mut m = support_chat(8);
+    send_sum(&a, &m).await;
+    a.state.drain().await;
+    // B's turn (its first: the session is loaded from Redis, the summary with it).
+    m.push(json!({"role":"assistant","content":"mock reply"}));
+    m.push(json!({"role":"user","content":"thanks"}));
+    send_sum(&b, &m).await;
+    let (summaries, chats) = split_requests(&a.mock);
+    assert_eq!(summaries.len(), 1, "B wrote no summary of its own");
+    assert_eq!(chats[1]["messages"][1]["content"], SUMMARY_MESSAGE);
+    // A later turn on B, the session now cached there: the same summary, no new summary request.
+    m.push(json!({"role":"assistant","content":"mock reply"}));
+    m.push(json!({"role":"user","content":"one more"}));
+    send_sum(&b, &m).await;
+    let (summaries, chats) = split_requests(&a.mock);
+    assert_eq!(summaries.len(), 1);
+    assert_eq!(chats[2]["messages"][1]["content"], SUMMARY_MESSAGE);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_summary_in_progress_on_one_instance_is_awaited_by_the_other() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let (a, b) = pair(&redis, summary_config).await;
+    // Both instances know the session (a small first turn each, under another model: no calibration).
+    let opening = support_chat(0);
+    for h in [&a, &b] {
+        let r = h
+            .client
+            .post(h.url("/v1/chat/completions"))
+            .header("authorization", "Bearer sk-sum")
+            .header("x-session-id", "sum-x")
+            .json(&json!({"model":"gpt-4o","messages":opening}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    a.state.drain().await;
+    b.state.drain().await;
+    // Then both cross the threshold at once; the summary takes a while.
+    summarizer(&a.mock, "S-A", std::time::Duration::from_millis(600));
+    let m = support_chat(8);
+    tokio::join!(send_sum(&a, &m), send_sum(&b, &m));
+    let (summaries, chats) = split_requests(&a.mock);
+    assert_eq!(summaries.len(), 1, "one summary for both instances");
+    let crossing: Vec<&Value> = chats.iter().filter(|c| c["model"] == "mock-model").collect();
+    assert_eq!(crossing.len(), 2);
+    for c in crossing {
+        assert_eq!(
+            c["messages"][1]["content"], SUMMARY_MESSAGE,
+            "each instance waited for the summary (summary.wait_ms)"
+        );
+    }
+}

@@ -452,6 +452,12 @@ impl Sessions {
         }
     }
 
+    /// Brings `entry` up to date with a shared store (what other instances appended: nodes, records such as their
+    /// summaries); nothing to do for a store of this instance alone.
+    pub async fn catch_up(&self, entry: &Arc<SessionEntry>) -> Result<(), StoreError> {
+        self.refresh(entry).await.map(|_| ())
+    }
+
     async fn load_entry(&self, id: &str) -> Result<Option<Arc<SessionEntry>>, StoreError> {
         if let Some(e) = self.cache.get(id).await {
             self.metrics.lookup(CacheResult::Hit);

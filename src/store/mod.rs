@@ -147,6 +147,17 @@ pub enum Fresh {
     Tail(Tail),
 }
 
+/// The answer of [`Store::lock`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lock {
+    /// The store is this instance's alone: single flight within the process is enough.
+    Local,
+    /// Taken, with its fencing token (higher than every token handed out for that lock before).
+    Acquired(u64),
+    /// Another instance holds it.
+    HeldElsewhere,
+}
+
 /// One write. The ops of a batch are applied in order, all or nothing.
 #[derive(Debug, Clone)]
 pub enum WriteOp {
@@ -209,6 +220,19 @@ pub trait Store: Send + Sync + 'static {
         _have: Box<dyn Fn(&str) -> bool + Send + Sync>,
     ) -> BoxFuture<'static, Result<Fresh, StoreError>> {
         Box::pin(async { Ok(Fresh::Local) })
+    }
+    /// Takes lock `name` of session `id` for `ttl_ms` (it expires by itself: a crashed holder never blocks the
+    /// others for longer), unless another instance holds it. A store that is not shared answers [`Lock::Local`].
+    fn lock(&self, _id: &str, _name: &str, _ttl_ms: u64) -> BoxFuture<'static, Result<Lock, StoreError>> {
+        Box::pin(async { Ok(Lock::Local) })
+    }
+    /// Releases lock `name` of session `id` if it is still held with `token` (never another holder's).
+    fn unlock(&self, _id: &str, _name: &str, _token: u64) -> BoxFuture<'static, Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
+    /// Whether lock `name` of session `id` is held (by anyone).
+    fn is_locked(&self, _id: &str, _name: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        Box::pin(async { Ok(false) })
     }
     /// Answers when the store does (for `/readyz`): by default a one-row listing, queued like any read.
     fn ping(&self) -> BoxFuture<'static, Result<(), StoreError>> {

@@ -17,7 +17,9 @@ mod conn;
 mod scripts;
 mod worker;
 
-use super::{Cursor, Fresh, NodeRow, Record, SessionMeta, Store, StoreError, StoredSession, Tail};
+use super::{
+    Cursor, Fresh, Lock, NodeRow, Record, SessionMeta, Store, StoreError, StoredSession, Tail,
+};
 use super::WriteOp;
 use crate::config::StoreConfig;
 use crate::metrics::{StoreMetrics, StoreOp};
@@ -30,6 +32,10 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 use worker::{err, Cmd, Worker};
+
+/// How long a session's fencing counter is kept after its last lock (tokens only need to grow while locks held
+/// with older ones may still be around).
+const FENCE_KEEP_MS: u64 = 86_400_000;
 
 /// Session ids read from the activity index per round trip when purging.
 const PURGE_CHUNK: isize = 200;
@@ -183,6 +189,42 @@ impl Store for RedisStore {
             let r = tail(&conn, &keys, &id, since, have).await.map_err(err);
             metrics.observe(StoreOp::Load, started, r.is_ok());
             r
+        })
+    }
+
+    fn lock(&self, id: &str, name: &str, ttl_ms: u64) -> BoxFuture<'static, Result<Lock, StoreError>> {
+        let (conn, keys) = (self.conn.clone(), self.keys.lock(id, name));
+        Box::pin(async move {
+            let mut inv = scripts::LOCK.prepare_invoke();
+            inv.key(&keys[0])
+                .key(&keys[1])
+                .arg(ttl_ms.max(1))
+                .arg(FENCE_KEEP_MS.max(ttl_ms));
+            let token: u64 = conn.script(&inv).await.map_err(err)?;
+            Ok(if token == 0 {
+                Lock::HeldElsewhere
+            } else {
+                Lock::Acquired(token)
+            })
+        })
+    }
+
+    fn unlock(&self, id: &str, name: &str, token: u64) -> BoxFuture<'static, Result<(), StoreError>> {
+        let (conn, keys) = (self.conn.clone(), self.keys.lock(id, name));
+        Box::pin(async move {
+            let mut inv = scripts::UNLOCK.prepare_invoke();
+            inv.key(&keys[0]).arg(token);
+            conn.script::<i64>(&inv).await.map(|_| ()).map_err(err)
+        })
+    }
+
+    fn is_locked(&self, id: &str, name: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        let (conn, keys) = (self.conn.clone(), self.keys.lock(id, name));
+        Box::pin(async move {
+            conn.query::<i64>(redis::cmd("EXISTS").arg(&keys[0]))
+                .await
+                .map(|n| n > 0)
+                .map_err(err)
         })
     }
 

@@ -101,3 +101,27 @@ return 0
 "#,
     )
 });
+
+/// Takes a lock (`KEYS[1]`) with expiry (`ARGV[1]` ms) unless it is held: `SET NX PX` with a fencing token from the
+/// session's counter (`KEYS[2]`, kept `ARGV[2]` ms). Returns the token, or 0 when the lock is held.
+pub(super) static LOCK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local token = redis.call('INCR', KEYS[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[1])
+return token
+"#,
+    )
+});
+
+/// Releases a lock (`KEYS[1]`) only when it still holds the caller's token (`ARGV[1]`).
+pub(super) static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"#,
+    )
+});
