@@ -7,7 +7,7 @@ mod common;
 use common::redis::{RedisCluster, RedisServer};
 use ctxgate::config::{StoreBackend, StoreConfig};
 use ctxgate::store::{
-    committed, Compression, Cursor, Fresh, MemoryStore, NodeKind, NodeRow, Record, SessionMeta,
+    committed, Compression, Cursor, Fresh, Lock, MemoryStore, NodeKind, NodeRow, Record, SessionMeta,
     SqliteStore, Store, WriteOp,
 };
 use serde_json::json;
@@ -242,6 +242,41 @@ async fn tails(store: &dyn Store) {
     store.ping().await.unwrap();
 }
 
+/// Locks with expiry and fencing tokens on a shared store; `Local` on one that is not.
+async fn locks(store: &dyn Store) {
+    let first = store.lock("l", "summary", 60_000).await.unwrap();
+    if !store.shared() {
+        assert_eq!(first, Lock::Local);
+        return;
+    }
+    let Lock::Acquired(t1) = first else {
+        panic!("{first:?}")
+    };
+    assert_eq!(store.lock("l", "summary", 60_000).await.unwrap(), Lock::HeldElsewhere);
+    assert!(store.is_locked("l", "summary").await.unwrap());
+    // Another session's lock, another lock name: independent.
+    assert!(matches!(store.lock("m", "summary", 60_000).await.unwrap(), Lock::Acquired(_)));
+    // Only the holder's token releases it.
+    store.unlock("l", "summary", t1 + 100).await.unwrap();
+    assert!(store.is_locked("l", "summary").await.unwrap());
+    store.unlock("l", "summary", t1).await.unwrap();
+    assert!(!store.is_locked("l", "summary").await.unwrap());
+    let Lock::Acquired(t2) = store.lock("l", "summary", 50).await.unwrap() else {
+        panic!("free again")
+    };
+    assert!(t2 > t1, "fencing tokens grow");
+    // It expires by itself.
+    tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+    assert!(!store.is_locked("l", "summary").await.unwrap());
+    // A holder whose lock expired cannot release the next holder's.
+    let Lock::Acquired(t3) = store.lock("l", "summary", 60_000).await.unwrap() else {
+        panic!("expired")
+    };
+    store.unlock("l", "summary", t2).await.unwrap();
+    assert!(store.is_locked("l", "summary").await.unwrap());
+    assert!(t3 > t2);
+}
+
 async fn contract(make: impl Fn() -> Arc<dyn Store>) {
     round_trip(&*make()).await;
     missing_sessions_are_no_ops(&*make()).await;
@@ -249,6 +284,7 @@ async fn contract(make: impl Fn() -> Arc<dyn Store>) {
     order_and_barriers(&*make()).await;
     list_delete_purge(&*make()).await;
     tails(&*make()).await;
+    locks(&*make()).await;
 }
 
 #[tokio::test]

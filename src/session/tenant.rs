@@ -150,6 +150,86 @@ impl TenantKey {
     }
 }
 
+/// The secret of a store, in hex (created when it has none yet), for moving its sessions to another store.
+pub fn store_secret_hex(store: &StoreConfig) -> Result<String, SecretError> {
+    match store.backend {
+        StoreBackend::Memory => Err(SecretError::Key(
+            "the memory store keeps no secret (nothing outlives the process)".into(),
+        )),
+        StoreBackend::Sqlite => {
+            let path = secret_path(&store.path);
+            TenantKey::load_or_create(&path)?;
+            let text = std::fs::read(&path).map_err(|e| SecretError::File {
+                path: path.clone(),
+                message: format!("cannot read it: {e}"),
+            })?;
+            let secret = parse_secret(&text).map_err(|m| SecretError::File {
+                path,
+                message: m.into(),
+            })?;
+            Ok(hex::encode(secret))
+        }
+        StoreBackend::Redis => {
+            let mut fresh = [0u8; SECRET_LEN];
+            getrandom::fill(&mut fresh).map_err(|e| SecretError::Random(e.to_string()))?;
+            crate::store::RedisStore::shared_secret(store, &hex::encode(fresh))
+                .map_err(|e| SecretError::Shared(e.to_string()))
+        }
+    }
+}
+
+/// Gives `store` the secret `secret_hex` when it has none yet (sessions moved there keep their tenants and ids); an
+/// error when it already has another one (its own sessions would no longer match their callers).
+pub fn adopt_secret(store: &StoreConfig, secret_hex: &str) -> Result<(), SecretError> {
+    let secret = parse_secret(secret_hex.as_bytes()).map_err(|m| SecretError::Key(m.into()))?;
+    let other = || {
+        SecretError::Key(
+            "the target store already has another tenant secret: its sessions and the moved ones cannot share it \
+             (move into an empty store)"
+                .into(),
+        )
+    };
+    match store.backend {
+        StoreBackend::Memory => Err(SecretError::Key(
+            "the memory store keeps nothing to move sessions into".into(),
+        )),
+        StoreBackend::Sqlite => {
+            let path = secret_path(&store.path);
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|e| SecretError::File {
+                    path: path.clone(),
+                    message: format!("cannot create its folder: {e}"),
+                })?;
+            }
+            match write_new(&path, &secret) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let text = std::fs::read(&path).map_err(|e| SecretError::File {
+                        path: path.clone(),
+                        message: format!("cannot read it: {e}"),
+                    })?;
+                    match parse_secret(&text) {
+                        Ok(s) if s == secret => Ok(()),
+                        _ => Err(other()),
+                    }
+                }
+                Err(e) => Err(SecretError::File {
+                    path,
+                    message: format!("cannot create it: {e}"),
+                }),
+            }
+        }
+        StoreBackend::Redis => {
+            let kept = crate::store::RedisStore::shared_secret(store, secret_hex)
+                .map_err(|e| SecretError::Shared(e.to_string()))?;
+            match parse_secret(kept.as_bytes()) {
+                Ok(s) if s == secret => Ok(()),
+                _ => Err(other()),
+            }
+        }
+    }
+}
+
 /// Where the secret of the SQLite database at `db` lives: [`SECRET_FILE`] in the same folder.
 pub fn secret_path(db: &Path) -> PathBuf {
     match db.parent() {
