@@ -173,7 +173,8 @@ pub struct StoreConfig {
     pub path: PathBuf,
     /// Bytes of message history kept in the in-memory cache in front of the store.
     pub cache_max_bytes: u64,
-    /// Sessions idle for longer than this many days are purged; 0 keeps them forever.
+    /// Sessions idle for longer than this many days are purged; 0 keeps them forever. On Redis each session's keys
+    /// also expire this long after its last write (the TTL is refreshed by every write).
     pub retention_days: u64,
     /// Milliseconds a request waits for the store (loading a session, committing a turn) before it is answered
     /// without history; the write still completes in the background when the store recovers.
@@ -1022,14 +1023,28 @@ mod tests {
             &[],
         )
         .unwrap_err();
-        assert!(err.0.iter().any(|m| m.contains("store.redis_url")), "{:?}", err.0);
-        assert!(err.0.iter().any(|m| m.contains("store.redis_prefix")), "{:?}", err.0);
+        assert!(
+            err.0.iter().any(|m| m.contains("store.redis_url")),
+            "{:?}",
+            err.0
+        );
+        assert!(
+            err.0.iter().any(|m| m.contains("store.redis_prefix")),
+            "{:?}",
+            err.0
+        );
         let err = load(
             "[store]\nbackend = \"redis\"\nredis_cluster_nodes = [\"redis://a:1\", \"nope\"]\n",
             &[],
         )
         .unwrap_err();
-        assert!(err.0.iter().any(|m| m.contains("store.redis_cluster_nodes")), "{:?}", err.0);
+        assert!(
+            err.0
+                .iter()
+                .any(|m| m.contains("store.redis_cluster_nodes")),
+            "{:?}",
+            err.0
+        );
         assert_eq!(mask_url_password("rediss://:pw@h:1"), "rediss://:***@h:1");
         assert_eq!(mask_url_password("redis://h:1/0"), "redis://h:1/0");
     }

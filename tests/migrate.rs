@@ -24,7 +24,10 @@ async fn turn(h: &Harness, sid: &str, messages: &Value) -> String {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    r.headers()["x-ctxgate-session"].to_str().unwrap().to_string()
+    r.headers()["x-ctxgate-session"]
+        .to_str()
+        .unwrap()
+        .to_string()
 }
 
 async fn contents(h: &Harness, sid: &str) -> Vec<String> {
@@ -106,13 +109,20 @@ async fn sessions_move_from_sqlite_to_redis_and_back() {
     cfg.store.redis_prefix = "moved:".into();
     let h = Harness::start_config(mock.clone(), cfg).await;
     assert_eq!(h.state.sessions.list(10, 0).await.unwrap().1, 3);
-    assert_eq!(contents(&h, &sids[1]).await, ["s1 q1", "s1 a1", "s1 q2", "s1 a2"]);
+    assert_eq!(
+        contents(&h, &sids[1]).await,
+        ["s1 q1", "s1 a1", "s1 q2", "s1 a2"]
+    );
     let history = json!([
         {"role":"user","content":"s1 q1"}, {"role":"assistant","content":"s1 a1"},
         {"role":"user","content":"s1 q2"}, {"role":"assistant","content":"s1 a2"},
         {"role":"user","content":"s1 q3"}]);
     mock.push(MockReply::completion("s1 a3"));
-    assert_eq!(turn(&h, "conv-1", &history).await, sids[1], "the same session");
+    assert_eq!(
+        turn(&h, "conv-1", &history).await,
+        sids[1],
+        "the same session"
+    );
     h.state.drain().await;
     assert_eq!(contents(&h, &sids[1]).await.len(), 6);
     drop(h);
@@ -126,7 +136,10 @@ async fn sessions_move_from_sqlite_to_redis_and_back() {
     );
     let h = Harness::start_config(mock.clone(), sqlite_config(&mock, &back)).await;
     assert_eq!(contents(&h, &sids[1]).await.len(), 6);
-    assert_eq!(contents(&h, &sids[2]).await, ["s2 q1", "s2 a1", "s2 q2", "s2 a2"]);
+    assert_eq!(
+        contents(&h, &sids[2]).await,
+        ["s2 q1", "s2 a1", "s2 q2", "s2 a2"]
+    );
     assert_eq!(
         std::fs::read_to_string(dir.path().join("a/ctxgate.secret")).unwrap(),
         std::fs::read_to_string(dir.path().join("b/ctxgate.secret")).unwrap(),
@@ -135,11 +148,20 @@ async fn sessions_move_from_sqlite_to_redis_and_back() {
     // A target holding another secret is refused.
     let other = dir.path().join("c").join("ctx.db");
     std::fs::create_dir_all(other.parent().unwrap()).unwrap();
-    std::fs::write(dir.path().join("c/ctxgate.secret"), format!("{}\n", "ab".repeat(32))).unwrap();
+    std::fs::write(
+        dir.path().join("c/ctxgate.secret"),
+        format!("{}\n", "ab".repeat(32)),
+    )
+    .unwrap();
     let refused = Command::new(env!("CARGO_BIN_EXE_ctxgate"))
         .args(["sessions", "migrate", "--config"])
         .arg(&config)
-        .args(["--from", &redis.url(), "--to", &format!("sqlite:{}", other.display())])
+        .args([
+            "--from",
+            &redis.url(),
+            "--to",
+            &format!("sqlite:{}", other.display()),
+        ])
         .output()
         .unwrap();
     assert!(!refused.status.success());

@@ -79,7 +79,8 @@ async fn turns_alternating_between_two_instances_keep_one_complete_history() {
         let h = if turn % 2 == 1 { &a } else { &b };
         let q = format!("question {turn}");
         history.push(json!({"role":"user","content": q}));
-        h.mock.push(MockReply::completion(&format!("answer {turn}")));
+        h.mock
+            .push(MockReply::completion(&format!("answer {turn}")));
         let (id, v) = chat(h, "conv-1", &json!({"model":"gpt-4o","messages":history})).await;
         history.push(v["choices"][0]["message"].clone());
         expected.extend([q, format!("answer {turn}")]);
@@ -127,20 +128,34 @@ async fn a_recall_on_one_instance_finds_a_result_first_seen_on_another() {
         return;
     };
     let (a, b) = pair(&redis, |c| c.context.default_context_window = 8_000).await;
-    let tools = json!([{"type":"function","function":{"name":"read_file","parameters":{"type":"object"}}}]);
+    let tools =
+        json!([{"type":"function","function":{"name":"read_file","parameters":{"type":"object"}}}]);
     // B knows the session first (a small turn), then A records a long run whose results B never saw (both under
     // another model, whose window is large: the mock's token counts calibrate no estimate for mock-model).
     let opening = common::agent_history(0, 0);
     b.mock.push(MockReply::completion("ok"));
-    let (sid, _) = chat(&b, "recall-x", &json!({"model":"gpt-4o","messages":opening,"tools":tools})).await;
+    let (sid, _) = chat(
+        &b,
+        "recall-x",
+        &json!({"model":"gpt-4o","messages":opening,"tools":tools}),
+    )
+    .await;
     a.mock.push(MockReply::completion("read them"));
-    chat(&a, "recall-x", &json!({"model":"gpt-4o","messages":common::agent_history(14, 300),"tools":tools})).await;
+    chat(
+        &a,
+        "recall-x",
+        &json!({"model":"gpt-4o","messages":common::agent_history(14, 300),"tools":tools}),
+    )
+    .await;
     a.state.drain().await;
     // On B the agent continues on another branch (the same calls with other results, as large): the model searches
     // the session's history for a result only A's run had.
     let mut other = common::agent_history(14, 300);
     for m in other.iter_mut() {
-        let s = m.to_string().replace("line", "text").replace("MARKER-", "OTHER-");
+        let s = m
+            .to_string()
+            .replace("line", "text")
+            .replace("MARKER-", "OTHER-");
         *m = serde_json::from_str(&s).unwrap();
     }
     let search = json!({"id":"r1","type":"function","function":{"name":"search_history","arguments":json!({"query":"MARKER-5 line7"}).to_string()}});
@@ -150,7 +165,12 @@ async fn a_recall_on_one_instance_finds_a_result_first_seen_on_another() {
     ));
     b.mock.push(MockReply::completion("found it"));
     let n = b.mock.requests().len();
-    let (id, v) = chat(&b, "recall-x", &json!({"model":"mock-model","messages":other,"tools":tools})).await;
+    let (id, v) = chat(
+        &b,
+        "recall-x",
+        &json!({"model":"mock-model","messages":other,"tools":tools}),
+    )
+    .await;
     assert_eq!(id, sid);
     assert_eq!(v["choices"][0]["message"]["content"], "found it");
     let asked = b.mock.requests()[n + 1].json();
@@ -164,7 +184,10 @@ async fn a_recall_on_one_instance_finds_a_result_first_seen_on_another() {
     let found: Value = serde_json::from_str(answer["content"].as_str().unwrap()).unwrap();
     assert_eq!(found["matches"][0]["call_id"], "call_5", "{found}");
     assert!(
-        found["matches"][0]["snippet"].as_str().unwrap().contains("MARKER-5"),
+        found["matches"][0]["snippet"]
+            .as_str()
+            .unwrap()
+            .contains("MARKER-5"),
         "B answered from A's result: {found}"
     );
 }
@@ -177,7 +200,12 @@ async fn concurrent_turns_on_two_instances_lose_nothing() {
     let (a, b) = pair(&redis, |_| {}).await;
     // The session exists first, on A.
     let system = json!({"role":"system","content":"shared"});
-    let (sid, _) = chat(&a, "busy", &json!({"model":"gpt-4o","messages":[system, {"role":"user","content":"u-init"}]})).await;
+    let (sid, _) = chat(
+        &a,
+        "busy",
+        &json!({"model":"gpt-4o","messages":[system, {"role":"user","content":"u-init"}]}),
+    )
+    .await;
     let a = std::sync::Arc::new(a);
     let b = std::sync::Arc::new(b);
     let mut tasks = Vec::new();
@@ -186,7 +214,9 @@ async fn concurrent_turns_on_two_instances_lose_nothing() {
         let system = system.clone();
         tasks.push(tokio::spawn(async move {
             let msgs = json!([system, {"role":"user","content": format!("u{i}")}]);
-            chat(&h, "busy", &json!({"model":"gpt-4o","messages":msgs})).await.0
+            chat(&h, "busy", &json!({"model":"gpt-4o","messages":msgs}))
+                .await
+                .0
         }));
     }
     for t in tasks {
@@ -254,7 +284,7 @@ async fn redis_stopped_mid_run_degrades_to_proxying_and_history_resumes_after_it
     };
     assert_eq!(ready(&h).await.0, 200);
     let mut history = vec![json!({"role":"system","content":"be brief"})];
-    let mut turn = |h: &Harness, n: usize, history: &mut Vec<Value>| {
+    let turn = |h: &Harness, n: usize, history: &mut Vec<Value>| {
         history.push(json!({"role":"user","content": format!("question {n}")}));
         h.mock.push(MockReply::completion(&format!("answer {n}")));
         let body = json!({"model":"gpt-4o","messages":history.clone()});
@@ -286,7 +316,10 @@ async fn redis_stopped_mid_run_degrades_to_proxying_and_history_resumes_after_it
     redis.stop();
     for n in 2..=3 {
         let (_, reply, took) = turn(&h, n, &mut history).await;
-        assert!(took < std::time::Duration::from_secs(3), "turn {n} took {took:?}");
+        assert!(
+            took < std::time::Duration::from_secs(3),
+            "turn {n} took {took:?}"
+        );
         history.push(reply);
     }
     let health = h.client.get(h.url("/healthz")).send().await.unwrap();
@@ -335,7 +368,9 @@ fn support_chat(loops: usize) -> Vec<Value> {
         m.push(json!({"role":"user","content":format!("question {l}: {}", "please help ".repeat(120))}));
         m.push(json!({"role":"assistant","content":null,"tool_calls":[{"id":id,"type":"function","function":{"name":"lookup","arguments":format!("{{\"q\":{l}}}")}}]}));
         m.push(json!({"role":"tool","tool_call_id":id,"content":format!("RESULT-{l} {}", "data ".repeat(60))}));
-        m.push(json!({"role":"assistant","content":format!("answer {l}: {}", "indeed ".repeat(120))}));
+        m.push(
+            json!({"role":"assistant","content":format!("answer {l}: {}", "indeed ".repeat(120))}),
+        );
     }
     m.push(json!({"role":"user","content":"and now?"}));
     m
@@ -343,9 +378,11 @@ fn support_chat(loops: usize) -> Vec<Value> {
 
 /// Summary requests answered with `text` after `delay`; everything else as usual.
 fn summarizer(mock: &MockUpstream, text: &'static str, delay: std::time::Duration) {
-    mock.set_responder(std::sync::Arc::new(move |r: &ctxgate::mock::RecordedRequest| {
-        (r.json()["model"] == SUMMARIZER).then(|| MockReply::completion(text).delayed(delay))
-    }));
+    mock.set_responder(std::sync::Arc::new(
+        move |r: &ctxgate::mock::RecordedRequest| {
+            (r.json()["model"] == SUMMARIZER).then(|| MockReply::completion(text).delayed(delay))
+        },
+    ));
 }
 
 fn summary_config(c: &mut Config) {
@@ -432,7 +469,10 @@ async fn a_summary_in_progress_on_one_instance_is_awaited_by_the_other() {
     tokio::join!(send_sum(&a, &m), send_sum(&b, &m));
     let (summaries, chats) = split_requests(&a.mock);
     assert_eq!(summaries.len(), 1, "one summary for both instances");
-    let crossing: Vec<&Value> = chats.iter().filter(|c| c["model"] == "mock-model").collect();
+    let crossing: Vec<&Value> = chats
+        .iter()
+        .filter(|c| c["model"] == "mock-model")
+        .collect();
     assert_eq!(crossing.len(), 2);
     for c in crossing {
         assert_eq!(

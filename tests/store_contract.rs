@@ -7,8 +7,8 @@ mod common;
 use common::redis::{RedisCluster, RedisServer};
 use ctxgate::config::{StoreBackend, StoreConfig};
 use ctxgate::store::{
-    committed, Compression, Cursor, Fresh, Lock, MemoryStore, NodeKind, NodeRow, Record, SessionMeta,
-    SqliteStore, Store, WriteOp,
+    committed, Compression, Cursor, Fresh, Lock, MemoryStore, NodeKind, NodeRow, Record,
+    SessionMeta, SqliteStore, Store, WriteOp,
 };
 use serde_json::json;
 use std::sync::Arc;
@@ -74,7 +74,12 @@ async fn write(store: &dyn Store, ops: Vec<WriteOp>) {
 fn texts(nodes: &[NodeRow]) -> Vec<(String, String)> {
     let mut v: Vec<(String, String)> = nodes
         .iter()
-        .map(|n| (n.id.to_string(), n.message["content"].as_str().unwrap().to_string()))
+        .map(|n| {
+            (
+                n.id.to_string(),
+                n.message["content"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
     v.sort();
     v
@@ -109,7 +114,10 @@ async fn round_trip(store: &dyn Store) {
     );
     let n2 = s.nodes.iter().find(|n| &*n.id == "n2").unwrap();
     assert_eq!(n2.parent.as_deref(), Some("n1"));
-    assert_eq!((n2.position, n2.kind, n2.created_at), (1, NodeKind::Reply, 102));
+    assert_eq!(
+        (n2.position, n2.kind, n2.created_at),
+        (1, NodeKind::Reply, 102)
+    );
     assert_eq!(s.compressions.len(), 1);
     assert!(matches!(&s.compressions[0], Compression::Summary(x) if x.summary == "S"));
     assert_eq!(s.internal, [json!({"by":"ctxgate","round":1})]);
@@ -156,12 +164,19 @@ async fn order_and_barriers(store: &dyn Store) {
     for i in 1..=50u32 {
         rxs.push(store.write(vec![
             node("o", i, &format!("m{i}")),
-            session(meta("o", u64::from(i) + 1, 100 + i64::from(i), u64::from(i)), false),
+            session(
+                meta("o", u64::from(i) + 1, 100 + i64::from(i), u64::from(i)),
+                false,
+            ),
         ]));
     }
     committed(store.write(Vec::new())).await.unwrap();
     let s = store.load("o").await.unwrap().unwrap();
-    assert_eq!(s.nodes.len(), 50, "the barrier resolved before every batch was committed");
+    assert_eq!(
+        s.nodes.len(),
+        50,
+        "the barrier resolved before every batch was committed"
+    );
     assert_eq!(s.meta.version, 51);
     assert_eq!(s.meta.head.as_deref(), Some("n50"));
     for rx in rxs {
@@ -174,20 +189,33 @@ async fn list_delete_purge(store: &dyn Store) {
     for (i, id) in ["a", "b", "c", "d"].iter().enumerate() {
         write(
             store,
-            vec![session(meta(id, 1, 1000 + i as i64 * 10, 1), true), node(id, 1, "x")],
+            vec![
+                session(meta(id, 1, 1000 + i as i64 * 10, 1), true),
+                node(id, 1, "x"),
+            ],
         )
         .await;
     }
     let (page, total) = store.list(2, 0).await.unwrap();
     assert_eq!(total, 4);
-    assert_eq!(page.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(), ["d", "c"]);
+    assert_eq!(
+        page.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(),
+        ["d", "c"]
+    );
     let (page, _) = store.list(10, 2).await.unwrap();
-    assert_eq!(page.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(), ["b", "a"]);
+    assert_eq!(
+        page.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(),
+        ["b", "a"]
+    );
     assert!(store.delete("c").await.unwrap());
     assert!(!store.delete("c").await.unwrap());
     assert!(store.load("c").await.unwrap().is_none());
     // Writes after the delete are no-ops.
-    write(store, vec![node("c", 2, "late"), session(meta("c", 9, 2000, 2), false)]).await;
+    write(
+        store,
+        vec![node("c", 2, "late"), session(meta("c", 9, 2000, 2), false)],
+    )
+    .await;
     assert!(store.load("c").await.unwrap().is_none());
     // "a" (1000) and "b" (1010) are idle before 1015; "d" (1030) is not.
     assert_eq!(store.purge_idle(1015).await.unwrap(), 2);
@@ -203,7 +231,11 @@ async fn list_delete_purge(store: &dyn Store) {
 async fn tails(store: &dyn Store) {
     write(
         store,
-        vec![session(meta("t", 1, 100, 2), true), node("t", 1, "a"), node("t", 2, "b")],
+        vec![
+            session(meta("t", 1, 100, 2), true),
+            node("t", 1, "a"),
+            node("t", 2, "b"),
+        ],
     )
     .await;
     let loaded = store.load("t").await.unwrap().unwrap();
@@ -226,15 +258,28 @@ async fn tails(store: &dyn Store) {
             assert!(store.shared());
             assert_eq!(texts(&t.nodes), [("n4".to_string(), "d".to_string())]);
             assert_eq!(t.records, [summary("T")]);
-            assert_eq!(t.cursor, Cursor { nodes: 4, records: 1 });
+            assert_eq!(
+                t.cursor,
+                Cursor {
+                    nodes: 4,
+                    records: 1
+                }
+            );
             assert_eq!((t.meta.version, t.meta.head.as_deref()), (2, Some("n4")));
-            match store.tail("t", t.cursor, Box::new(|_| false)).await.unwrap() {
+            match store
+                .tail("t", t.cursor, Box::new(|_| false))
+                .await
+                .unwrap()
+            {
                 Fresh::Tail(t2) => assert!(t2.nodes.is_empty() && t2.records.is_empty()),
                 _ => panic!("expected an empty tail"),
             }
             assert!(store.delete("t").await.unwrap());
             assert!(matches!(
-                store.tail("t", t.cursor, Box::new(|_| false)).await.unwrap(),
+                store
+                    .tail("t", t.cursor, Box::new(|_| false))
+                    .await
+                    .unwrap(),
                 Fresh::Gone
             ));
         }
@@ -252,10 +297,16 @@ async fn locks(store: &dyn Store) {
     let Lock::Acquired(t1) = first else {
         panic!("{first:?}")
     };
-    assert_eq!(store.lock("l", "summary", 60_000).await.unwrap(), Lock::HeldElsewhere);
+    assert_eq!(
+        store.lock("l", "summary", 60_000).await.unwrap(),
+        Lock::HeldElsewhere
+    );
     assert!(store.is_locked("l", "summary").await.unwrap());
     // Another session's lock, another lock name: independent.
-    assert!(matches!(store.lock("m", "summary", 60_000).await.unwrap(), Lock::Acquired(_)));
+    assert!(matches!(
+        store.lock("m", "summary", 60_000).await.unwrap(),
+        Lock::Acquired(_)
+    ));
     // Only the holder's token releases it.
     store.unlock("l", "summary", t1 + 100).await.unwrap();
     assert!(store.is_locked("l", "summary").await.unwrap());
@@ -333,7 +384,10 @@ async fn redis_keeps_the_contract() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_keeps_the_contract() {
-    let Some(cluster) = tokio::task::spawn_blocking(RedisCluster::start).await.unwrap() else {
+    let Some(cluster) = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .unwrap()
+    else {
         return;
     };
     let n = std::sync::atomic::AtomicUsize::new(0);

@@ -114,9 +114,8 @@ pub fn store_spec(spec: &str, base: &StoreConfig) -> Result<StoreConfig, String>
         return Ok(cfg);
     }
     if spec.starts_with("redis://") || spec.starts_with("rediss://") {
-        redis::Client::open(spec).map_err(|e| {
-            format!("{:?}: {e}", crate::config::mask_url_password(spec))
-        })?;
+        redis::Client::open(spec)
+            .map_err(|e| format!("{:?}: {e}", crate::config::mask_url_password(spec)))?;
         cfg.backend = crate::config::StoreBackend::Redis;
         cfg.redis_url = spec.to_string();
         cfg.redis_cluster_nodes = Vec::new();

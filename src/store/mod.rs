@@ -223,11 +223,21 @@ pub trait Store: Send + Sync + 'static {
     }
     /// Takes lock `name` of session `id` for `ttl_ms` (it expires by itself: a crashed holder never blocks the
     /// others for longer), unless another instance holds it. A store that is not shared answers [`Lock::Local`].
-    fn lock(&self, _id: &str, _name: &str, _ttl_ms: u64) -> BoxFuture<'static, Result<Lock, StoreError>> {
+    fn lock(
+        &self,
+        _id: &str,
+        _name: &str,
+        _ttl_ms: u64,
+    ) -> BoxFuture<'static, Result<Lock, StoreError>> {
         Box::pin(async { Ok(Lock::Local) })
     }
     /// Releases lock `name` of session `id` if it is still held with `token` (never another holder's).
-    fn unlock(&self, _id: &str, _name: &str, _token: u64) -> BoxFuture<'static, Result<(), StoreError>> {
+    fn unlock(
+        &self,
+        _id: &str,
+        _name: &str,
+        _token: u64,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
         Box::pin(async { Ok(()) })
     }
     /// Whether lock `name` of session `id` is held (by anyone).

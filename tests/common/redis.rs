@@ -43,7 +43,12 @@ pub fn command(port: u16, cmd: &str) -> Option<String> {
     s.write_all(format!("{cmd}\r\n").as_bytes()).ok()?;
     let mut buf = [0u8; 512];
     let n = s.read(&mut buf).ok()?;
-    Some(String::from_utf8_lossy(&buf[..n]).lines().next()?.to_string())
+    Some(
+        String::from_utf8_lossy(&buf[..n])
+            .lines()
+            .next()?
+            .to_string(),
+    )
 }
 
 /// One `redis-server` process.
@@ -160,7 +165,8 @@ impl RedisCluster {
         external("redis-server")?;
         external("redis-cli")?;
         let nodes: Vec<RedisServer> = (0..3)
-            .map(|_| RedisServer::spawn(free_port(), true, false)).collect();
+            .map(|_| RedisServer::spawn(free_port(), true, false))
+            .collect();
         let mut create = Command::new("redis-cli");
         create.arg("--cluster").arg("create");
         for n in &nodes {

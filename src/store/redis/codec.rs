@@ -30,7 +30,10 @@ impl Keys {
     /// Lock `name` of session `id` and the session's fencing counter (in the session's slot).
     pub(super) fn lock(&self, id: &str, name: &str) -> [String; 2] {
         let p = &self.prefix;
-        [format!("{p}{{{id}}}:lock:{name}"), format!("{p}{{{id}}}:fence")]
+        [
+            format!("{p}{{{id}}}:lock:{name}"),
+            format!("{p}{{{id}}}:fence"),
+        ]
     }
 
     /// The activity index: a sorted set of session ids by `last_active` (the only key outside a session's slot).

@@ -19,7 +19,7 @@ pub(super) enum Conn {
     /// One server through the connection manager (lazy: connects on first use).
     Single(ConnectionManager),
     /// A Cluster: the connection is made on first use (and again after a failed attempt).
-    Cluster(ClusterClient, Arc<OnceCell<ClusterConnection>>),
+    Cluster(Arc<(ClusterClient, OnceCell<ClusterConnection>)>),
 }
 
 /// How long one Redis command may take before it fails (and the connection is re-established): the store timeout,
@@ -44,7 +44,7 @@ impl Conn {
                 .connection_timeout(timeout)
                 .response_timeout(timeout)
                 .build()?;
-            Ok(Conn::Cluster(client, Arc::new(OnceCell::new())))
+            Ok(Conn::Cluster(Arc::new((client, OnceCell::new()))))
         }
     }
 
@@ -61,8 +61,8 @@ impl Conn {
     pub(super) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<T> {
         match self {
             Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
-            Conn::Cluster(client, cell) => {
-                let mut c = Self::cluster(client, cell).await?;
+            Conn::Cluster(cluster) => {
+                let mut c = Self::cluster(&cluster.0, &cluster.1).await?;
                 cmd.query_async(&mut c).await
             }
         }
@@ -75,8 +75,8 @@ impl Conn {
     ) -> RedisResult<T> {
         match self {
             Conn::Single(c) => inv.invoke_async(&mut c.clone()).await,
-            Conn::Cluster(client, cell) => {
-                let mut c = Self::cluster(client, cell).await?;
+            Conn::Cluster(cluster) => {
+                let mut c = Self::cluster(&cluster.0, &cluster.1).await?;
                 inv.invoke_async(&mut c).await
             }
         }

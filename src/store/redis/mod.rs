@@ -17,10 +17,10 @@ mod conn;
 mod scripts;
 mod worker;
 
+use super::WriteOp;
 use super::{
     Cursor, Fresh, Lock, NodeRow, Record, SessionMeta, Store, StoreError, StoredSession, Tail,
 };
-use super::WriteOp;
 use crate::config::StoreConfig;
 use crate::metrics::{StoreMetrics, StoreOp};
 use codec::Keys;
@@ -192,7 +192,12 @@ impl Store for RedisStore {
         })
     }
 
-    fn lock(&self, id: &str, name: &str, ttl_ms: u64) -> BoxFuture<'static, Result<Lock, StoreError>> {
+    fn lock(
+        &self,
+        id: &str,
+        name: &str,
+        ttl_ms: u64,
+    ) -> BoxFuture<'static, Result<Lock, StoreError>> {
         let (conn, keys) = (self.conn.clone(), self.keys.lock(id, name));
         Box::pin(async move {
             let mut inv = scripts::LOCK.prepare_invoke();
@@ -209,7 +214,12 @@ impl Store for RedisStore {
         })
     }
 
-    fn unlock(&self, id: &str, name: &str, token: u64) -> BoxFuture<'static, Result<(), StoreError>> {
+    fn unlock(
+        &self,
+        id: &str,
+        name: &str,
+        token: u64,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
         let (conn, keys) = (self.conn.clone(), self.keys.lock(id, name));
         Box::pin(async move {
             let mut inv = scripts::UNLOCK.prepare_invoke();
@@ -323,7 +333,9 @@ async fn tail(
         .filter_map(|r| codec::bytes(r).and_then(codec::parse_record))
         .collect();
     let cursor = Cursor {
-        nodes: codec::int(log_len).and_then(|n| u64::try_from(n).ok()).unwrap_or(since.nodes),
+        nodes: codec::int(log_len)
+            .and_then(|n| u64::try_from(n).ok())
+            .unwrap_or(since.nodes),
         records: codec::int(records_len)
             .and_then(|n| u64::try_from(n).ok())
             .unwrap_or(since.records),
@@ -353,16 +365,26 @@ async fn delete(
     let deleted: i64 = conn.script(&inv).await?;
     let active: Option<i64> = match idle_before {
         Some(_) if deleted == 0 => {
-            conn.query(redis::cmd("HGET").arg(&keys.session(id)[0]).arg("last_active"))
-                .await?
+            conn.query(
+                redis::cmd("HGET")
+                    .arg(&keys.session(id)[0])
+                    .arg("last_active"),
+            )
+            .await?
         }
         _ => None,
     };
     match active {
         // Active again since: its index entry catches up with the row.
         Some(la) => {
-            conn.query::<i64>(redis::cmd("ZADD").arg(keys.index()).arg("GT").arg(la).arg(id))
-                .await?
+            conn.query::<i64>(
+                redis::cmd("ZADD")
+                    .arg(keys.index())
+                    .arg("GT")
+                    .arg(la)
+                    .arg(id),
+            )
+            .await?
         }
         None => {
             conn.query::<i64>(redis::cmd("ZREM").arg(keys.index()).arg(id))
@@ -387,7 +409,13 @@ async fn list(
     let start = isize::try_from(offset).unwrap_or(isize::MAX);
     let stop = start.saturating_add(limit as isize - 1);
     let ids: Vec<String> = conn
-        .query(redis::cmd("ZRANGE").arg(keys.index()).arg(start).arg(stop).arg("REV"))
+        .query(
+            redis::cmd("ZRANGE")
+                .arg(keys.index())
+                .arg(start)
+                .arg(stop)
+                .arg("REV"),
+        )
         .await?;
     let rows = futures_util::future::join_all(ids.iter().map(|id| {
         let key = keys.session(id)[0].clone();
@@ -405,7 +433,11 @@ async fn list(
         }
     }
     // Equal activity: by id, as SQLite orders them.
-    out.sort_by(|a, b| b.last_active.cmp(&a.last_active).then_with(|| a.id.cmp(&b.id)));
+    out.sort_by(|a, b| {
+        b.last_active
+            .cmp(&a.last_active)
+            .then_with(|| a.id.cmp(&b.id))
+    });
     Ok((out, total))
 }
 

@@ -109,7 +109,11 @@ impl Worker {
                     break;
                 }
                 // Closed with batches still failing: one last attempt each, then they are given up.
-                if self.lanes.values().all(|l| l.retry_at.is_some() && !l.running) {
+                if self
+                    .lanes
+                    .values()
+                    .all(|l| l.retry_at.is_some() && !l.running)
+                {
                     self.give_up();
                     break;
                 }
@@ -190,7 +194,11 @@ impl Worker {
                 (id, Job::Delete(reply))
             }
         };
-        self.lanes.entry(lane.clone()).or_default().jobs.push_back(job);
+        self.lanes
+            .entry(lane.clone())
+            .or_default()
+            .jobs
+            .push_back(job);
         self.start(&lane);
     }
 
