@@ -8,6 +8,11 @@
 //! lock, so a session's rows are queued in the order they were built. A write the store refused (full queue)
 //! marks the session for a whole rewrite and keeps it in memory, evicted from the cache or not, until the
 //! rewrite is queued: on its next write, once another write is accepted, or on flush.
+//!
+//! On a store shared by several instances (Redis), a cached entry is brought up to date before each use
+//! ([`Store::tail`]: what other instances appended since the entry's cursor, only the missing nodes fetched), so no
+//! instance serves a turn from a stale entry; a session gone from the store (deleted or expired elsewhere) starts
+//! afresh.
 
 use super::entry::EntryState;
 pub use super::entry::SessionEntry;
