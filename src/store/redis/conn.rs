@@ -83,6 +83,13 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// Whether every key lives on one server (keys of different slots may meet in one script).
+    pub(super) fn standalone(&self) -> bool {
+        matches!(self, Conn::Single(_))
+    }
+}
+
 /// Failures that may go away by themselves (connection lost or refused, timeouts, a server loading its data or
 /// failing over, a Cluster moving slots): the batch is kept and retried. Script and data errors are not.
 pub(super) fn transient(e: &RedisError) -> bool {

@@ -1,5 +1,6 @@
-//! The Lua scripts of the Redis backend. Each runs on the keys of one session only (they share the session's hash
-//! tag, so one Cluster slot), which makes every batch of a session atomic on standalone Redis and on Cluster alike.
+//! The Lua scripts of the Redis backend. Each runs on the keys of one session (they share the session's hash tag,
+//! so one Cluster slot), which makes every batch of a session atomic on standalone Redis and on Cluster alike; only
+//! on standalone Redis does the write script also touch the activity index.
 //!
 //! A session's keys (`KEYS`, in this order): `meta` (hash: the session row), `nodes` (hash: node id → node JSON),
 //! `log` (list: node ids in the order they were stored, the session's append cursor), `records` (list: `kind`,
@@ -12,8 +13,9 @@ use std::sync::LazyLock;
 /// Applies one session's ops of a batch (`ARGV[1]`: TTL in ms, 0 for none; then the ops, see
 /// `super::codec::write_args`). Nodes and records are only stored while the row exists; a row is replaced only by
 /// a higher `version` (without `create`: only the row of the same tenant and creation time); `message_count` is
-/// never below the nodes stored. Returns the row's `last_active` (for the activity index), or nil when the session
-/// does not exist.
+/// never below the nodes stored. With a sixth key (standalone Redis: no slots to respect) the activity index is
+/// updated here too. Returns the row's `last_active` (for the activity index), or nil when the session does not
+/// exist.
 pub(super) static WRITE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
@@ -58,9 +60,11 @@ if stored > tonumber(redis.call('HGET', KEYS[1], 'message_count') or '0') then
   redis.call('HSET', KEYS[1], 'message_count', stored)
 end
 if ttl > 0 then
-  for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ttl) end
+  for k = 1, 5 do redis.call('PEXPIRE', KEYS[k], ttl) end
 end
-return redis.call('HGET', KEYS[1], 'last_active')
+local last_active = redis.call('HGET', KEYS[1], 'last_active')
+if KEYS[6] then redis.call('ZADD', KEYS[6], 'GT', last_active, redis.call('HGET', KEYS[1], 'id')) end
+return last_active
 "#,
     )
 });

@@ -351,7 +351,7 @@ pub(super) fn err(e: RedisError) -> StoreError {
 }
 
 /// Applies a batch: the write script once per session it touches (in the order the sessions first appear), then
-/// the activity index. A batch of one session (the manager's) is atomic; the index is best effort (a failure to
+/// (on Cluster) the activity index. A batch of one session (the manager's) is atomic; the index is best effort (a failure to
 /// update it is logged, and repaired by the session's next write).
 async fn apply(
     conn: &Conn,
@@ -388,11 +388,16 @@ async fn apply(
         for k in keys.session(session) {
             inv.key(k);
         }
+        // Standalone: the index is updated by the script itself (one round trip); on Cluster it is another slot.
+        let standalone = conn.standalone();
+        if standalone {
+            inv.key(keys.index());
+        }
         for a in codec::write_args(&ops, &rids, ttl_ms) {
             inv.arg(a);
         }
         let last_active: Option<i64> = conn.script(&inv).await?;
-        if let Some(score) = last_active {
+        if let Some(score) = last_active.filter(|_| !standalone) {
             let zadd = redis::cmd("ZADD")
                 .arg(keys.index())
                 .arg("GT")
