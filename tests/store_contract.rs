@@ -399,3 +399,53 @@ async fn redis_cluster_keeps_the_contract() {
     .await;
     drop(cluster);
 }
+
+/// Redis away: a queued batch is kept and retried until Redis is back (the session's later batches wait behind
+/// it, a barrier waits for it, other callers see the failure only as waiting), then everything is there in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_writes_queued_while_it_is_down_are_retried_until_it_is_back() {
+    let Some(mut server) = RedisServer::start_persistent() else {
+        return;
+    };
+    let mut cfg = redis_config(Some(server.url()), Vec::new(), "r:".into());
+    cfg.timeout_ms = 200;
+    let store = ctxgate::store::open(&cfg).unwrap();
+    write(
+        &*store,
+        vec![session(meta("w", 1, 100, 1), true), node("w", 1, "before")],
+    )
+    .await;
+    server.stop();
+    let first = store.write(vec![
+        node("w", 2, "during"),
+        session(meta("w", 2, 200, 2), false),
+    ]);
+    let second = store.write(vec![
+        node("w", 3, "after"),
+        session(meta("w", 3, 300, 3), false),
+    ]);
+    let mut barrier = store.write(Vec::new());
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        barrier.try_recv().is_err(),
+        "the barrier waits for the retried batches"
+    );
+    assert!(store.ping().await.is_err());
+    let server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    committed(first).await.unwrap();
+    committed(second).await.unwrap();
+    committed(barrier).await.unwrap();
+    let s = store.load("w").await.unwrap().unwrap();
+    assert_eq!(
+        texts(&s.nodes),
+        [("n1", "before"), ("n2", "during"), ("n3", "after")]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+    );
+    assert_eq!(s.meta.version, 3);
+    drop(server);
+}
