@@ -66,12 +66,10 @@ fn contents(v: &Value) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
-async fn turns_alternating_between_two_instances_keep_one_complete_history() {
-    let Some(redis) = RedisServer::start() else {
-        return;
-    };
-    let (a, b) = pair(&redis, |_| {}).await;
+/// Six turns alternating between two instances, then the history at both and at a third starting cold.
+async fn alternate(cfg: Config, mock: MockUpstream) {
+    let a = Harness::start_config(mock.clone(), cfg.clone()).await;
+    let b = Harness::start_config(mock.clone(), cfg.clone()).await;
     let mut history = vec![json!({"role":"system","content":"be brief"})];
     let mut sid = String::new();
     let mut expected = vec!["be brief".to_string()];
@@ -91,15 +89,38 @@ async fn turns_alternating_between_two_instances_keep_one_complete_history() {
     }
     a.state.drain().await;
     b.state.drain().await;
-    // Both instances show the whole history, in order, and so does a third one starting cold.
-    let mock = a.mock.clone();
-    let c = Harness::start_config(mock.clone(), redis_config(&mock, &redis)).await;
+    let c = Harness::start_config(mock, cfg).await;
     for h in [&a, &b, &c] {
         let v = view(h, &sid).await;
         assert_eq!(contents(&v), expected);
         assert_eq!(v["message_count"], 13);
         assert!(v["branches"].as_array().unwrap().is_empty(), "{v}");
     }
+}
+
+#[tokio::test]
+async fn turns_alternating_between_two_instances_keep_one_complete_history() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let mock = MockUpstream::start().await.unwrap();
+    alternate(redis_config(&mock, &redis), mock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_alternating_between_two_instances_on_a_redis_cluster() {
+    let Some(cluster) = tokio::task::spawn_blocking(common::redis::RedisCluster::start)
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let mock = MockUpstream::start().await.unwrap();
+    let mut cfg = test_config(&mock.base_url());
+    cfg.store.backend = StoreBackend::Redis;
+    cfg.store.redis_cluster_nodes = cluster.urls();
+    alternate(cfg, mock).await;
+    drop(cluster);
 }
 
 #[tokio::test]
