@@ -5,7 +5,6 @@
 
 use super::codec::{self, Keys};
 use super::conn::{transient, Conn};
-use super::scripts;
 use crate::metrics::{StoreMetrics, StoreOp};
 use crate::store::{StoreError, StoredSession, WriteOp};
 use futures_util::future::BoxFuture;
@@ -252,16 +251,16 @@ impl Worker {
             } => {
                 let (ops, rids) = (ops.clone(), record_ids.clone());
                 Box::pin(async move {
-                    let r = apply(&conn, &keys, &ops, &rids, ttl).await;
+                    let r = super::queries::apply(&conn, &keys, &ops, &rids, ttl).await;
                     (key, Outcome::Write(r))
                 })
             }
             Job::Load(_) => Box::pin(async move {
-                let r = super::load(&conn, &keys, &key).await;
+                let r = super::queries::load(&conn, &keys, &key).await;
                 (key, Outcome::Load(r))
             }),
             Job::Delete(_) => Box::pin(async move {
-                let r = super::delete(&conn, &keys, &key, None).await;
+                let r = super::queries::delete(&conn, &keys, &key, None).await;
                 (key, Outcome::Delete(r))
             }),
         };
@@ -348,70 +347,4 @@ pub(super) fn err(e: RedisError) -> StoreError {
         backend: "redis",
         message: e.to_string(),
     }
-}
-
-/// Applies a batch: the write script once per session it touches (in the order the sessions first appear), then
-/// (on Cluster) the activity index. A batch of one session (the manager's) is atomic; the index is best effort (a failure to
-/// update it is logged, and repaired by the session's next write).
-async fn apply(
-    conn: &Conn,
-    keys: &Keys,
-    ops: &[WriteOp],
-    record_ids: &[String],
-    ttl_ms: u64,
-) -> Result<(), RedisError> {
-    let started = Instant::now();
-    let mut sessions: Vec<&str> = Vec::new();
-    for op in ops {
-        let s = codec::op_session(op);
-        if !sessions.contains(&s) {
-            sessions.push(s);
-        }
-    }
-    // Record ids in the order of the record ops, split by session.
-    let mut rid = record_ids.iter();
-    let mut by_session: Vec<(&str, Vec<&WriteOp>, Vec<String>)> = sessions
-        .iter()
-        .map(|s| (*s, Vec::new(), Vec::new()))
-        .collect();
-    for op in ops {
-        let s = codec::op_session(op);
-        if let Some(entry) = by_session.iter_mut().find(|(k, _, _)| *k == s) {
-            entry.1.push(op);
-            if matches!(op, WriteOp::Record { .. }) {
-                entry.2.push(rid.next().cloned().unwrap_or_default());
-            }
-        }
-    }
-    for (session, ops, rids) in by_session {
-        let mut inv = scripts::WRITE.prepare_invoke();
-        for k in keys.session(session) {
-            inv.key(k);
-        }
-        // Standalone: the index is updated by the script itself (one round trip); on Cluster it is another slot.
-        let standalone = conn.standalone();
-        if standalone {
-            inv.key(keys.index());
-        }
-        for a in codec::write_args(&ops, &rids, ttl_ms) {
-            inv.arg(a);
-        }
-        let last_active: Option<i64> = conn.script(&inv).await?;
-        if let Some(score) = last_active.filter(|_| !standalone) {
-            let zadd = redis::cmd("ZADD")
-                .arg(keys.index())
-                .arg("GT")
-                .arg(score)
-                .arg(session)
-                .clone();
-            if let Err(e) = conn.query::<i64>(&zadd).await {
-                tracing::warn!(error = %e, "redis: the activity index was not updated");
-            }
-        }
-    }
-    tracing::trace!(
-        elapsed_us = started.elapsed().as_micros() as u64,
-        "redis: batch applied"
-    );
-    Ok(())
 }
