@@ -4,8 +4,8 @@
 //!
 //! Layout (`codec.rs`): per session `<prefix>{<id>}:meta|nodes|log|records|rids`, expiring `store.retention_days`
 //! after the session's last write (each write refreshes the TTL); one sorted set `<prefix>sessions` of ids by
-//! `last_active` for `list` and `purge_idle` (on Cluster it lives in its own slot and is updated right after the
-//! session's script: a crash in between leaves it one write behind, repaired by the next write; ids whose session
+//! `last_active` for `list` and `purge_idle` (on standalone Redis the session's script updates it; on Cluster it
+//! lives in its own slot and is updated right after the session's script: a crash in between leaves it one write behind, repaired by the next write; ids whose session
 //! expired or was deleted are dropped from it when met); `<prefix>secret`, the tenant secret every instance shares.
 //!
 //! Across instances: `log` is the session's append cursor. [`Store::tail`] returns what was appended since the
