@@ -4,7 +4,8 @@
 #   docker run -p 8787:8787 -v ctxgate-data:/var/lib/ctxgate ctxgate
 #
 # Config: /etc/ctxgate/ctxgate.toml (deploy/ctxgate.toml: listens on 0.0.0.0:8787, SQLite store in the
-# /var/lib/ctxgate volume, JSON logs). Mount your own file over it, or override any key from the environment as
+# /var/lib/ctxgate volume, JSON logs; several instances: CTXGATE_STORE__BACKEND=redis and CTXGATE_STORE__REDIS_URL,
+# see deploy/docker-compose.yml). Mount your own file over it, or override any key from the environment as
 # CTXGATE_<SECTION>__<KEY> (e.g. CTXGATE_UPSTREAM__BASE_URL, CTXGATE_ADMIN__TOKEN). Arguments after the image name
 # are passed to `ctxgate serve` (e.g. `--upstream http://llm:8000/v1`).
 
@@ -41,6 +42,9 @@ USER 10001:10001
 WORKDIR /var/lib/ctxgate
 VOLUME ["/var/lib/ctxgate"]
 EXPOSE 8787
+# Liveness only (/healthz): the process answers. Readiness is /readyz (503 with a JSON reason while the store —
+# e.g. Redis — does not answer): for load balancers and Kubernetes readinessProbe, not for this check, since a
+# gateway whose store is down still serves every request (as plain proxying) and must not be restarted for it.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
     CMD ["curl", "--fail", "--silent", "--show-error", "--max-time", "2", "http://127.0.0.1:8787/healthz"]
 # SIGTERM (docker stop; the default stop signal) gives in-flight streams server.shutdown_grace_secs (30 s), then

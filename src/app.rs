@@ -1,10 +1,10 @@
 //! The shared state of a running gateway: config, the upstream client, and the channels other parts listen on.
 
-use crate::config::{Config, StoreBackend};
+use crate::config::Config;
 use crate::context::models::ModelTable;
 use crate::context::tokens::TokenCounter;
 use crate::error::GatewayError;
-use crate::metrics::{self, Metrics};
+use crate::metrics::Metrics;
 use crate::relay::RelayOutcome;
 use crate::session::{Sessions, TenantKey};
 use crate::store::Store;
@@ -77,10 +77,7 @@ impl AppState {
             })?;
         let tenant_key = TenantKey::for_store(&config.store)
             .map_err(|e| GatewayError::Internal(format!("cannot load the tenant secret: {e}")))?;
-        let backend = match config.store.backend {
-            StoreBackend::Memory => metrics::StoreBackend::Memory,
-            StoreBackend::Sqlite => metrics::StoreBackend::Sqlite,
-        };
+        let backend = crate::store::metrics_backend(config.store.backend);
         let sessions = Arc::new(
             Sessions::new(store, config.store.cache_max_bytes)
                 .with_metrics(metrics.session_metrics())

@@ -167,13 +167,15 @@ impl Default for SessionConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
-    /// Durable backend: `sqlite` (embedded, default) or `memory` (lost on restart).
+    /// Durable backend: `sqlite` (embedded, default), `redis` (shared by several instances) or `memory` (lost on
+    /// restart).
     pub backend: StoreBackend,
     /// SQLite database file (created with its folder when missing).
     pub path: PathBuf,
     /// Bytes of message history kept in the in-memory cache in front of the store.
     pub cache_max_bytes: u64,
-    /// Sessions idle for longer than this many days are purged; 0 keeps them forever.
+    /// Sessions idle for longer than this many days are purged; 0 keeps them forever. On Redis each session's keys
+    /// also expire this long after its last write (the TTL is refreshed by every write).
     pub retention_days: u64,
     /// Milliseconds a request waits for the store (loading a session, committing a turn) before it is answered
     /// without history; the write still completes in the background when the store recovers.
@@ -181,6 +183,15 @@ pub struct StoreConfig {
     /// Most write batches queued for the store; beyond it new writes are refused at once (counted in
     /// `ctxgate_store_errors_total`) instead of growing memory without bound.
     pub queue_capacity: usize,
+    /// Redis server with `backend = "redis"`: `redis://[user:password@]host:port/db`, or `rediss://…` for TLS.
+    /// Ignored when `redis_cluster_nodes` is set.
+    pub redis_url: String,
+    /// Redis Cluster seed nodes (`["redis://host:port", …]`); when set, Redis Cluster mode and `redis_url` is
+    /// ignored.
+    pub redis_cluster_nodes: Vec<String>,
+    /// Prefix of every key ctxgate writes in Redis (several deployments can share one Redis under different
+    /// prefixes); must not contain `{` or `}` (a session's keys carry it in a hash tag).
+    pub redis_prefix: String,
 }
 
 impl Default for StoreConfig {
@@ -192,7 +203,49 @@ impl Default for StoreConfig {
             retention_days: 30,
             timeout_ms: 2000,
             queue_capacity: 10_000,
+            redis_url: "redis://127.0.0.1:6379/0".into(),
+            redis_cluster_nodes: Vec::new(),
+            redis_prefix: "ctxgate:".into(),
         }
+    }
+}
+
+impl StoreConfig {
+    /// The Redis keys' checks (`backend = "redis"`): URLs redis-rs accepts, a prefix that leaves the hash tags alone.
+    fn check_redis(&self, e: &mut Vec<String>) {
+        let bad_url = |u: &str| redis::Client::open(u).is_err();
+        if self.redis_cluster_nodes.is_empty() {
+            if bad_url(&self.redis_url) {
+                e.push(format!(
+                    "store.redis_url: {:?} is not a Redis URL (redis://host:port/db or rediss://… for TLS)",
+                    mask_url_password(&self.redis_url)
+                ));
+            }
+        } else {
+            for n in self.redis_cluster_nodes.iter().filter(|n| bad_url(n)) {
+                e.push(format!(
+                    "store.redis_cluster_nodes: {:?} is not a Redis URL (redis://host:port)",
+                    mask_url_password(n)
+                ));
+            }
+        }
+        if self.redis_prefix.contains(['{', '}']) {
+            e.push("store.redis_prefix: must not contain `{` or `}` (they delimit the per-session hash tag)".into());
+        }
+    }
+}
+
+/// `url` with the password of its user info (`scheme://user:password@host`) replaced by `***`.
+pub fn mask_url_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
+        return url.to_string();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => format!("{scheme}://***@{host}"),
     }
 }
 
@@ -204,6 +257,8 @@ pub enum StoreBackend {
     Sqlite,
     /// Process memory only; for tests and throwaway runs.
     Memory,
+    /// Redis (standalone or Cluster), shared by several ctxgate instances.
+    Redis,
 }
 
 /// `[admin]`
@@ -645,6 +700,9 @@ impl Config {
         if self.store.backend == StoreBackend::Sqlite && self.store.path.as_os_str().is_empty() {
             e.push("store.path: must not be empty with backend = \"sqlite\"".into());
         }
+        if self.store.backend == StoreBackend::Redis {
+            self.store.check_redis(&mut e);
+        }
         if let Some(l) = &self.metrics.listen {
             if l.parse::<SocketAddr>().is_err() {
                 e.push(format!(
@@ -820,6 +878,10 @@ impl Config {
         if c.admin.token.is_some() {
             c.admin.token = Some("***".into());
         }
+        c.store.redis_url = mask_url_password(&c.store.redis_url);
+        for n in &mut c.store.redis_cluster_nodes {
+            *n = mask_url_password(n);
+        }
         c
     }
 
@@ -975,6 +1037,47 @@ mod tests {
         let shown = c.masked().to_toml();
         assert!(!shown.contains("sk-secret") && !shown.contains("adm-secret"));
         assert!(shown.contains("***"));
+    }
+
+    #[test]
+    fn redis_keys_are_checked_and_their_passwords_masked() {
+        let c = load(
+            "[store]\nbackend = \"redis\"\nredis_url = \"redis://app:hunter2@db:6379/0\"\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.store.redis_prefix, "ctxgate:");
+        let shown = c.masked().to_toml();
+        assert!(!shown.contains("hunter2") && shown.contains("redis://app:***@db:6379/0"));
+        let err = load(
+            "[store]\nbackend = \"redis\"\nredis_url = \"http://db\"\nredis_prefix = \"a{b\"\n",
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            err.0.iter().any(|m| m.contains("store.redis_url")),
+            "{:?}",
+            err.0
+        );
+        assert!(
+            err.0.iter().any(|m| m.contains("store.redis_prefix")),
+            "{:?}",
+            err.0
+        );
+        let err = load(
+            "[store]\nbackend = \"redis\"\nredis_cluster_nodes = [\"redis://a:1\", \"nope\"]\n",
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            err.0
+                .iter()
+                .any(|m| m.contains("store.redis_cluster_nodes")),
+            "{:?}",
+            err.0
+        );
+        assert_eq!(mask_url_password("rediss://:pw@h:1"), "rediss://:***@h:1");
+        assert_eq!(mask_url_password("redis://h:1/0"), "redis://h:1/0");
     }
 
     #[test]

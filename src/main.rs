@@ -153,14 +153,44 @@ enum SessionsAction {
         /// Session id.
         id: String,
     },
+    /// Copy every session (and the tenant secret) from one store to another, verified by counts; run it with the
+    /// gateways stopped. Stores: `sqlite:PATH`, `redis://host:port/db` (or `rediss://…`; keys under the
+    /// configured `store.redis_prefix`), or `config` (the store of --config, e.g. a Redis Cluster).
+    Migrate {
+        /// The store to copy from.
+        #[arg(long, value_name = "STORE")]
+        from: String,
+        /// The store to copy into (empty, or holding the same tenant secret).
+        #[arg(long, value_name = "STORE")]
+        to: String,
+    },
 }
 
 async fn sessions_cmd(config: Option<PathBuf>, action: SessionsAction) -> anyhow::Result<()> {
     let cfg = Config::load(config.as_deref())?;
+    if let SessionsAction::Migrate { from, to } = &action {
+        use ctxgate::session::migrate;
+        let from = migrate::store_spec(from, &cfg.store).map_err(anyhow::Error::msg)?;
+        let to = migrate::store_spec(to, &cfg.store).map_err(anyhow::Error::msg)?;
+        if from.backend == ctxgate::config::StoreBackend::Sqlite && !from.path.exists() {
+            anyhow::bail!("no store at {}", from.path.display());
+        }
+        let done = migrate::migrate(&from, &to)
+            .await
+            .map_err(anyhow::Error::msg)?;
+        writeln!(
+            std::io::stdout().lock(),
+            "migrated {} session(s): {} message(s), {} record(s); verified",
+            done.sessions,
+            done.nodes,
+            done.records
+        )?;
+        return Ok(());
+    }
     if cfg.store.backend == ctxgate::config::StoreBackend::Memory {
         anyhow::bail!("store.backend is \"memory\": nothing is persisted for this command to read");
     }
-    if !cfg.store.path.exists() {
+    if cfg.store.backend == ctxgate::config::StoreBackend::Sqlite && !cfg.store.path.exists() {
         anyhow::bail!("no store at {} (store.path)", cfg.store.path.display());
     }
     let store = ctxgate::store::open(&cfg.store)?;
@@ -194,6 +224,7 @@ async fn sessions_cmd(config: Option<PathBuf>, action: SessionsAction) -> anyhow
                 anyhow::bail!("no session {id:?}");
             }
         }
+        SessionsAction::Migrate { .. } => {}
     }
     Ok(())
 }

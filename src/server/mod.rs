@@ -1,10 +1,11 @@
-//! The HTTP front: router, thin handlers, `/healthz`, the `/v1/*` passthrough, and serving with graceful shutdown.
+//! The HTTP front: router, thin handlers, `/healthz` (liveness), `/readyz` (the store answers), the `/v1/*` passthrough, and serving with graceful shutdown.
 
 mod admin;
 mod conn;
 mod limits;
 mod metrics;
 mod passthrough;
+mod ready;
 mod responses_ws;
 
 use crate::app::AppState;
@@ -51,6 +52,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         ));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready::handle))
         // Claude Code checks that its base URL answers before its first request.
         .route("/", axum::routing::head(|| async { http::StatusCode::OK }))
         .route("/metrics", get(metrics::handle))

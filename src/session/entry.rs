@@ -1,7 +1,7 @@
 //! One cached session: its tree, records and write state (admitted, deleted, dirty), and what the cache weighs.
 
 use super::tree::{approx_size, Tree};
-use crate::store::{Compression, NodeRow, Record, SessionMeta, WriteOp};
+use crate::store::{Compression, Cursor, NodeRow, Record, SessionMeta, WriteOp};
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -38,6 +38,11 @@ pub(super) struct EntryState {
     pub(super) dirty: bool,
     /// Records whose write was refused.
     pub(super) unsaved: Vec<WriteOp>,
+    /// How much of the stored session this entry holds (a shared store appends from other instances too).
+    pub(super) cursor: Cursor,
+    /// The session was seen in the store (loaded, or found there since): when it is gone from a shared store, it
+    /// was deleted or expired there.
+    pub(super) in_store: bool,
 }
 
 impl EntryState {
@@ -53,6 +58,16 @@ impl EntryState {
             deleted: false,
             dirty: false,
             unsaved: Vec::new(),
+            cursor: Cursor::default(),
+            in_store: false,
+        }
+    }
+
+    /// Whether the entry holds this record already (records coming back from a shared store include its own).
+    pub(super) fn has_record(&self, record: &Record) -> bool {
+        match record {
+            Record::Compression(c) => self.compressions.iter().any(|x| x == &**c),
+            Record::Internal(v) => self.internal.contains(v),
         }
     }
 

@@ -8,6 +8,11 @@
 //! lock, so a session's rows are queued in the order they were built. A write the store refused (full queue)
 //! marks the session for a whole rewrite and keeps it in memory, evicted from the cache or not, until the
 //! rewrite is queued: on its next write, once another write is accepted, or on flush.
+//!
+//! On a store shared by several instances (Redis), a cached entry is brought up to date before each use
+//! ([`Store::tail`]: what other instances appended since the entry's cursor, only the missing nodes fetched), so no
+//! instance serves a turn from a stale entry; a session gone from the store (deleted or expired elsewhere) starts
+//! afresh.
 
 use super::entry::EntryState;
 pub use super::entry::SessionEntry;
@@ -19,7 +24,8 @@ use crate::dialect::Dialect;
 use crate::message::message_text;
 use crate::metrics::{CacheResult, SessionMetrics, StoreMetrics, StoreOp};
 use crate::store::{
-    committed, Compression, NodeRow, Record, SessionMeta, Store, StoreError, StoredSession, WriteOp,
+    committed, Compression, Cursor, Fresh, NodeRow, Record, SessionMeta, Store, StoreError,
+    StoredSession, Tail, WriteOp,
 };
 use moka::future::Cache;
 use moka::ops::compute::Op;
@@ -190,8 +196,11 @@ async fn bounded<T>(
 /// The entry of a session loaded from the store.
 fn entry_from_stored(s: StoredSession) -> SessionEntry {
     let head = s.meta.head.clone().map(NodeId::from);
+    let cursor = Cursor::of(&s);
     let mut st = EntryState::new(Tree::from_rows(s.nodes, head), s.meta.last_active, true);
     st.version = s.meta.version;
+    st.cursor = cursor;
+    st.in_store = true;
     for c in s.compressions {
         st.push_record(Record::from(c));
     }
@@ -200,6 +209,36 @@ fn entry_from_stored(s: StoredSession) -> SessionEntry {
     }
     let dialect = Dialect::named(&s.meta.dialect).as_str();
     SessionEntry::new(s.meta.id, s.meta.tenant, dialect, s.meta.created_at, st)
+}
+
+/// Merges what a shared store holds beyond the entry's cursor: nodes, records it lacks, and the row's version and
+/// head when newer (so that this instance's next row replaces it). Returns whether the entry grew.
+fn apply_tail(entry: &SessionEntry, t: Tail) -> bool {
+    let mut st = entry.state.lock();
+    let before = (st.tree.len(), st.compressions.len() + st.internal.len());
+    st.tree.merge(t.nodes);
+    for r in t.records {
+        if !st.has_record(&r) {
+            st.push_record(r);
+        }
+    }
+    if t.meta.version > st.version {
+        st.version = t.meta.version;
+        if let Some(h) = &t.meta.head {
+            st.tree.set_head(h);
+        }
+    }
+    st.last_active = st.last_active.max(t.meta.last_active);
+    st.cursor = Cursor {
+        nodes: st.cursor.nodes.max(t.cursor.nodes),
+        records: st.cursor.records.max(t.cursor.records),
+    };
+    st.in_store = true;
+    let grew = (st.tree.len(), st.compressions.len() + st.internal.len()) != before;
+    if grew {
+        entry.reweigh(&st);
+    }
+    grew
 }
 
 /// Sessions: cache over store.
@@ -375,9 +414,61 @@ impl Sessions {
             .await;
     }
 
+    /// Brings a cached entry up to date with a shared store (other instances append to it): one read of what was
+    /// appended since the entry's cursor, fetching only the nodes it lacks. Returns false when the session is gone
+    /// from the store (deleted or expired elsewhere): the entry is forgotten. A store of this instance alone is
+    /// not asked.
+    async fn refresh(&self, entry: &Arc<SessionEntry>) -> Result<bool, StoreError> {
+        if !self.store.shared() {
+            return Ok(true);
+        }
+        let (since, admitted) = {
+            let st = entry.state.lock();
+            (st.cursor, st.admitted && !st.deleted)
+        };
+        if !admitted {
+            return Ok(true);
+        }
+        let e = entry.clone();
+        let have = Box::new(move |id: &str| e.state.lock().tree.get(id).is_some());
+        let fresh = self
+            .bounded(StoreOp::Load, self.store.tail(&entry.id, since, have))
+            .await?;
+        match fresh {
+            Fresh::Local => Ok(true),
+            Fresh::Gone => {
+                // Not written yet (a new session whose first write is still queued) is not gone.
+                if !entry.state.lock().in_store {
+                    return Ok(true);
+                }
+                tracing::info!(session = %entry.id, "session: gone from the shared store; starting afresh");
+                self.registry.delete(&entry.id);
+                self.cache.remove(&entry.id).await;
+                entry.state.lock().deleted = true;
+                Ok(false)
+            }
+            Fresh::Tail(t) => {
+                let grew = apply_tail(entry, t);
+                if grew {
+                    self.reweigh_cached(entry).await;
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    /// Brings `entry` up to date with a shared store (what other instances appended: nodes, records such as their
+    /// summaries); nothing to do for a store of this instance alone.
+    pub async fn catch_up(&self, entry: &Arc<SessionEntry>) -> Result<(), StoreError> {
+        self.refresh(entry).await.map(|_| ())
+    }
+
     async fn load_entry(&self, id: &str) -> Result<Option<Arc<SessionEntry>>, StoreError> {
         if let Some(e) = self.cache.get(id).await {
             self.metrics.lookup(CacheResult::Hit);
+            if !self.refresh(&e).await? {
+                return Ok(None);
+            }
             return Ok(Some(e));
         }
         self.metrics.lookup(CacheResult::Miss);
@@ -404,7 +495,8 @@ impl Sessions {
             })
             .await;
         match loaded {
-            Ok(e) => Ok(Some(e)),
+            // Perhaps an entry kept in memory while evicted: as current as a cached one must be.
+            Ok(e) => Ok(self.refresh(&e).await?.then_some(e)),
             Err(e) => match &*e {
                 StoreError::Backend {
                     backend: "cache", ..
@@ -578,7 +670,9 @@ impl Sessions {
         if new {
             self.reweigh_cached(entry).await;
         }
-        self.bounded(StoreOp::Write, committed(rx)).await
+        self.bounded(StoreOp::Write, committed(rx)).await?;
+        entry.state.lock().in_store = true;
+        Ok(())
     }
 
     /// Waits until every write queued so far is committed; sessions whose writes were refused (cached or evicted

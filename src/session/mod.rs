@@ -4,6 +4,7 @@ pub mod anthropic_id;
 mod entry;
 pub mod identity;
 pub mod manager;
+pub mod migrate;
 mod registry;
 pub mod responses_id;
 pub mod tenant;

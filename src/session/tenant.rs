@@ -46,6 +46,9 @@ pub enum SecretError {
     /// The key was refused by HMAC (never, for HMAC takes keys of any length).
     #[error("tenant secret unusable: {0}")]
     Key(String),
+    /// Reading or creating the secret shared in Redis failed.
+    #[error("tenant secret in Redis: {0}")]
+    Shared(String),
     /// Reading, creating or writing the file failed.
     #[error("tenant secret {path}: {message}")]
     File {
@@ -73,12 +76,23 @@ impl TenantKey {
     }
 
     /// The key of a store: for SQLite, read from [`SECRET_FILE`] beside the database (created on first start);
-    /// for the memory backend, whose sessions die with the process, a random key per process.
+    /// for Redis, kept in Redis and shared by every instance; for the memory backend, whose sessions die with the process, a random key per process.
     pub fn for_store(store: &StoreConfig) -> Result<Self, SecretError> {
         match store.backend {
             StoreBackend::Memory => Self::random(),
             StoreBackend::Sqlite => Self::load_or_create(&secret_path(&store.path)),
+            StoreBackend::Redis => Self::shared_in_redis(store),
         }
+    }
+
+    /// The secret every instance on one Redis shares (so that they agree on tenants and session ids), kept in Redis
+    /// beside the sessions it keys: created by the first instance to start.
+    fn shared_in_redis(store: &StoreConfig) -> Result<Self, SecretError> {
+        let mut fresh = [0u8; SECRET_LEN];
+        getrandom::fill(&mut fresh).map_err(|e| SecretError::Random(e.to_string()))?;
+        let text = crate::store::RedisStore::shared_secret(store, &hex::encode(fresh))
+            .map_err(|e| SecretError::Shared(e.to_string()))?;
+        Self::from_bytes(parse_secret(text.as_bytes()).map_err(|m| SecretError::Shared(m.into()))?)
     }
 
     /// Reads the secret at `path`, or creates it (32 random bytes, hex, mode 0600) when there is none. A file
@@ -133,6 +147,86 @@ impl TenantKey {
             return ANONYMOUS.to_string();
         }
         hex::encode(mac.finalize().into_bytes())
+    }
+}
+
+/// The secret of a store, in hex (created when it has none yet), for moving its sessions to another store.
+pub fn store_secret_hex(store: &StoreConfig) -> Result<String, SecretError> {
+    match store.backend {
+        StoreBackend::Memory => Err(SecretError::Key(
+            "the memory store keeps no secret (nothing outlives the process)".into(),
+        )),
+        StoreBackend::Sqlite => {
+            let path = secret_path(&store.path);
+            TenantKey::load_or_create(&path)?;
+            let text = std::fs::read(&path).map_err(|e| SecretError::File {
+                path: path.clone(),
+                message: format!("cannot read it: {e}"),
+            })?;
+            let secret = parse_secret(&text).map_err(|m| SecretError::File {
+                path,
+                message: m.into(),
+            })?;
+            Ok(hex::encode(secret))
+        }
+        StoreBackend::Redis => {
+            let mut fresh = [0u8; SECRET_LEN];
+            getrandom::fill(&mut fresh).map_err(|e| SecretError::Random(e.to_string()))?;
+            crate::store::RedisStore::shared_secret(store, &hex::encode(fresh))
+                .map_err(|e| SecretError::Shared(e.to_string()))
+        }
+    }
+}
+
+/// Gives `store` the secret `secret_hex` when it has none yet (sessions moved there keep their tenants and ids); an
+/// error when it already has another one (its own sessions would no longer match their callers).
+pub fn adopt_secret(store: &StoreConfig, secret_hex: &str) -> Result<(), SecretError> {
+    let secret = parse_secret(secret_hex.as_bytes()).map_err(|m| SecretError::Key(m.into()))?;
+    let other = || {
+        SecretError::Key(
+            "the target store already has another tenant secret: its sessions and the moved ones cannot share it \
+             (move into an empty store)"
+                .into(),
+        )
+    };
+    match store.backend {
+        StoreBackend::Memory => Err(SecretError::Key(
+            "the memory store keeps nothing to move sessions into".into(),
+        )),
+        StoreBackend::Sqlite => {
+            let path = secret_path(&store.path);
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|e| SecretError::File {
+                    path: path.clone(),
+                    message: format!("cannot create its folder: {e}"),
+                })?;
+            }
+            match write_new(&path, &secret) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let text = std::fs::read(&path).map_err(|e| SecretError::File {
+                        path: path.clone(),
+                        message: format!("cannot read it: {e}"),
+                    })?;
+                    match parse_secret(&text) {
+                        Ok(s) if s == secret => Ok(()),
+                        _ => Err(other()),
+                    }
+                }
+                Err(e) => Err(SecretError::File {
+                    path,
+                    message: format!("cannot create it: {e}"),
+                }),
+            }
+        }
+        StoreBackend::Redis => {
+            let kept = crate::store::RedisStore::shared_secret(store, secret_hex)
+                .map_err(|e| SecretError::Shared(e.to_string()))?;
+            match parse_secret(kept.as_bytes()) {
+                Ok(s) if s == secret => Ok(()),
+                _ => Err(other()),
+            }
+        }
     }
 }
 

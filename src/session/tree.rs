@@ -194,6 +194,22 @@ impl Tree {
         t
     }
 
+    /// Adds stored nodes this tree lacks (appended elsewhere, e.g. by another instance); known ones are skipped.
+    pub fn merge(&mut self, rows: Vec<NodeRow>) {
+        let mut nodes: Vec<Node> = rows.into_iter().map(Node::from).collect();
+        nodes.sort_by_key(|n| n.position);
+        for n in nodes {
+            self.insert(n);
+        }
+    }
+
+    /// Moves the head to a stored node (ignored when the tree lacks it).
+    pub fn set_head(&mut self, id: &str) {
+        if let Some((k, _)) = self.nodes.get_key_value(id) {
+            self.head = Some(k.clone());
+        }
+    }
+
     fn insert(&mut self, n: Node) {
         if self.nodes.contains_key(&n.id) {
             return;

@@ -16,12 +16,16 @@
 //! - Session rows never go backwards: a row is replaced only by one with a higher `version`, whatever order the
 //!   batches arrive in.
 //! - A barrier (an empty batch) resolves once every batch queued before it is committed.
+//! - A store shared by several instances (Redis) says so ([`Store::shared`]) and answers [`Store::tail`]: what
+//!   was appended to a session since a cursor, so that no instance serves a turn from a stale cache entry.
 
 mod memory;
 pub mod records;
+mod redis;
 pub mod rows;
 mod sqlite;
 
+pub use self::redis::RedisStore;
 pub use memory::MemoryStore;
 pub use records::{Compression, Record, RecordKind};
 pub use rows::{NodeKind, NodeRow};
@@ -100,6 +104,60 @@ pub struct StoredSession {
     pub internal: Vec<serde_json::Value>,
 }
 
+/// How much of a session's stored history an instance has seen: entries of its append log (nodes) and records.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cursor {
+    /// Nodes stored.
+    pub nodes: u64,
+    /// Records stored.
+    pub records: u64,
+}
+
+impl Cursor {
+    /// The cursor after a whole load of `s`.
+    pub fn of(s: &StoredSession) -> Cursor {
+        Cursor {
+            nodes: s.nodes.len() as u64,
+            records: (s.compressions.len() + s.internal.len()) as u64,
+        }
+    }
+}
+
+/// What a shared store holds beyond a cursor.
+#[derive(Debug, Clone)]
+pub struct Tail {
+    /// The session's row as stored now.
+    pub meta: SessionMeta,
+    /// Nodes appended since the cursor that the caller lacked.
+    pub nodes: Vec<NodeRow>,
+    /// Records appended since the cursor (the caller's own among them: it drops those it holds).
+    pub records: Vec<Record>,
+    /// The cursor now.
+    pub cursor: Cursor,
+}
+
+/// The answer of [`Store::tail`].
+#[derive(Debug, Clone)]
+pub enum Fresh {
+    /// The store is this instance's alone: its cache is always current.
+    Local,
+    /// The session is not in the store (deleted or expired, perhaps by another instance).
+    Gone,
+    /// What was appended since the cursor (possibly nothing).
+    Tail(Tail),
+}
+
+/// The answer of [`Store::lock`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lock {
+    /// The store is this instance's alone: single flight within the process is enough.
+    Local,
+    /// Taken, with its fencing token (higher than every token handed out for that lock before).
+    Acquired(u64),
+    /// Another instance holds it.
+    HeldElsewhere,
+}
+
 /// One write. The ops of a batch are applied in order, all or nothing.
 #[derive(Debug, Clone)]
 pub enum WriteOp {
@@ -149,6 +207,48 @@ pub trait Store: Send + Sync + 'static {
     fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>>;
     /// Deletes sessions idle since before `before` (unix seconds); returns how many.
     fn purge_idle(&self, before: i64) -> BoxFuture<'static, Result<u64, StoreError>>;
+    /// Whether other instances write to this store too (then cached sessions are checked with [`Store::tail`]).
+    fn shared(&self) -> bool {
+        false
+    }
+    /// What was appended to session `id` since `since`; nodes for which `have` is true are not fetched. A store
+    /// that is not shared answers [`Fresh::Local`].
+    fn tail(
+        &self,
+        _id: &str,
+        _since: Cursor,
+        _have: Box<dyn Fn(&str) -> bool + Send + Sync>,
+    ) -> BoxFuture<'static, Result<Fresh, StoreError>> {
+        Box::pin(async { Ok(Fresh::Local) })
+    }
+    /// Takes lock `name` of session `id` for `ttl_ms` (it expires by itself: a crashed holder never blocks the
+    /// others for longer), unless another instance holds it. A store that is not shared answers [`Lock::Local`].
+    fn lock(
+        &self,
+        _id: &str,
+        _name: &str,
+        _ttl_ms: u64,
+    ) -> BoxFuture<'static, Result<Lock, StoreError>> {
+        Box::pin(async { Ok(Lock::Local) })
+    }
+    /// Releases lock `name` of session `id` if it is still held with `token` (never another holder's).
+    fn unlock(
+        &self,
+        _id: &str,
+        _name: &str,
+        _token: u64,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
+    /// Whether lock `name` of session `id` is held (by anyone).
+    fn is_locked(&self, _id: &str, _name: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        Box::pin(async { Ok(false) })
+    }
+    /// Answers when the store does (for `/readyz`): by default a one-row listing, queued like any read.
+    fn ping(&self) -> BoxFuture<'static, Result<(), StoreError>> {
+        let list = self.list(1, 0);
+        Box::pin(async move { list.await.map(|_| ()) })
+    }
 }
 
 /// Opens the configured backend.
@@ -161,17 +261,23 @@ pub fn open_with_metrics(
     cfg: &StoreConfig,
     metrics: &Metrics,
 ) -> Result<Arc<dyn Store>, StoreError> {
-    let backend = match cfg.backend {
+    open_instrumented(cfg, metrics.store_metrics(metrics_backend(cfg.backend)))
+}
+
+/// The metrics label of a configured backend.
+pub fn metrics_backend(backend: StoreBackend) -> metrics::StoreBackend {
+    match backend {
         StoreBackend::Memory => metrics::StoreBackend::Memory,
         StoreBackend::Sqlite => metrics::StoreBackend::Sqlite,
-    };
-    open_instrumented(cfg, metrics.store_metrics(backend))
+        StoreBackend::Redis => metrics::StoreBackend::Redis,
+    }
 }
 
 fn open_instrumented(cfg: &StoreConfig, m: StoreMetrics) -> Result<Arc<dyn Store>, StoreError> {
     Ok(match cfg.backend {
         StoreBackend::Memory => Arc::new(MemoryStore::with_metrics(m)),
         StoreBackend::Sqlite => Arc::new(SqliteStore::open_with(&cfg.path, cfg.queue_capacity, m)?),
+        StoreBackend::Redis => Arc::new(RedisStore::open(cfg, m)?),
     })
 }
 

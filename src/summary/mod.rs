@@ -1,6 +1,10 @@
 //! LLM summaries of older history: written by a separate upstream request, cached with the session as compression
 //! records keyed by the node id of the last message they cover, made incrementally from the previous summary,
-//! and computed in the background (one at a time per session) so that requests do not wait for them.
+//! and computed in the background (one at a time per session) so that requests do not wait for them. On a store
+//! shared by several instances (Redis) "one at a time" holds across them: a job takes the session's summary lock
+//! (`SET NX PX` with a fencing token, expiring `summary.timeout_secs` + 5 s after it was taken); an instance that
+//! finds it held waits for the other's summary instead (the request waits at most `summary.wait_ms`, as for a
+//! local job, and is pruned meanwhile).
 
 pub mod prompt;
 
@@ -11,7 +15,7 @@ use crate::error::GatewayError;
 use crate::metrics::{Metrics, SummaryOutcome};
 use crate::session::manager::{now_secs, SessionEntry, Sessions};
 use crate::store::records::{Covers, SummaryRecord};
-use crate::store::{Compression, Record};
+use crate::store::{Compression, Lock, Record};
 use crate::upstream::{Api, Upstream};
 use http::{HeaderMap, HeaderValue, Method};
 use parking_lot::Mutex;
@@ -129,6 +133,13 @@ impl SummaryError {
     }
 }
 
+/// The name of the store lock that makes summaries single-flight per session across instances.
+const SUMMARY_LOCK: &str = "summary";
+/// The lock outlives the summary request's timeout by this much (storing the record); then it expires by itself.
+const LOCK_MARGIN: Duration = Duration::from_secs(5);
+/// How often an instance waiting for another's summary checks whether it is done.
+const LOCK_POLL: Duration = Duration::from_millis(50);
+
 /// First wait after a failed summary; doubles with each failure, up to `MAX_BACKOFF`.
 const FIRST_BACKOFF: Duration = Duration::from_secs(30);
 const MAX_BACKOFF: Duration = Duration::from_secs(600);
@@ -231,6 +242,42 @@ impl Summarizer {
             self.metrics.precompaction_started();
         }
         tasks.spawn(async move {
+            // Single flight across the instances of a shared store: the session's summary lock.
+            let store = sessions.store().clone();
+            let ttl = me.upstream.timeout() + LOCK_MARGIN;
+            let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+            let token = match store.lock(&id, SUMMARY_LOCK, ttl_ms).await {
+                Ok(Lock::Local) => None,
+                Ok(Lock::Acquired(token)) => Some(token),
+                other => {
+                    drop(permit);
+                    match other {
+                        Err(e) => {
+                            tracing::warn!(error = %e, session = %id, "summary: the store cannot coordinate the instances; pruning instead");
+                        }
+                        _ => {
+                            // Another instance is writing this session's summary: wait for it to finish (or for
+                            // its lock to expire), then take what it stored.
+                            tracing::debug!(session = %id, "summary: in progress on another instance; waiting for it");
+                            let deadline = Instant::now() + ttl;
+                            while Instant::now() < deadline
+                                && store.is_locked(&id, SUMMARY_LOCK).await.unwrap_or(false)
+                            {
+                                tokio::time::sleep(LOCK_POLL).await;
+                            }
+                            if let Err(e) = sessions.catch_up(&job.entry).await {
+                                tracing::warn!(error = %e, session = %id, "summary: could not read the other instance's summary");
+                            }
+                        }
+                    }
+                    if job.precomputed {
+                        me.metrics.precompaction_finished();
+                    }
+                    me.in_flight.lock().remove(&id);
+                    let _ = tx.send(true);
+                    return;
+                }
+            };
             let result = me.run(&job).await;
             drop(permit);
             if job.precomputed {
@@ -247,6 +294,11 @@ impl Summarizer {
                 Err(e) => {
                     let wait = me.failures.lock().failed(&id, Instant::now());
                     tracing::warn!(error = %e, session = %id, retry_in_s = wait.as_secs(), "summary: failed; pruning instead");
+                }
+            }
+            if let Some(token) = token {
+                if let Err(e) = store.unlock(&id, SUMMARY_LOCK, token).await {
+                    tracing::warn!(error = %e, session = %id, "summary: could not release the lock (it expires by itself)");
                 }
             }
             me.in_flight.lock().remove(&id);

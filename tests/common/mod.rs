@@ -1,6 +1,8 @@
 //! Test harness: the real gateway on port 0 in front of the in-process mock upstream.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod redis;
+
 use ctxgate::app::{AppState, TurnEvent};
 use ctxgate::config::{Config, StoreBackend};
 use ctxgate::mock::MockUpstream;
