@@ -452,14 +452,16 @@ async fn a_summary_written_by_one_instance_is_used_by_another() {
     send_sum(&b, &m).await;
     let (summaries, chats) = split_requests(&a.mock);
     assert_eq!(summaries.len(), 1, "B wrote no summary of its own");
-    assert_eq!(chats[1]["messages"][1]["content"], SUMMARY_MESSAGE);
+    // After the system prompt, the task (pinned), then the summary.
+    assert_eq!(chats[1]["messages"][1], m[1]);
+    assert_eq!(chats[1]["messages"][2]["content"], SUMMARY_MESSAGE);
     // A later turn on B, the session now cached there: the same summary, no new summary request.
     m.push(json!({"role":"assistant","content":"mock reply"}));
     m.push(json!({"role":"user","content":"one more"}));
     send_sum(&b, &m).await;
     let (summaries, chats) = split_requests(&a.mock);
     assert_eq!(summaries.len(), 1);
-    assert_eq!(chats[2]["messages"][1]["content"], SUMMARY_MESSAGE);
+    assert_eq!(chats[2]["messages"][2]["content"], SUMMARY_MESSAGE);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -497,7 +499,7 @@ async fn a_summary_in_progress_on_one_instance_is_awaited_by_the_other() {
     assert_eq!(crossing.len(), 2);
     for c in crossing {
         assert_eq!(
-            c["messages"][1]["content"], SUMMARY_MESSAGE,
+            c["messages"][2]["content"], SUMMARY_MESSAGE,
             "each instance waited for the summary (summary.wait_ms)"
         );
     }
