@@ -4,6 +4,7 @@ alternated round by round, measure CPU and instructions per request, write bench
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -34,8 +35,8 @@ class Mode:
         self.passthrough_c = 8 if smoke else 32
         self.stream_requests = 20 if smoke else 500  # per contender per round
         self.cpu_requests = 300 if smoke else 20000
-        self.agent_sessions, self.agent_tokens, self.agent_step = (4, 12000, 2000) if smoke else (200, 100000, 5000)
-        self.agent_window = 8000 if smoke else ag.AGENT_WINDOW
+        self.agent_sessions, self.agent_tokens, self.agent_step = (4, 20000, 2000) if smoke else (200, 100000, 5000)
+        self.agent_window = 16000 if smoke else ag.AGENT_WINDOW
         self.fill = 200 if smoke else 10000
         self.spike_seconds = 1.0 if smoke else 5.0
 
@@ -85,7 +86,8 @@ def scenario1(mode: Mode, cs: list[ct.Contender], work: Path) -> dict:
         runs: dict[str, list[dict]] = {x.name: [] for x in cs}
         for r in range(mode.rounds):
             for x in cs:
-                res = load.hey(x.base + "/chat/completions", body, c, seconds=mode.seconds, requests=None if mode.seconds else mode.requests)
+                gen = load.sequential if c == 1 else functools.partial(load.hey, concurrency=c)
+                res = gen(x.base + "/chat/completions", body, seconds=mode.seconds, requests=None if mode.seconds else mode.requests)
                 runs[x.name].append(res)
                 log(f"s1 c={c} round {r + 1} {x.name}: {res['rps']:.0f} req/s p50 {res['p50_ms']:.2f} p99 {res['p99_ms']:.2f} ms")
         out[str(c)] = {
@@ -148,8 +150,12 @@ def scenario3(mode: Mode, binary: Path, work: Path) -> dict:
     up = ag.AgentUpstream(work)
     out: dict = {"sessions": mode.agent_sessions, "target_tokens": mode.agent_tokens, "step_tokens": mode.agent_step,
                  "context_window": mode.agent_window, "runs": []}
+    t0 = time.monotonic()
     try:
         for r in range(1 if mode.smoke else 2):
+            if r and time.monotonic() - t0 > 300:
+                log("s3: the first round took over 150 s a contender: one round only")
+                break
             before = up.stats()
             res = ag.agents(up.base, mode.agent_sessions, mode.agent_tokens, mode.agent_step, f"d{r}")
             after = up.stats()
@@ -232,6 +238,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="bench/run", description=__doc__)
     p.add_argument("--smoke", action="store_true", help="seconds, tiny counts, no LiteLLM, no callgrind (CI)")
     p.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out")
+    p.add_argument("--binary", type=Path, help="use this ctxgate binary instead of building one")
     p.add_argument("--only", default="1,2,3,4", help="scenarios to run, e.g. 1,4")
     p.add_argument("--baseline", type=Path, help="a results JSON to judge CPU per request against (default: the oldest in bench/results)")
     args = p.parse_args(argv)
@@ -241,10 +248,10 @@ def main(argv: list[str]) -> int:
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H%M%SZ")
     outdir = ROOT / ("target/bench-smoke" if mode.smoke else "bench/results")
     outdir.mkdir(parents=True, exist_ok=True)
-    binary = build(mode.smoke)
+    binary = args.binary.resolve() if args.binary else build(mode.smoke)
     venv = None if (mode.smoke or args.no_litellm) else litellm_venv()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    res: dict = {"meta": {"timestamp": stamp, "mode": "smoke" if mode.smoke else "full", "commit": commit, "binary": str(binary.relative_to(ROOT)),
+    res: dict = {"meta": {"timestamp": stamp, "mode": "smoke" if mode.smoke else "full", "commit": commit, "binary": str(binary.relative_to(ROOT) if binary.is_relative_to(ROOT) else binary),
                           "nproc": os.cpu_count(), "load_average_start": procs.load_average(), "rounds": mode.rounds,
                           "litellm": LITELLM_REQ.read_text().strip().splitlines()[-1] if venv else None}}
     work = Path(tempfile.mkdtemp(prefix="ctxgate-bench-"))
@@ -269,7 +276,7 @@ def main(argv: list[str]) -> int:
                 res["instructions"] = callgrind_per_request(binary, up, work)
             res["meta"]["load_average_after_s1"] = procs.load_average()
         if 2 in only:
-            sse_cs = [ct.direct(up), cs[1], ct.Contender("ctxgate", gs.base, gs.base, gs.proc)] + [c for c in cs if c.name == "litellm"]
+            sse_cs = [ct.direct(up), cs[1], gs] + [c for c in cs if c.name == "litellm"]
             res["s2"] = scenario2(mode, sse_cs)
             res["meta"]["load_average_after_s2"] = procs.load_average()
         for c in started:

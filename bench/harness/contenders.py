@@ -213,6 +213,7 @@ def start_ctxgate_pair(binary: Path, up: Upstream, work: Path, tag: str) -> tupl
     """Two ctxgate processes of the same build: one in front of the JSON upstream, one in front of the SSE one."""
     a = start_ctxgate(binary, up.json_base, work, f"ctxgate-{tag}")
     b = start_ctxgate(binary, up.sse_base, work, f"ctxgate-sse-{tag}")
+    a.name = b.name = "ctxgate"
     return a, b
 
 

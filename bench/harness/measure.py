@@ -23,7 +23,7 @@ def cpu_per_request(mode, cs: list[ct.Contender], up: ct.Upstream, work: Path) -
     out = {}
     for x in cs:
         n = mode.cpu_requests if x.name != "litellm" else max(200, mode.cpu_requests // 20)
-        load.hey(x.base + "/chat/completions", body, 32, requests=min(n, 1000))  # warm-up
+        load.hey(x.base + "/chat/completions", body, 32, requests=min(n // 10, 1000))  # warm-up
         mine, theirs = x.pids(), up.proc and procs.tree(up.proc.pid)
         a, ua, t0 = procs.cpu_seconds(mine), procs.cpu_seconds(theirs), time.monotonic()
         load.hey(x.base + "/chat/completions", body, 32, requests=n)
