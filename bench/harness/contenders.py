@@ -156,9 +156,9 @@ class Contender:
 
         return tree(self.proc.pid) if self.proc else []
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 15.0) -> None:
         if self.proc:
-            self.proc.stop()
+            self.proc.stop(timeout)
 
 
 def direct(up: Upstream) -> Contender:
