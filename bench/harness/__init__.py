@@ -37,6 +37,7 @@ class Mode:
         self.cpu_requests = 300 if smoke else 20000
         self.agent_sessions, self.agent_tokens, self.agent_step = (4, 20000, 2000) if smoke else (200, 100000, 5000)
         self.agent_window = 16000 if smoke else ag.AGENT_WINDOW
+        self.agent_think = 0.05 if smoke else 2.0  # seconds between an answer and the agent's next request (±50 %)
         self.fill = 200 if smoke else 10000
         self.spike_seconds = 1.0 if smoke else 5.0
 
@@ -86,12 +87,13 @@ def scenario1(mode: Mode, cs: list[ct.Contender], work: Path) -> dict:
         runs: dict[str, list[dict]] = {x.name: [] for x in cs}
         for r in range(mode.rounds):
             for x in cs:
-                gen = load.sequential if c == 1 else functools.partial(load.hey, concurrency=c)
+                gen = load.sequential if c == 1 else functools.partial(load.hey, concurrency=c, tolerate=x.name == "litellm")
                 res = gen(x.base + "/chat/completions", body, seconds=mode.seconds, requests=None if mode.seconds else mode.requests)
                 runs[x.name].append(res)
                 log(f"s1 c={c} round {r + 1} {x.name}: {res['rps']:.0f} req/s p50 {res['p50_ms']:.2f} p99 {res['p99_ms']:.2f} ms")
         out[str(c)] = {
-            name: {"rps": median_of(rs, "rps"), "p50_ms": median_of(rs, "p50_ms"), "p99_ms": median_of(rs, "p99_ms"), "rounds": rs}
+            name: {"rps": median_of(rs, "rps"), "p50_ms": median_of(rs, "p50_ms"), "p99_ms": median_of(rs, "p99_ms"),
+                   "errors": sum(x.get("errors", 0) for x in rs), "rounds": rs}
             for name, rs in runs.items()
         }
         direct = out[str(c)].get("direct")
@@ -146,53 +148,57 @@ def agent_config(window: int) -> str:
     return f'\n[models."{ag.AGENT_MODEL}"]\ncontext_window = {window}\n'
 
 
+def _agents_run(mode: Mode, up: ag.AgentUpstream, contender: str, url: str, think: float, tag: str, port: int | None, pid: int | None) -> dict:
+    before = up.stats()
+    res = ag.agents(url, mode.agent_sessions, mode.agent_tokens, mode.agent_step, tag, think)
+    after = up.stats()
+    res.update(contender=contender, think_s=think, upstream_requests=after["requests"] - before["requests"],
+               invalid=after["invalid"] - before["invalid"], invalid_examples=after["examples"])
+    if port:
+        m = procs.metrics(f"http://127.0.0.1:{port}/metrics")
+        res.update(
+            rewrites=procs.metric_sum(m, "ctxgate_rewrites_total"),
+            saved_tokens=procs.metric_sum(m, "ctxgate_saved_tokens_total"),
+            store_errors=procs.metric_sum(m, "ctxgate_store_errors_total"),
+            upstream_errors=procs.metric_sum(m, "ctxgate_upstream_errors_total"),
+            token_estimate_ratio=procs.metric_sum(m, "ctxgate_token_estimate_ratio"),
+            rss_mb=procs.status_kb(pid, "VmRSS") / 1024,
+        )
+    mode_s = f"think {think:.1f} s" if think else "closed loop"
+    log(f"s3 {contender} ({mode_s}): {res['rps']:.1f} req/s p50 {res['p50_ms']:.1f} p99 {res['p99_ms']:.1f} ms, "
+        f"rewrites {res.get('rewrites', '-')}, invalid {res['invalid']}")
+    return res
+
+
 def scenario3(mode: Mode, binary: Path, work: Path) -> dict:
+    """Agents with a think time between turns (latency: what ctxgate adds per request), alternated direct/ctxgate;
+    then once each without think time (capacity: req/s when the agents wait on nothing but the answers)."""
     up = ag.AgentUpstream(work)
     out: dict = {"sessions": mode.agent_sessions, "target_tokens": mode.agent_tokens, "step_tokens": mode.agent_step,
-                 "context_window": mode.agent_window, "runs": []}
-    t0 = time.monotonic()
+                 "context_window": mode.agent_window, "think_s": mode.agent_think, "runs": []}
     try:
-        for r in range(1 if mode.smoke else 2):
-            if r and time.monotonic() - t0 > 300:
-                log("s3: the first round took over 150 s a contender: one round only")
-                break
-            before = up.stats()
-            res = ag.agents(up.base, mode.agent_sessions, mode.agent_tokens, mode.agent_step, f"d{r}")
-            after = up.stats()
-            res.update(contender="direct", upstream_requests=after["requests"] - before["requests"], invalid=after["invalid"] - before["invalid"])
-            out["runs"].append(res)
-            log(f"s3 round {r + 1} direct: {res['rps']:.1f} req/s p99 {res['p99_ms']:.1f} ms")
+        for r, think in [(r, mode.agent_think) for r in range(mode.rounds if mode.smoke else 2)] + [(9, 0.0)]:
+            out["runs"].append(_agents_run(mode, up, "direct", up.base, think, f"d{r}", None, None))
             g = ct.start_ctxgate(binary, up.base, work, f"ctxgate-agents-{r}", extra=agent_config(mode.agent_window))
             try:
-                before = up.stats()
-                res = ag.agents(g.base, mode.agent_sessions, mode.agent_tokens, mode.agent_step, f"g{r}")
-                after = up.stats()
-                m = procs.metrics(f"http://127.0.0.1:{g.extra['port']}/metrics")
-                res.update(
-                    contender="ctxgate", upstream_requests=after["requests"] - before["requests"],
-                    invalid=after["invalid"] - before["invalid"], invalid_examples=after["examples"],
-                    rewrites=procs.metric_sum(m, "ctxgate_rewrites_total"),
-                    saved_tokens=procs.metric_sum(m, "ctxgate_saved_tokens_total"),
-                    store_errors=procs.metric_sum(m, "ctxgate_store_errors_total"),
-                    upstream_errors=procs.metric_sum(m, "ctxgate_upstream_errors_total"),
-                    token_estimate_ratio=procs.metric_sum(m, "ctxgate_token_estimate_ratio"),
-                    rss_kb=procs.status_kb(g.proc.pid, "VmRSS"),
-                )
-                out["runs"].append(res)
-                log(f"s3 round {r + 1} ctxgate: {res['rps']:.1f} req/s p99 {res['p99_ms']:.1f} ms, rewrites {res['rewrites']:.0f}, invalid {res['invalid']}")
+                out["runs"].append(_agents_run(mode, up, "ctxgate", g.base, think, f"g{r}", g.extra["port"], g.proc.pid))
             finally:
                 g.stop()
     finally:
         up.stop()
-    d = [x for x in out["runs"] if x["contender"] == "direct"]
-    g = [x for x in out["runs"] if x["contender"] == "ctxgate"]
+    paced = [x for x in out["runs"] if x["think_s"]]
+    d = [x for x in paced if x["contender"] == "direct"]
+    g = [x for x in paced if x["contender"] == "ctxgate"]
     out["direct"] = {"rps": median_of(d, "rps"), "p50_ms": median_of(d, "p50_ms"), "p99_ms": median_of(d, "p99_ms")}
     out["ctxgate"] = {"rps": median_of(g, "rps"), "p50_ms": median_of(g, "p50_ms"), "p99_ms": median_of(g, "p99_ms"),
-                      "invalid": sum(x["invalid"] for x in g), "rewrites": sum(x["rewrites"] for x in g)}
+                      "rewrites": sum(x["rewrites"] for x in g)}
     out["ctxgate"]["added_p99_ms"] = out["ctxgate"]["p99_ms"] - out["direct"]["p99_ms"]
     out["ctxgate"]["added_p50_ms"] = out["ctxgate"]["p50_ms"] - out["direct"]["p50_ms"]
-    if out["ctxgate"]["invalid"] or any(x["invalid"] for x in d):
-        raise procs.HarnessError(f"scenario 3: invalid requests reached the upstream: {g[-1].get('invalid_examples')}")
+    out["ctxgate"]["invalid"] = sum(x["invalid"] for x in out["runs"] if x["contender"] == "ctxgate")
+    out["capacity_rps"] = {x["contender"]: x["rps"] for x in out["runs"] if not x["think_s"]}
+    if any(x["invalid"] for x in out["runs"]):
+        bad = [x["invalid_examples"] for x in out["runs"] if x["invalid"]]
+        raise procs.HarnessError(f"scenario 3: invalid requests reached the upstream: {bad[:1]}")
     return out
 
 

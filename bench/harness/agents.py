@@ -9,6 +9,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import random
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -221,8 +222,10 @@ class Conn:
             self.writer = None
 
 
-async def _agent(url, session, run_tag, openings, rounds, target_chars, step_chars, tools, lat, errors):
+async def _agent(url, session, run_tag, openings, rounds, target_chars, step_chars, tools, think, lat, errors):
     conn = Conn(url + "/chat/completions")
+    rng = random.Random(session)
+    await asyncio.sleep(rng.uniform(0, think))  # agents start spread over one think time
     msgs = [json.dumps(m) for m in openings[session % len(openings)]]
     chars, index = sum(len(m) for m in msgs), 0
     head = json.dumps({"model": AGENT_MODEL, "tools": tools})[:-1] + ', "messages": ['
@@ -244,14 +247,18 @@ async def _agent(url, session, run_tag, openings, rounds, target_chars, step_cha
             if status != 200:
                 errors.append(f"session {session}: {status} {data[:200]!r}")
                 return
-            # The next request starts with that reply (round `index`'s assistant message); its results follow.
+            # The next request starts with that reply (round `index`'s assistant message); its results follow,
+            # after the agent's think time (its tools running, in a real agent).
+            if think:
+                await asyncio.sleep(think * rng.uniform(0.5, 1.5))
     finally:
         conn.close()
 
 
-def agents(url: str, sessions: int, target_tokens: int, step_tokens: int, run_tag: str) -> dict:
+def agents(url: str, sessions: int, target_tokens: int, step_tokens: int, run_tag: str, think: float = 0.0) -> dict:
     """`sessions` agents at once, each growing its conversation by ~`step_tokens` of tool rounds per request up to
-    ~`target_tokens` (characters / 4), one request in flight per agent."""
+    ~`target_tokens` (characters / 4), one request in flight per agent, waiting `think` seconds (±50 %, seeded per
+    session) between an answer and its next request; req/s is over the whole run, think times included."""
     openings, rounds = load_pool()
     tools = [{"type": "function", "function": {"name": "execute_bash", "description": "Run a shell command.",
               "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
@@ -260,7 +267,7 @@ def agents(url: str, sessions: int, target_tokens: int, step_tokens: int, run_ta
 
     async def run():
         await asyncio.gather(*(
-            _agent(url, s, run_tag, openings, rounds, target_tokens * 4, step_tokens * 4, tools, lat, errors)
+            _agent(url, s, run_tag, openings, rounds, target_tokens * 4, step_tokens * 4, tools, think, lat, errors)
             for s in range(sessions)
         ))
 

@@ -58,7 +58,7 @@ def targets(r: dict, baseline: dict | None) -> list[dict]:
     s3 = r.get("s3")
     if s3:
         g = s3["ctxgate"]
-        out.append(_t("s3: added p99, agents with rewriting active", f"{g['added_p99_ms']:.1f} ms ({g['rewrites']:.0f} rewrites)", "≤ 5 ms", g["added_p99_ms"] <= 5 and g["rewrites"] > 0))
+        out.append(_t(f"s3: added p99, agents with rewriting active (think {s3['think_s']} s)", f"{g['added_p99_ms']:.1f} ms ({g['rewrites']:.0f} rewrites)", "≤ 5 ms", g["added_p99_ms"] <= 5 and g["rewrites"] > 0))
         out.append(_t("s3: invalid requests reaching the upstream", str(g["invalid"]), "0", g["invalid"] == 0))
     s4 = r.get("s4")
     if s4:
@@ -87,7 +87,8 @@ def markdown(r: dict) -> str:
         for c, row in r["s1"].items():
             ng = row.get("nginx", {}).get("rps")
             for name, v in row.items():
-                lines.append(f"| {c} | {name} | {v['rps']:.0f} | {_f(v['rps'] / ng if ng else None)} | {_f(v['p50_ms'])} | {_f(v['p99_ms'])} | {_f(v['added_p99_ms'])} |")
+                err = f" ({v['errors']} errors)" if v.get("errors") else ""
+                lines.append(f"| {c} | {name} | {v['rps']:.0f}{err} | {_f(v['rps'] / ng if ng else None)} | {_f(v['p50_ms'])} | {_f(v['p99_ms'])} | {_f(v['added_p99_ms'])} |")
         pt = r["passthrough"]
         lines += ["", f"Passthrough route `/v1/embeddings`, c={pt['concurrency']}:", "", "| contender | req/s | ÷ nginx | p99 ms |", "|---|---|---|---|"]
         for name, v in pt.items():
@@ -113,11 +114,17 @@ def markdown(r: dict) -> str:
         s3 = r["s3"]
         lines += ["", f"## Scenario 3: {s3['sessions']} agent sessions growing to ~{s3['target_tokens'] // 1000}k tokens "
                   f"(~{s3['step_tokens'] // 1000}k per request, window {s3['context_window']})", "",
-                  "| run | contender | requests | req/s | p50 ms | p99 ms | rewrites | invalid |", "|---|---|---|---|---|---|---|---|"]
+                  "| run | contender | think s | requests | req/s | p50 ms | p99 ms | rewrites | invalid | RSS MB |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for i, v in enumerate(s3["runs"]):
-            lines.append(f"| {i // 2 + 1} | {v['contender']} | {v['requests']} | {v['rps']:.1f} | {_f(v['p50_ms'], 1)} | {_f(v['p99_ms'], 1)} | {v.get('rewrites', '–')} | {v['invalid']} |")
+            run = "capacity" if not v["think_s"] else str(i // 2 + 1)
+            lines.append(f"| {run} | {v['contender']} | {v['think_s']:g} | {v['requests']} | {v['rps']:.1f} | {_f(v['p50_ms'], 1)} | "
+                         f"{_f(v['p99_ms'], 1)} | {v.get('rewrites', '–')} | {v['invalid']} | {_f(v.get('rss_mb'), 1)} |")
         g = s3["ctxgate"]
-        lines += ["", f"Median added: p50 {_f(g['added_p50_ms'], 1)} ms, p99 {_f(g['added_p99_ms'], 1)} ms."]
+        cap = s3.get("capacity_rps", {})
+        lines += ["", f"With think time (medians): added p50 {_f(g['added_p50_ms'], 1)} ms, added p99 {_f(g['added_p99_ms'], 1)} ms. "
+                  f"Capacity (no think time): ctxgate {_f(cap.get('ctxgate'), 1)} req/s, direct {_f(cap.get('direct'), 1)} req/s "
+                  "(direct is bounded by the single-process Python fake upstream)."]
     if "s4" in r:
         s4 = r["s4"]
         lines += ["", "## Scenario 4: memory (VmRSS of ctxgate)", "", "| state | MB |", "|---|---|",
