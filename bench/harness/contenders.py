@@ -8,7 +8,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .procs import HarnessError, Proc, free_port, wait_http
+from .procs import HarnessError, Proc, free_port, tree, wait_http
 
 MODEL = "gpt-4o-mini"
 STREAM_MODEL = "gpt-4o-mini-stream"  # LiteLLM's name for the model served by the SSE upstream
@@ -152,8 +152,6 @@ class Contender:
     extra: dict = field(default_factory=dict)
 
     def pids(self) -> list[int]:
-        from .procs import tree
-
         return tree(self.proc.pid) if self.proc else []
 
     def stop(self, timeout: float = 15.0) -> None:
