@@ -249,6 +249,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--baseline", type=Path, help="a results JSON to judge CPU per request against (default: the oldest in bench/results)")
     args = p.parse_args(argv)
     mode = Mode(args.smoke)
+    if mode.smoke:
+        # Without the shared traces (a CI machine may not have them) the smoke run uses a synthetic pool.
+        os.environ["CTXGATE_BENCH_SMOKE"] = "1"
+    log(f"traces: {ag.TRACES}" + ("" if any(ag.TRACES.glob("*.json")) else " (none: a synthetic pool, smoke only)"))
     validator_self_check()
     only = {int(x) for x in args.only.split(",")}
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H%M%SZ")

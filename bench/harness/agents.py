@@ -17,7 +17,15 @@ from urllib.parse import urlsplit
 from .load import AUTH, percentile
 from .procs import HarnessError, free_port
 
-TRACES = Path(os.environ.get("CTXGATE_BENCH_TRACES", "/work/shared/traces"))
+# The shared chat traces: CTXGATE_BENCH_TRACES, else ../shared/traces beside the repository, else /work/shared/traces.
+_REPO = Path(__file__).resolve().parents[2]
+TRACES = Path(
+    os.environ.get("CTXGATE_BENCH_TRACES")
+    or next(
+        (str(p) for p in (_REPO.parent / "shared/traces", Path("/work/shared/traces")) if any(p.glob("*.json"))),
+        str(_REPO.parent / "shared/traces"),
+    )
+)
 AGENT_MODEL = "bench-agent-64k"  # its window is set in ctxgate's config, so rewriting starts near 51k tokens
 AGENT_WINDOW = 64000
 
@@ -28,7 +36,9 @@ def load_pool(traces: Path = TRACES) -> tuple[list[list[dict]], list[list[dict]]
     openings, rounds = [], []
     files = sorted(traces.glob("*.json"))
     if not files:
-        raise HarnessError(f"no traces in {traces}")
+        if os.environ.get("CTXGATE_BENCH_SMOKE") == "1":
+            return synthetic_pool()
+        raise HarnessError(f"no traces in {traces} (set CTXGATE_BENCH_TRACES)")
     for f in files:
         msgs = json.loads(f.read_text())["messages"]
         first_user = next(i for i, m in enumerate(msgs) if m["role"] == "user")
@@ -45,6 +55,28 @@ def load_pool(traces: Path = TRACES) -> tuple[list[list[dict]], list[list[dict]]
             else:
                 i += 1
     return openings, rounds
+
+
+def synthetic_pool() -> tuple[list[list[dict]], list[list[dict]]]:
+    """A small agent-like pool for the smoke run on a machine without the shared traces: one opening, rounds of
+    one or two tool calls with outputs of a few hundred to a few thousand characters."""
+    opening = [
+        {"role": "system", "content": "You are a coding agent. Use the tools to inspect and fix the repository."},
+        {"role": "user", "content": "Fix the failing test in src/parser.rs and explain the cause."},
+    ]
+    rounds = []
+    for k in range(12):
+        calls = [
+            {"id": f"t{k}_{j}", "type": "function",
+             "function": {"name": "read_file", "arguments": json.dumps({"path": f"src/mod{k}_{j}.rs"})}}
+            for j in range(1 + k % 2)
+        ]
+        results = [
+            {"role": "tool", "tool_call_id": c["id"], "content": f"// {c['id']}\n" + "fn item() -> u32 { 42 }\n" * (20 + 60 * k)}
+            for c in calls
+        ]
+        rounds.append([{"role": "assistant", "content": None, "tool_calls": calls}] + results)
+    return [opening], rounds
 
 
 def round_for(rounds: list[list[dict]], session: int, index: int) -> list[dict]:
