@@ -324,3 +324,57 @@ async fn admin_requires_the_token_when_one_is_set() {
         .unwrap();
     assert_eq!(ok.status(), 200);
 }
+
+/// Store write batches recorded so far (the memory backend observes one per batch).
+async fn store_writes(h: &Harness) -> f64 {
+    let text = h
+        .client
+        .get(h.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| {
+            l.starts_with("ctxgate_store_operation_duration_seconds_count")
+                && l.contains("operation=\"write\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// An identical resend (a retry) adds no message: only the reply's batch is written (the request's, which would
+/// only move the row's head and activity, is left to it), and the history and row stay right.
+#[tokio::test]
+async fn an_identical_resend_writes_one_batch() {
+    let h = Harness::start().await;
+    let msgs = json!([{"role":"system","content":"be brief"},{"role":"user","content":"hello"}]);
+    // (A turn's answer is released once its writes are committed: no need to wait for the store.)
+    let (sid, _) = chat(&h, "sk-resend", Some("resend"), &msgs, false).await;
+    let before = store_writes(&h).await;
+    chat(&h, "sk-resend", Some("resend"), &msgs, false).await;
+    assert_eq!(
+        store_writes(&h).await - before,
+        1.0,
+        "the reply's batch only"
+    );
+    let v: Value = admin(&h, &format!("/admin/sessions/{sid}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(contents(&v), ["be brief", "hello", "mock reply"]);
+    assert_eq!(v["message_count"], 3);
+    // A request that adds a message still writes it at once (before the upstream answers).
+    let before = store_writes(&h).await;
+    let more = json!([{"role":"system","content":"be brief"},{"role":"user","content":"hello"},
+        {"role":"assistant","content":"mock reply"},{"role":"user","content":"again"}]);
+    chat(&h, "sk-resend", Some("resend"), &more, false).await;
+    assert_eq!(
+        store_writes(&h).await - before,
+        2.0,
+        "the request's batch and the reply's"
+    );
+}

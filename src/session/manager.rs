@@ -553,7 +553,9 @@ impl Sessions {
             let nodes = st.tree.path_to(appended.leaf.as_ref());
             let first_seen: Vec<i64> = nodes.iter().map(|n| n.created_at).collect();
             let path: Vec<String> = nodes.iter().map(|n| n.id.to_string()).collect();
-            if st.writable() {
+            // A request that adds no message (an identical resend, a retry) writes nothing: the row's new head and
+            // activity go with the reply's write, which the turn waits for anyway.
+            if st.writable() && !appended.created.is_empty() {
                 let mut ops = vec![WriteOp::Session {
                     meta: entry.next_meta(&mut st),
                     create: false,
