@@ -10,6 +10,8 @@ pub mod reply;
 pub mod request;
 pub mod responses;
 pub mod rounds;
+#[cfg(test)]
+mod test_arguments;
 
 pub use names::InjectedNames;
 pub use reply::{AssembledReply, MAX_ASSEMBLED_BYTES};
