@@ -180,10 +180,11 @@ async fn sessions_cmd(config: Option<PathBuf>, action: SessionsAction) -> anyhow
             .map_err(anyhow::Error::msg)?;
         writeln!(
             std::io::stdout().lock(),
-            "migrated {} session(s): {} message(s), {} record(s); verified",
+            "migrated {} session(s): {} message(s), {} record(s), {} turn(s); verified",
             done.sessions,
             done.nodes,
-            done.records
+            done.records,
+            done.turns
         )?;
         return Ok(());
     }

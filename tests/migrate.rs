@@ -99,7 +99,7 @@ async fn sessions_move_from_sqlite_to_redis_and_back() {
     let out = migrate(&config, &format!("sqlite:{}", db.display()), &redis.url());
     assert_eq!(
         out.trim(),
-        "migrated 3 session(s): 12 message(s), 0 record(s); verified"
+        "migrated 3 session(s): 12 message(s), 0 record(s), 6 turn(s); verified"
     );
 
     // On Redis: the same sessions, and the same callers still reach them (the tenant secret came along).
@@ -132,7 +132,7 @@ async fn sessions_move_from_sqlite_to_redis_and_back() {
     let out = migrate(&config, &redis.url(), &format!("sqlite:{}", back.display()));
     assert_eq!(
         out.trim(),
-        "migrated 3 session(s): 14 message(s), 0 record(s); verified"
+        "migrated 3 session(s): 14 message(s), 0 record(s), 7 turn(s); verified"
     );
     let h = Harness::start_config(mock.clone(), sqlite_config(&mock, &back)).await;
     assert_eq!(contents(&h, &sids[1]).await.len(), 6);

@@ -328,7 +328,77 @@ async fn locks(store: &dyn Store) {
     assert!(t3 > t2);
 }
 
+fn turn(session: &str, text: &str) -> WriteOp {
+    WriteOp::Turn {
+        session: session.into(),
+        turn: json!({"head": text}).to_string(),
+    }
+}
+
+/// Turn records: appended in order, paged, never loaded with the session, gone with it.
+async fn turns_kept_apart(store: &dyn Store) {
+    write(
+        store,
+        vec![
+            session(meta("t", 1, 100, 1), true),
+            node("t", 1, "hi"),
+            turn("t", "a"),
+        ],
+    )
+    .await;
+    write(
+        store,
+        vec![turn("t", "b"), turn("t", "c"), turn("nope", "x")],
+    )
+    .await;
+    let (page, total) = store.turns("t", 0, 10).await.unwrap();
+    let heads: Vec<String> = page
+        .iter()
+        .map(|t| {
+            serde_json::from_str::<serde_json::Value>(t).unwrap()["head"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        (heads, total),
+        (vec!["a".into(), "b".into(), "c".into()], 3)
+    );
+    let (page, total) = store.turns("t", 1, 1).await.unwrap();
+    assert_eq!((page.len(), total), (1, 3));
+    assert!(page[0].contains("\"b\""));
+    assert_eq!(store.turns("t", 5, 10).await.unwrap(), (vec![], 3));
+    assert_eq!(
+        store.turns("nope", 0, 10).await.unwrap(),
+        (vec![], 0),
+        "no session, no turn"
+    );
+    let loaded = store.load("t").await.unwrap().unwrap();
+    assert!(loaded.compressions.is_empty() && loaded.internal.is_empty());
+    assert_eq!(loaded.nodes.len(), 1);
+    assert!(store.delete("t").await.unwrap());
+    assert_eq!(
+        store.turns("t", 0, 10).await.unwrap(),
+        (vec![], 0),
+        "deleted with the session"
+    );
+    write(
+        store,
+        vec![session(meta("old", 1, 10, 0), true), turn("old", "z")],
+    )
+    .await;
+    assert_eq!(store.turns("old", 0, 10).await.unwrap().1, 1);
+    store.purge_idle(50).await.unwrap();
+    assert_eq!(
+        store.turns("old", 0, 10).await.unwrap().1,
+        0,
+        "purged with the session"
+    );
+}
+
 async fn contract(make: impl Fn() -> Arc<dyn Store>) {
+    turns_kept_apart(&*make()).await;
     round_trip(&*make()).await;
     missing_sessions_are_no_ops(&*make()).await;
     rows_never_go_backwards(&*make()).await;

@@ -67,6 +67,15 @@ impl Store for Stuck {
         Box::pin(futures_util::future::pending())
     }
 
+    fn turns(
+        &self,
+        _id: &str,
+        _offset: u64,
+        _limit: u32,
+    ) -> BoxFuture<'static, Result<(Vec<String>, u64), StoreError>> {
+        Box::pin(futures_util::future::pending())
+    }
+
     fn delete(&self, _id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
         Box::pin(futures_util::future::pending())
     }
@@ -263,6 +272,15 @@ impl Store for FullQueue {
         offset: u64,
     ) -> BoxFuture<'static, Result<(Vec<SessionMeta>, u64), StoreError>> {
         self.inner.list(limit, offset)
+    }
+
+    fn turns(
+        &self,
+        id: &str,
+        offset: u64,
+        limit: u32,
+    ) -> BoxFuture<'static, Result<(Vec<String>, u64), StoreError>> {
+        self.inner.turns(id, offset, limit)
     }
 
     fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {

@@ -8,6 +8,7 @@ mod plan;
 mod request;
 mod respond;
 mod rounds;
+pub mod turn_record;
 
 pub use count::count_tokens;
 pub use plan::{plan_request, Outgoing, Rewritten, STRATEGY_HEADER};
@@ -137,6 +138,9 @@ async fn handle(
     if let (Some(rw), Some(mark)) = (&outgoing.rewrite, &mark) {
         record_compression(&state, mark, rw, &request.model);
     }
+    let draft = mark
+        .as_ref()
+        .map(|m| TurnDraft::new(&state, &request, m, strategy, &outgoing));
 
     // 5. Forward.
     let api = dialect.api();
@@ -195,6 +199,7 @@ async fn handle(
             rewritten_from: outgoing.rewrite.as_ref().map(|r| r.record.tokens_before),
             sent_estimate: outgoing.estimate,
         },
+        draft,
     };
     // 6b. The model may call the recall tools we offered: ctxgate answers them and asks again, within the same
     //     response. Anything but a successful first answer is relayed as it is.
@@ -219,8 +224,8 @@ async fn handle(
             messages_close: outgoing.messages_close,
             appended: Vec::new(),
             source,
+            on_round: record_round(&state, mark.clone(), turn.recall_calls()),
             finisher: turn.finisher(None),
-            on_round: record_round(&state, mark.clone()),
         };
         return respond::after_rounds(
             &state,
@@ -282,9 +287,130 @@ struct Turn {
     timer: Option<RequestTimer>,
     /// For the token metrics.
     planned: measure::PlannedTokens,
+    /// The turn's record of what was sent, completed when the turn ends (recorded sessions only).
+    draft: Option<TurnDraft>,
+}
+
+/// A turn's record before its answer: what was sent (its segments computed in the background while the upstream
+/// answers, and only for a rewritten request) and the recall calls answered meanwhile.
+struct TurnDraft {
+    info: turn_record::TurnInfo,
+    segments: tokio::task::JoinHandle<Vec<turn_record::Segment>>,
+    calls: Arc<parking_lot::Mutex<Vec<Value>>>,
+}
+
+impl TurnDraft {
+    fn new(
+        state: &AppState,
+        request: &Parsed,
+        mark: &RequestMark,
+        strategy: crate::config::Strategy,
+        outgoing: &Outgoing,
+    ) -> TurnDraft {
+        let rw = outgoing.rewrite.as_ref();
+        let client = outgoing.client_tokens;
+        let native = request.native();
+        // Replies the client sent back in other bytes than the stored node's (the same message to the tree).
+        let resent: Vec<(usize, Value)> = mark.entry.with_tree(|t| {
+            mark.path
+                .iter()
+                .zip(native)
+                .enumerate()
+                .filter_map(|(i, (id, m))| {
+                    let n = t.get(id)?;
+                    (n.kind == crate::store::NodeKind::Reply && *n.message != *m)
+                        .then(|| (i, m.clone()))
+                })
+                .collect()
+        });
+        let segments = match rw {
+            None => tokio::spawn(std::future::ready(turn_record::with_resent(
+                turn_record::unchanged(native.len()),
+                &resent,
+            ))),
+            Some(_) => {
+                let (raw, sent, key) = (
+                    request.raw.clone(),
+                    outgoing.body.clone(),
+                    request.dialect.conversation_key(),
+                );
+                tokio::spawn(async move {
+                    let array = |b: &[u8]| -> Vec<Value> {
+                        match serde_json::from_slice::<Value>(b).map(|mut v| v[key].take()) {
+                            Ok(Value::Array(a)) => a,
+                            Ok(Value::Null) | Err(_) => Vec::new(),
+                            Ok(other) => vec![other],
+                        }
+                    };
+                    let segments = turn_record::segments(&array(&sent), &array(&raw));
+                    turn_record::with_resent(segments, &resent)
+                })
+            }
+        };
+        TurnDraft {
+            info: turn_record::TurnInfo {
+                at: now_secs(),
+                model: request.model.clone(),
+                dialect: request.dialect.as_str(),
+                stream: request.stream,
+                status: 0,
+                strategy: strategy.as_str(),
+                rewritten: rw.is_some(),
+                stages: rw.map_or_else(Vec::new, |r| {
+                    r.record.stages.iter().map(|s| s.to_string()).collect()
+                }),
+                cuts: rw.map_or_else(Vec::new, |r| r.record.cuts.to_vec()),
+                head: mark.path.last().cloned().unwrap_or_default(),
+                tokens: turn_record::TurnTokens {
+                    client,
+                    sent: rw.map_or(client, |r| Some(r.record.tokens_after)),
+                    window: rw.map_or_else(
+                        || state.models.context_window(&request.model),
+                        |r| r.record.context_window,
+                    ),
+                    upstream_prompt: None,
+                    output: None,
+                },
+                summary_upto: rw.map_or(0, |r| r.record.summary_upto),
+                recall_rounds: 0,
+                recall_calls: Vec::new(),
+            },
+            segments,
+            calls: Arc::new(parking_lot::Mutex::new(Vec::new())),
+        }
+    }
+
+    /// The stored record, once the turn ended with `status` and `outcome`.
+    async fn finish(self, status: u16, outcome: &RelayOutcome) -> String {
+        let mut info = self.info;
+        info.status = status;
+        info.tokens.upstream_prompt = outcome.reply.prompt_tokens();
+        info.tokens.output = outcome.reply.completion_tokens();
+        if !info.rewritten && info.tokens.client.is_none() {
+            // Not counted (clearly under the threshold): what the upstream counted is what the client sent.
+            info.tokens.client = info.tokens.upstream_prompt;
+            info.tokens.sent = info.tokens.upstream_prompt;
+        }
+        let rounds = std::mem::take(&mut *self.calls.lock());
+        info.recall_rounds = rounds.len();
+        info.recall_calls = rounds
+            .into_iter()
+            .flat_map(|r| match r {
+                Value::Array(calls) => calls,
+                _ => Vec::new(),
+            })
+            .collect();
+        let segments = self.segments.await.unwrap_or_default();
+        turn_record::to_json(&info, &segments)
+    }
 }
 
 impl Turn {
+    /// Where the recall rounds of this turn put their calls (one entry per round).
+    fn recall_calls(&self) -> Option<Arc<parking_lot::Mutex<Vec<Value>>>> {
+        self.draft.as_ref().map(|d| d.calls.clone())
+    }
+
     /// 7. The turn is complete (or cut short): record the reply (durably, before the client gets the last
     ///    bytes), calibrate the token estimate against the upstream's count, log it and announce it.
     ///    `estimate`: the estimated tokens of what was sent, when one upstream call answered it.
@@ -301,7 +427,11 @@ impl Turn {
                     }
                 }
                 if let Some(mark) = &self.mark {
-                    record_reply(state, self.dialect, mark, self.status, &outcome).await;
+                    let turn = match self.draft {
+                        Some(d) => Some(d.finish(self.status.as_u16(), &outcome).await),
+                        None => None,
+                    };
+                    record_reply(state, self.dialect, mark, self.status, &outcome, turn).await;
                 }
                 if let (Some(est), Some(actual)) = (estimate, outcome.reply.prompt_tokens()) {
                     state.counter.observe(&self.model, est, actual);
@@ -385,13 +515,20 @@ fn rewrite_record(rw: &Rewritten, model: &str, at: i64) -> RewriteRecord {
     }
 }
 
-/// Stores each recall round as an internal exchange of the session (never part of its client history).
+/// Stores each recall round as an internal exchange of the session (never part of its client history), and
+/// hands its calls to the turn's record.
 fn record_round(
     state: &Arc<AppState>,
     mark: Option<RequestMark>,
+    calls: Option<Arc<parking_lot::Mutex<Vec<Value>>>>,
 ) -> Box<dyn Fn(Value) + Send + Sync> {
     let state = state.clone();
     Box::new(move |exchange: Value| {
+        if let Some(calls) = &calls {
+            calls
+                .lock()
+                .push(exchange.get("calls").cloned().unwrap_or(Value::Null));
+        }
         let Some(mark) = mark.clone() else {
             return;
         };
@@ -409,17 +546,24 @@ fn record_round(
     })
 }
 
-/// Stores the assistant's reply when the upstream gave one; a reply cut short (or ended by an error event) is
-/// stored marked partial, and a reply that says nothing (e.g. a bare `[DONE]`) is not stored: the head stays.
+/// Stores the assistant's reply when the upstream gave one, with the turn's record in the same write; a reply cut
+/// short (or ended by an error event) is stored marked partial, and a reply that says nothing (e.g. a bare
+/// `[DONE]`) is not stored: the head stays, and the turn's record is written on its own.
 async fn record_reply(
     state: &AppState,
     dialect: Dialect,
     mark: &RequestMark,
     status: http::StatusCode,
     outcome: &RelayOutcome,
+    turn: Option<String>,
 ) {
     let reply = &outcome.reply;
     if !status.is_success() || reply.is_empty() {
+        if let Some(turn) = turn {
+            if let Err(e) = state.sessions.record_turn(&mark.entry, turn).await {
+                tracing::warn!(error = %e, session = %mark.entry.id, "session: could not record the turn");
+            }
+        }
         return;
     }
     if let Err(e) = state
@@ -428,6 +572,7 @@ async fn record_reply(
             mark,
             dialect.reply_messages(reply.message.clone()),
             !reply.complete,
+            turn,
         )
         .await
     {

@@ -84,8 +84,20 @@ impl Rounds {
         let messages = self
             .dialect
             .round_messages(&assistant, &names, calls, &results);
+        let answered: Vec<Value> = calls
+            .iter()
+            .map(|c| {
+                let f = c.get("function");
+                let arguments = f
+                    .and_then(|f| f.get("arguments"))
+                    .and_then(Value::as_str)
+                    .and_then(|a| serde_json::from_str::<Value>(a).ok())
+                    .unwrap_or(Value::Null);
+                json!({"id": c.get("id"), "name": f.and_then(|f| f.get("name")), "arguments": arguments})
+            })
+            .collect();
         (self.on_round)(json!({"round": round, "dialect": self.dialect.as_str(),
-                               "messages": messages}));
+                               "calls": answered, "messages": messages}));
         self.appended.extend(messages);
     }
 

@@ -147,10 +147,13 @@ pub fn reserve_tokens(cfg: &RecallConfig, calls: usize) -> u64 {
     270 + lines.min(NOTE_MAX_CHARS as u64 / 4)
 }
 
+/// How the recall note begins (it marks the note in a turn's record).
+pub const NOTE_PREFIX: &str =
+    "[ctxgate] Some earlier tool results were removed from this conversation to save space.";
+
 fn note(recallable: &[Recallable], cfg: &RecallConfig) -> String {
     let mut s = format!(
-        "[ctxgate] Some earlier tool results were removed from this conversation to save space. To get one back, \
-         call `{}` with its call_id; to look for something in the full history, call `{}`. Recallable calls, \
+        "{NOTE_PREFIX} To get one back, call `{}` with its call_id; to look for something in the full history, call `{}`. Recallable calls, \
          newest first:",
         cfg.tool_name, cfg.search_tool_name
     );

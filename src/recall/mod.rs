@@ -6,4 +6,4 @@ mod inject;
 
 pub use crate::dialect::InjectedNames;
 pub use answer::{answer_call, answer_call_with_outcome, Answered, HistorySource};
-pub use inject::{can_inject, inject, reserve_tokens, Injection, Offer, Recallable};
+pub use inject::{can_inject, inject, reserve_tokens, Injection, Offer, Recallable, NOTE_PREFIX};

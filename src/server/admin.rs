@@ -1,4 +1,4 @@
-//! The admin API under `/admin`: sessions listed, shown whole and deleted. Bearer `[admin] token`; without a
+//! The admin API under `/admin`: sessions listed, shown whole (and turn by turn: what each sent) and deleted. Bearer `[admin] token`; without a
 //! token it is off, unless `[admin] allow_loopback_without_token` (by default: when `server.listen` is a loopback
 //! address) serves loopback peers.
 
@@ -20,6 +20,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
     Router::new()
         .route("/admin/sessions", get(list))
         .route("/admin/sessions/{id}", get(show).delete(delete))
+        .route("/admin/sessions/{id}/turns", get(turns))
         .route(
             "/admin/sessions/{id}/compress",
             axum::routing::post(compress),
@@ -129,6 +130,32 @@ async fn show(
 ) -> Result<Response, GatewayError> {
     match state.sessions.view(&id).await.map_err(store_error)? {
         Some(v) => Ok(Json(v).into_response()),
+        None => Err(GatewayError::NotFound(format!("no session {id:?}"))),
+    }
+}
+
+#[derive(Deserialize)]
+struct TurnsQuery {
+    limit: Option<u32>,
+    offset: Option<u64>,
+    messages: Option<bool>,
+}
+
+/// A page of the session's turns: what each sent upstream (`messages=false`: the figures only).
+async fn turns(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    Query(q): Query<TurnsQuery>,
+) -> Result<Response, GatewayError> {
+    let limit = q.limit.unwrap_or(50).clamp(1, 500);
+    let offset = q.offset.unwrap_or(0);
+    match state
+        .sessions
+        .turns(&id, offset, limit, q.messages.unwrap_or(true))
+        .await
+        .map_err(store_error)?
+    {
+        Some(page) => Ok(Json(page).into_response()),
         None => Err(GatewayError::NotFound(format!("no session {id:?}"))),
     }
 }

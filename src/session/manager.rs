@@ -619,7 +619,8 @@ impl Sessions {
         message: Value,
         partial: bool,
     ) -> Result<(), StoreError> {
-        self.record_replies(mark, vec![message], partial).await
+        self.record_replies(mark, vec![message], partial, None)
+            .await
     }
 
     /// [`Sessions::record_reply`] for a reply made of several messages (a Responses answer's output items), stored
@@ -629,6 +630,7 @@ impl Sessions {
         mark: &RequestMark,
         messages: Vec<Value>,
         partial: bool,
+        turn: Option<String>,
     ) -> Result<(), StoreError> {
         self.admit(mark).await;
         let now = now_secs();
@@ -650,7 +652,7 @@ impl Sessions {
             if !st.writable() {
                 return Ok(());
             }
-            let mut ops = Vec::with_capacity(created.len() + 1);
+            let mut ops = Vec::with_capacity(created.len() + 2);
             for id in &created {
                 if let Some(n) = st.tree.get(id) {
                     ops.push(WriteOp::Node {
@@ -658,6 +660,12 @@ impl Sessions {
                         node: NodeRow::from(n),
                     });
                 }
+            }
+            if let Some(turn) = turn {
+                ops.push(WriteOp::Turn {
+                    session: entry.id.clone(),
+                    turn,
+                });
             }
             ops.push(WriteOp::Session {
                 meta: entry.next_meta(&mut st),
@@ -692,6 +700,29 @@ impl Sessions {
         }
     }
 
+    /// Appends a turn's record to a session on its own (a turn whose reply is not stored) and waits (at most the
+    /// store timeout) until it is durable. A session whose writes are held back (not admitted, or being rewritten
+    /// after a refused write) does not keep it.
+    pub async fn record_turn(
+        &self,
+        entry: &Arc<SessionEntry>,
+        turn: String,
+    ) -> Result<(), StoreError> {
+        let now = now_secs();
+        let rx = {
+            let mut st = entry.state.lock();
+            if !st.writable() {
+                return Ok(());
+            }
+            let op = WriteOp::Turn {
+                session: entry.id.clone(),
+                turn,
+            };
+            self.queue(entry, &mut st, vec![op], now)
+        };
+        self.bounded(StoreOp::Write, committed(rx)).await
+    }
+
     /// Appends a record (compression or internal exchange) to a session and waits (at most the store timeout)
     /// until it is durable.
     pub async fn record(&self, mark: &RequestMark, record: Record) -> Result<(), StoreError> {
@@ -722,6 +753,17 @@ impl Sessions {
         };
         self.reweigh_cached(entry).await;
         self.bounded(StoreOp::Write, committed(rx)).await
+    }
+
+    /// A page of the turn records stored for session `id`, and how many there are.
+    pub async fn stored_turns(
+        &self,
+        id: &str,
+        offset: u64,
+        limit: u32,
+    ) -> Result<(Vec<String>, u64), StoreError> {
+        self.bounded(StoreOp::Load, self.store.turns(id, offset, limit))
+            .await
     }
 
     /// A cached or stored session entry, for background work and the admin API.

@@ -66,6 +66,15 @@ impl Store for Reversing {
         self.inner.list(limit, offset)
     }
 
+    fn turns(
+        &self,
+        id: &str,
+        offset: u64,
+        limit: u32,
+    ) -> BoxFuture<'static, Result<(Vec<String>, u64), StoreError>> {
+        self.inner.turns(id, offset, limit)
+    }
+
     fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
         self.inner.delete(id)
     }
@@ -268,6 +277,15 @@ impl Store for Gate {
     ) -> BoxFuture<'static, Result<(Vec<SessionMeta>, u64), StoreError>> {
         self.inner.list(limit, offset)
     }
+
+    fn turns(
+        &self,
+        id: &str,
+        offset: u64,
+        limit: u32,
+    ) -> BoxFuture<'static, Result<(Vec<String>, u64), StoreError>> {
+        self.inner.turns(id, offset, limit)
+    }
     fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
         self.inner.delete(id)
     }
@@ -413,6 +431,15 @@ impl Store for LoadAfterWrite {
         offset: u64,
     ) -> BoxFuture<'static, Result<(Vec<SessionMeta>, u64), StoreError>> {
         self.inner.list(limit, offset)
+    }
+
+    fn turns(
+        &self,
+        id: &str,
+        offset: u64,
+        limit: u32,
+    ) -> BoxFuture<'static, Result<(Vec<String>, u64), StoreError>> {
+        self.inner.turns(id, offset, limit)
     }
     fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
         self.inner.delete(id)

@@ -19,6 +19,21 @@ pub struct Migrated {
     pub nodes: u64,
     /// Records copied (compressions and internal exchanges).
     pub records: u64,
+    /// Turn records copied.
+    pub turns: u64,
+}
+
+/// Every turn record of session `id` in `src`, oldest first.
+pub async fn all_turns(src: &dyn Store, id: &str) -> Result<Vec<String>, crate::store::StoreError> {
+    let mut out = Vec::new();
+    loop {
+        let (page, total) = src.turns(id, out.len() as u64, PAGE).await?;
+        let done = page.is_empty();
+        out.extend(page);
+        if done || out.len() as u64 >= total {
+            return Ok(out);
+        }
+    }
 }
 
 /// Copies every session of `from` into `to` (rows created there, newer rows kept), then checks that each one has
@@ -55,6 +70,10 @@ pub async fn copy_all(src: &dyn Store, dst: &dyn Store) -> Result<Migrated, Stri
             continue; // deleted meanwhile
         };
         let (nodes, records) = (s.nodes.len(), s.compressions.len() + s.internal.len());
+        let turns = all_turns(src, id)
+            .await
+            .map_err(|e| format!("loading the turns of {id}: {e}"))?;
+        let turn_count = turns.len();
         let at = s.meta.last_active;
         let mut ops = vec![WriteOp::Session {
             meta: s.meta,
@@ -71,21 +90,35 @@ pub async fn copy_all(src: &dyn Store, dst: &dyn Store) -> Result<Migrated, Stri
         };
         ops.extend(s.compressions.into_iter().map(|c| record(Record::from(c))));
         ops.extend(s.internal.into_iter().map(|v| record(Record::Internal(v))));
+        ops.extend(turns.into_iter().map(|turn| WriteOp::Turn {
+            session: id.clone(),
+            turn,
+        }));
         committed(dst.write(ops))
             .await
             .map_err(|e| format!("writing {id}: {e}"))?;
         done.sessions += 1;
         done.nodes += nodes as u64;
         done.records += records as u64;
-        expected.push((id, nodes, records));
+        done.turns += turn_count as u64;
+        expected.push((id, nodes, records, turn_count));
     }
-    for (id, nodes, records) in expected {
+    for (id, nodes, records, turns) in expected {
         let got = dst
             .load(id)
             .await
             .map_err(|e| format!("verifying {id}: {e}"))?
             .ok_or_else(|| format!("verifying {id}: missing in the target"))?;
         let got_records = got.compressions.len() + got.internal.len();
+        let (_, got_turns) = dst
+            .turns(id, 0, 0)
+            .await
+            .map_err(|e| format!("verifying {id}: {e}"))?;
+        if (got_turns as usize) < turns {
+            return Err(format!(
+                "verifying {id}: {got_turns} turns in the target, {turns} in the source"
+            ));
+        }
         // At least as many: a target that had the session already keeps its own records too.
         if got.nodes.len() != nodes || got_records < records {
             return Err(format!(

@@ -9,6 +9,7 @@ mod registry;
 pub mod responses_id;
 pub mod tenant;
 pub mod tree;
+pub mod turns;
 
 pub use identity::{identify, SessionIdentity};
 pub use manager::{RequestMark, SessionView, Sessions};

@@ -13,6 +13,8 @@ use tokio::sync::oneshot;
 #[derive(Default)]
 pub struct MemoryStore {
     sessions: Arc<Mutex<HashMap<String, StoredSession>>>,
+    /// Turn records per session (kept apart: never loaded with the session).
+    turns: Arc<Mutex<HashMap<String, Vec<String>>>>,
     metrics: StoreMetrics,
 }
 
@@ -73,6 +75,11 @@ impl Store for MemoryStore {
                         }
                     }
                 }
+                WriteOp::Turn { session, turn } => {
+                    if map.contains_key(&session) {
+                        self.turns.lock().entry(session).or_default().push(turn);
+                    }
+                }
                 WriteOp::Record {
                     session, record, ..
                 } => {
@@ -125,9 +132,31 @@ impl Store for MemoryStore {
         Box::pin(async move { Ok((page, total)) })
     }
 
+    fn turns(
+        &self,
+        id: &str,
+        offset: u64,
+        limit: u32,
+    ) -> BoxFuture<'static, Result<(Vec<String>, u64), StoreError>> {
+        let started = Instant::now();
+        let turns = self.turns.lock();
+        let all = turns.get(id).map(Vec::as_slice).unwrap_or_default();
+        let page = all
+            .iter()
+            .skip(usize::try_from(offset).unwrap_or(usize::MAX))
+            .take(limit as usize)
+            .cloned()
+            .collect();
+        let total = all.len() as u64;
+        drop(turns);
+        self.metrics.observe(StoreOp::Load, started, true);
+        Box::pin(async move { Ok((page, total)) })
+    }
+
     fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
         let started = Instant::now();
         let existed = self.sessions.lock().remove(id).is_some();
+        self.turns.lock().remove(id);
         self.metrics.observe(StoreOp::Delete, started, true);
         Box::pin(async move { Ok(existed) })
     }
@@ -138,6 +167,7 @@ impl Store for MemoryStore {
         let n = map.len();
         map.retain(|_, s| s.meta.last_active >= before);
         let purged = (n - map.len()) as u64;
+        self.turns.lock().retain(|id, _| map.contains_key(id));
         drop(map);
         self.metrics.observe(StoreOp::Purge, started, true);
         Box::pin(async move { Ok(purged) })

@@ -158,6 +158,18 @@ pub enum Lock {
     HeldElsewhere,
 }
 
+impl WriteOp {
+    /// The session the op writes to.
+    pub fn session(&self) -> &str {
+        match self {
+            WriteOp::Session { meta, .. } => &meta.id,
+            WriteOp::Node { session, .. }
+            | WriteOp::Turn { session, .. }
+            | WriteOp::Record { session, .. } => session,
+        }
+    }
+}
+
 /// One write. The ops of a batch are applied in order, all or nothing.
 #[derive(Debug, Clone)]
 pub enum WriteOp {
@@ -175,6 +187,14 @@ pub enum WriteOp {
         session: String,
         /// The node.
         node: NodeRow,
+    },
+    /// Append a turn's record of what was sent upstream (JSON text, see `session::turns`). Turns are kept apart
+    /// from the records: never loaded with the session, only read by [`Store::turns`].
+    Turn {
+        /// Session id.
+        session: String,
+        /// The turn record as JSON text.
+        turn: String,
     },
     /// Append a record (compression or internal exchange).
     Record {
@@ -203,6 +223,13 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
         offset: u64,
     ) -> BoxFuture<'static, Result<(Vec<SessionMeta>, u64), StoreError>>;
+    /// A page of a session's turn records (JSON text), oldest first, and how many it has (0 when it does not exist).
+    fn turns(
+        &self,
+        id: &str,
+        offset: u64,
+        limit: u32,
+    ) -> BoxFuture<'static, Result<(Vec<String>, u64), StoreError>>;
     /// Deletes a session; true when it existed.
     fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>>;
     /// Deletes sessions idle since before `before` (unix seconds); returns how many.

@@ -20,11 +20,11 @@ impl Keys {
         }
     }
 
-    /// The keys of session `id`, in the order the scripts take them: `meta`, `nodes`, `log`, `records`, `rids`.
-    /// The session sits in a hash tag, so they all live in one Cluster slot.
-    pub(super) fn session(&self, id: &str) -> [String; 5] {
+    /// The keys of session `id`, in the order the scripts take them: `meta`, `nodes`, `log`, `records`, `rids`,
+    /// `turns`. The session sits in a hash tag, so they all live in one Cluster slot.
+    pub(super) fn session(&self, id: &str) -> [String; 6] {
         let p = &self.prefix;
-        ["meta", "nodes", "log", "records", "rids"].map(|k| format!("{p}{{{id}}}:{k}"))
+        ["meta", "nodes", "log", "records", "rids", "turns"].map(|k| format!("{p}{{{id}}}:{k}"))
     }
 
     /// Lock `name` of session `id` and the session's fencing counter (in the session's slot).
@@ -100,15 +100,17 @@ pub(super) fn parse_record(entry: &[u8]) -> Option<Record> {
 
 /// The session of an op.
 pub(super) fn op_session(op: &WriteOp) -> &str {
-    match op {
-        WriteOp::Session { meta, .. } => &meta.id,
-        WriteOp::Node { session, .. } | WriteOp::Record { session, .. } => session,
-    }
+    op.session()
+}
+
+/// Whether an op needs an id fixed when its batch is queued (records and turns: a retry stores nothing twice).
+pub(super) fn needs_id(op: &WriteOp) -> bool {
+    matches!(op, WriteOp::Record { .. } | WriteOp::Turn { .. })
 }
 
 /// The write script's arguments for `ops` (all of one session): the TTL, then per op `S create id tenant dialect
-/// created_at last_active message_count token_estimate head version`, `N id json` or `R record-id entry`.
-/// `record_ids` holds one id per record op, fixed when the batch was queued so that a retry stores nothing twice.
+/// created_at last_active message_count token_estimate head version`, `N id json`, `R record-id entry` or
+/// `T turn-id json`. `record_ids` holds one id per record or turn op, fixed when the batch was queued so that a retry stores nothing twice.
 pub(super) fn write_args(ops: &[&WriteOp], record_ids: &[String], ttl_ms: u64) -> Vec<String> {
     let mut args = vec![ttl_ms.to_string()];
     let mut rids = record_ids.iter();
@@ -134,6 +136,11 @@ pub(super) fn write_args(ops: &[&WriteOp], record_ids: &[String], ttl_ms: u64) -
                 "R".to_string(),
                 rids.next().cloned().unwrap_or_default(),
                 record_entry(record),
+            ]),
+            WriteOp::Turn { turn, .. } => args.extend([
+                "T".to_string(),
+                format!("t:{}", rids.next().cloned().unwrap_or_default()),
+                turn.clone(),
             ]),
         }
     }

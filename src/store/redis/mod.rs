@@ -2,7 +2,7 @@
 //! as SQLite (see the module docs of `store`), writes applied by one task in per-session lanes (`worker.rs`), each
 //! session's batch one Lua script on keys under the session's hash tag (`scripts.rs`), so atomic on Cluster too.
 //!
-//! Layout (`codec.rs`): per session `<prefix>{<id>}:meta|nodes|log|records|rids`, expiring `store.retention_days`
+//! Layout (`codec.rs`): per session `<prefix>{<id>}:meta|nodes|log|records|rids|turns`, expiring `store.retention_days`
 //! after the session's last write (each write refreshes the TTL); one sorted set `<prefix>sessions` of ids by
 //! `last_active` for `list` and `purge_idle` (on standalone Redis the session's script updates it; on Cluster it
 //! lives in its own slot and is updated right after the session's script: a crash in between leaves it one write behind, repaired by the next write; ids whose session
@@ -115,10 +115,10 @@ impl Store for RedisStore {
                 return rx;
             }
         }
-        // One id per record, fixed now: a retried batch never stores a record twice.
+        // One id per record and turn, fixed now: a retried batch never stores one twice.
         let record_ids = ops
             .iter()
-            .filter(|op| matches!(op, WriteOp::Record { .. }))
+            .filter(|op| codec::needs_id(op))
             .map(|_| uuid::Uuid::new_v4().simple().to_string())
             .collect();
         let writes = !ops.is_empty();
@@ -150,6 +150,24 @@ impl Store for RedisStore {
                 .await
                 .map_err(err);
             metrics.observe(StoreOp::List, started, r.is_ok());
+            r
+        })
+    }
+
+    fn turns(
+        &self,
+        id: &str,
+        offset: u64,
+        limit: u32,
+    ) -> BoxFuture<'static, Result<(Vec<String>, u64), StoreError>> {
+        let (conn, keys, metrics) = (self.conn.clone(), self.keys.clone(), self.metrics.clone());
+        let id = id.to_string();
+        Box::pin(async move {
+            let started = Instant::now();
+            let r = queries::turns(&conn, &keys, &id, offset, limit)
+                .await
+                .map_err(err);
+            metrics.observe(StoreOp::Load, started, r.is_ok());
             r
         })
     }

@@ -114,6 +114,27 @@ pub(super) async fn tail(
     }))
 }
 
+/// A page of a session's turn records, and how many there are.
+pub(super) async fn turns(
+    conn: &Conn,
+    keys: &Keys,
+    id: &str,
+    offset: u64,
+    limit: u32,
+) -> Result<(Vec<String>, u64), RedisError> {
+    let key = &keys.session(id)[5];
+    let start = isize::try_from(offset).unwrap_or(isize::MAX);
+    let stop = start.saturating_add(limit as isize - 1);
+    let total: u64 = conn.query(redis::cmd("LLEN").arg(key)).await?;
+    if limit == 0 || offset >= total {
+        return Ok((Vec::new(), total));
+    }
+    let page: Vec<String> = conn
+        .query(redis::cmd("LRANGE").arg(key).arg(start).arg(stop))
+        .await?;
+    Ok((page, total))
+}
+
 /// Deletes a session's keys (with `idle_before`: only when idle since before then) and its index entry.
 pub(super) async fn delete(
     conn: &Conn,
@@ -264,7 +285,7 @@ pub(super) async fn apply(
         let s = codec::op_session(op);
         if let Some(entry) = by_session.iter_mut().find(|(k, _, _)| *k == s) {
             entry.1.push(op);
-            if matches!(op, WriteOp::Record { .. }) {
+            if codec::needs_id(op) {
                 entry.2.push(rid.next().cloned().unwrap_or_default());
             }
         }

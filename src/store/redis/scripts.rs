@@ -4,8 +4,8 @@
 //!
 //! A session's keys (`KEYS`, in this order): `meta` (hash: the session row), `nodes` (hash: node id → node JSON),
 //! `log` (list: node ids in the order they were stored, the session's append cursor), `records` (list: `kind`,
-//! a newline, the record's JSON), `rids` (set: ids of the records stored, so that a retried batch never stores a
-//! record twice).
+//! a newline, the record's JSON), `rids` (set: ids of the records and turns stored, so that a retried batch never
+//! stores one twice), `turns` (list: the turn records' JSON, never loaded with the session).
 
 use redis::Script;
 use std::sync::LazyLock;
@@ -13,7 +13,7 @@ use std::sync::LazyLock;
 /// Applies one session's ops of a batch (`ARGV[1]`: TTL in ms, 0 for none; then the ops, see
 /// `super::codec::write_args`). Nodes and records are only stored while the row exists; a row is replaced only by
 /// a higher `version` (without `create`: only the row of the same tenant and creation time); `message_count` is
-/// never below the nodes stored. With a sixth key (standalone Redis: no slots to respect) the activity index is
+/// never below the nodes stored. With a seventh key (standalone Redis: no slots to respect) the activity index is
 /// updated here too. Returns the row's `last_active` (for the activity index), or nil when the session does not
 /// exist.
 pub(super) static WRITE: LazyLock<Script> = LazyLock::new(|| {
@@ -50,6 +50,11 @@ while i <= #ARGV do
       redis.call('RPUSH', KEYS[4], ARGV[i + 2])
     end
     i = i + 3
+  elseif op == 'T' then
+    if exists() and redis.call('SADD', KEYS[5], ARGV[i + 1]) == 1 then
+      redis.call('RPUSH', KEYS[6], ARGV[i + 2])
+    end
+    i = i + 3
   else
     return redis.error_reply('ctxgate: unknown op ' .. tostring(op))
   end
@@ -60,10 +65,10 @@ if stored > tonumber(redis.call('HGET', KEYS[1], 'message_count') or '0') then
   redis.call('HSET', KEYS[1], 'message_count', stored)
 end
 if ttl > 0 then
-  for k = 1, 5 do redis.call('PEXPIRE', KEYS[k], ttl) end
+  for k = 1, 6 do redis.call('PEXPIRE', KEYS[k], ttl) end
 end
 local last_active = redis.call('HGET', KEYS[1], 'last_active')
-if KEYS[6] then redis.call('ZADD', KEYS[6], 'GT', last_active, redis.call('HGET', KEYS[1], 'id')) end
+if KEYS[7] then redis.call('ZADD', KEYS[7], 'GT', last_active, redis.call('HGET', KEYS[1], 'id')) end
 return last_active
 "#,
     )

@@ -25,6 +25,7 @@ enum Cmd {
     Write(Vec<WriteOp>, Reply<()>),
     Load(String, Reply<Option<StoredSession>>),
     List(u32, u64, Reply<(Vec<SessionMeta>, u64)>),
+    Turns(String, u64, u32, Reply<(Vec<String>, u64)>),
     Delete(String, Reply<bool>),
     Purge(i64, Reply<u64>),
     QueryOnly(bool, Reply<()>),
@@ -76,6 +77,12 @@ CREATE TABLE IF NOT EXISTS records (
     kind TEXT NOT NULL,
     created_at INTEGER NOT NULL,
     record TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS turns (
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    turn TEXT NOT NULL,
     PRIMARY KEY (session_id, seq)
 ) WITHOUT ROWID;
 ";
@@ -238,6 +245,16 @@ impl Store for SqliteStore {
         self.send(StoreOp::List, move |r| Cmd::List(limit, offset, r))
     }
 
+    fn turns(
+        &self,
+        id: &str,
+        offset: u64,
+        limit: u32,
+    ) -> BoxFuture<'static, Result<(Vec<String>, u64), StoreError>> {
+        let id = id.to_string();
+        self.send(StoreOp::Load, move |r| Cmd::Turns(id, offset, limit, r))
+    }
+
     fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
         let id = id.to_string();
         self.send(StoreOp::Delete, move |r| Cmd::Delete(id, r))
@@ -264,6 +281,11 @@ fn run_other(conn: &mut Connection, cmd: Cmd, metrics: &StoreMetrics) {
         Cmd::List(limit, offset, r) => {
             let res = list(conn, limit, offset).map_err(err);
             metrics.observe(StoreOp::List, started, res.is_ok());
+            let _ = r.send(res);
+        }
+        Cmd::Turns(id, offset, limit, r) => {
+            let res = turns(conn, &id, offset, limit).map_err(err);
+            metrics.observe(StoreOp::Load, started, res.is_ok());
             let _ = r.send(res);
         }
         Cmd::Delete(id, r) => {
@@ -365,6 +387,24 @@ fn list(
     ))?;
     let rows = stmt
         .query_map(params![limit, offset as i64], meta_from_row)?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((rows, total as u64))
+}
+
+fn turns(
+    conn: &Connection,
+    id: &str,
+    offset: u64,
+    limit: u32,
+) -> Result<(Vec<String>, u64), rusqlite::Error> {
+    let total: i64 = conn
+        .prepare_cached("SELECT COUNT(*) FROM turns WHERE session_id = ?1")?
+        .query_row(params![id], |r| r.get(0))?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT turn FROM turns WHERE session_id = ?1 ORDER BY seq LIMIT ?2 OFFSET ?3",
+    )?;
+    let rows = stmt
+        .query_map(params![id, limit, offset as i64], |r| r.get::<_, String>(0))?
         .collect::<Result<Vec<_>, _>>()?;
     Ok((rows, total as u64))
 }

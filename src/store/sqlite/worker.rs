@@ -180,7 +180,9 @@ impl Worker {
 fn op_session(op: &WriteOp) -> &str {
     match op {
         WriteOp::Session { meta, .. } => &meta.id,
-        WriteOp::Node { session, .. } | WriteOp::Record { session, .. } => session,
+        WriteOp::Node { session, .. }
+        | WriteOp::Turn { session, .. }
+        | WriteOp::Record { session, .. } => session,
     }
 }
 
@@ -318,6 +320,14 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<(), rusqlite::Error> {
                 node.created_at,
                 node.message.to_string()
             ])?;
+        }
+        WriteOp::Turn { session, turn } => {
+            conn.prepare_cached(
+                "INSERT INTO turns (session_id, seq, turn)
+                 SELECT ?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM turns WHERE session_id = ?1), ?2
+                 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?1)",
+            )?
+            .execute(params![session, turn])?;
         }
         WriteOp::Record {
             session,
