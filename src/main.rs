@@ -153,6 +153,22 @@ enum SessionsAction {
         /// Session id.
         id: String,
     },
+    /// Write a session as JSON Lines (a header line, then its nodes, records and turns).
+    Export {
+        /// Session id.
+        id: String,
+        /// Write to this file instead of standard output.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// Read a session written by `export` (or `GET /admin/sessions/{id}/export`) into the store.
+    Import {
+        /// The export file (`-`: standard input).
+        file: PathBuf,
+        /// Overwrite the session when it exists (else refused).
+        #[arg(long)]
+        replace: bool,
+    },
     /// Copy every session (and the tenant secret) from one store to another, verified by counts; run it with the
     /// gateways stopped. Stores: `sqlite:PATH`, `redis://host:port/db` (or `rediss://…`; keys under the
     /// configured `store.redis_prefix`), or `config` (the store of --config, e.g. a Redis Cluster).
@@ -191,7 +207,11 @@ async fn sessions_cmd(config: Option<PathBuf>, action: SessionsAction) -> anyhow
     if cfg.store.backend == ctxgate::config::StoreBackend::Memory {
         anyhow::bail!("store.backend is \"memory\": nothing is persisted for this command to read");
     }
-    if cfg.store.backend == ctxgate::config::StoreBackend::Sqlite && !cfg.store.path.exists() {
+    let creates = matches!(action, SessionsAction::Import { .. });
+    if cfg.store.backend == ctxgate::config::StoreBackend::Sqlite
+        && !creates
+        && !cfg.store.path.exists()
+    {
         anyhow::bail!("no store at {} (store.path)", cfg.store.path.display());
     }
     let store = ctxgate::store::open(&cfg.store)?;
@@ -224,6 +244,34 @@ async fn sessions_cmd(config: Option<PathBuf>, action: SessionsAction) -> anyhow
             } else {
                 anyhow::bail!("no session {id:?}");
             }
+        }
+        SessionsAction::Export { id, out: file } => {
+            let Some(body) = ctxgate::session::export::export_session(&sessions, &id).await? else {
+                anyhow::bail!("no session {id:?}");
+            };
+            match file {
+                Some(f) => std::fs::write(&f, body)
+                    .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", f.display()))?,
+                None => out.write_all(&body)?,
+            }
+        }
+        SessionsAction::Import { file, replace } => {
+            use std::io::Read;
+            let mut body = Vec::new();
+            if file.as_os_str() == "-" {
+                std::io::stdin().read_to_end(&mut body)?;
+            } else {
+                body = std::fs::read(&file)
+                    .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
+            }
+            use ctxgate::session::export;
+            let parsed = export::parse(&body)?;
+            let done = export::import(&sessions, parsed, replace).await?;
+            writeln!(
+                out,
+                "imported {}: {} message(s), {} record(s), {} turn(s)",
+                done.id, done.nodes, done.records, done.turns
+            )?;
         }
         SessionsAction::Migrate { .. } => {}
     }

@@ -21,6 +21,13 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/admin/sessions", get(list))
         .route("/admin/sessions/{id}", get(show).delete(delete))
         .route("/admin/sessions/{id}/turns", get(turns))
+        .route("/admin/sessions/{id}/export", get(export))
+        .route(
+            "/admin/sessions/import",
+            axum::routing::post(import).layer(axum::extract::DefaultBodyLimit::max(
+                usize::try_from(state.config.server.max_body_bytes).unwrap_or(usize::MAX),
+            )),
+        )
         .route(
             "/admin/sessions/{id}/compress",
             axum::routing::post(compress),
@@ -157,6 +164,50 @@ async fn turns(
     {
         Some(page) => Ok(Json(page).into_response()),
         None => Err(GatewayError::NotFound(format!("no session {id:?}"))),
+    }
+}
+
+/// The session as JSON Lines (`session::export`).
+async fn export(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, GatewayError> {
+    match crate::session::export::export_session(&state.sessions, &id)
+        .await
+        .map_err(store_error)?
+    {
+        Some(body) => {
+            Ok(([(http::header::CONTENT_TYPE, "application/x-ndjson")], body).into_response())
+        }
+        None => Err(GatewayError::NotFound(format!("no session {id:?}"))),
+    }
+}
+
+#[derive(Deserialize)]
+struct ImportQuery {
+    replace: Option<bool>,
+}
+
+/// Writes an exported session (the body: JSON Lines); 409 when it exists, unless `?replace=true`.
+async fn import(
+    State(state): State<Arc<AppState>>,
+    Query(q): Query<ImportQuery>,
+    body: axum::body::Bytes,
+) -> Result<Response, GatewayError> {
+    use crate::session::export::{self, ImportError};
+    let parsed = export::parse(&body).map_err(|e| GatewayError::bad_request(e.to_string()))?;
+    match export::import(&state.sessions, parsed, q.replace.unwrap_or(false)).await {
+        Ok(done) => {
+            tracing::info!(target: "ctxgate::admin", session = %done.id, nodes = done.nodes, turns = done.turns, "admin: session imported");
+            Ok(Json(done).into_response())
+        }
+        Err(e @ ImportError::Exists(_)) => Ok((
+            http::StatusCode::CONFLICT,
+            Json(json!({"error": {"message": e.to_string(), "type": "invalid_request_error", "code": "session_exists"}})),
+        )
+            .into_response()),
+        Err(ImportError::Store(e)) => Err(store_error(e)),
+        Err(e) => Err(GatewayError::bad_request(e.to_string())),
     }
 }
 

@@ -2,6 +2,7 @@
 
 pub mod anthropic_id;
 mod entry;
+pub mod export;
 pub mod identity;
 pub mod manager;
 pub mod migrate;
