@@ -24,6 +24,7 @@ fn meta(id: &str, version: u64, last_active: i64, count: u64) -> SessionMeta {
         token_estimate: 10 * count,
         head: Some(format!("n{count}")),
         version,
+        strategy: None,
     }
 }
 
@@ -397,7 +398,52 @@ async fn turns_kept_apart(store: &dyn Store) {
     );
 }
 
+/// A session's strategy pin goes with its row: set, kept by newer rows that carry it, cleared by one without it.
+async fn strategy_pins(store: &dyn Store) {
+    write(store, vec![session(meta("p", 1, 100, 0), true)]).await;
+    let pinned = SessionMeta {
+        strategy: Some("off".into()),
+        ..meta("p", 2, 101, 0)
+    };
+    write(store, vec![session(pinned.clone(), false)]).await;
+    assert_eq!(
+        store
+            .load("p")
+            .await
+            .unwrap()
+            .unwrap()
+            .meta
+            .strategy
+            .as_deref(),
+        Some("off")
+    );
+    assert_eq!(
+        store.list(10, 0).await.unwrap().0[0].strategy.as_deref(),
+        Some("off")
+    );
+    let stale = SessionMeta {
+        strategy: None,
+        ..meta("p", 1, 102, 0)
+    };
+    write(store, vec![session(stale, false)]).await;
+    assert_eq!(
+        store
+            .load("p")
+            .await
+            .unwrap()
+            .unwrap()
+            .meta
+            .strategy
+            .as_deref(),
+        Some("off"),
+        "an older row does not clear it"
+    );
+    write(store, vec![session(meta("p", 3, 103, 0), false)]).await;
+    assert_eq!(store.load("p").await.unwrap().unwrap().meta.strategy, None);
+}
+
 async fn contract(make: impl Fn() -> Arc<dyn Store>) {
+    strategy_pins(&*make()).await;
     turns_kept_apart(&*make()).await;
     round_trip(&*make()).await;
     missing_sessions_are_no_ops(&*make()).await;

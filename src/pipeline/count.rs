@@ -46,6 +46,21 @@ pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
         Ok(s) => s,
         Err(e) => return fail(e, &mut timer),
     };
+    // A strategy an operator pinned on the session counts as it does for its turns.
+    let session = crate::session::identify(
+        &parts.headers,
+        &cfg.session,
+        &state.tenant_key,
+        dialect,
+        &request.body,
+    );
+    let strategy = match session {
+        Some(s) => match state.sessions.entry(&s.id).await {
+            Ok(Some(e)) => e.pinned_strategy().unwrap_or(strategy),
+            _ => strategy,
+        },
+        None => strategy,
+    };
     // A request ctxgate would refuse is counted whole: its true size is what tells the client to compact.
     let body =
         match plan_request(&state, strategy, &request, None, &parts.headers, now_secs()).await {

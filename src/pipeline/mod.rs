@@ -103,6 +103,11 @@ async fn handle(
     // 3b. Reconcile with the stored history; new messages are queued for writing, not awaited. A store failure
     //     only costs this turn its recording.
     let mark = reconcile(&state, session.as_ref(), &request).await;
+    // An operator's pin on the session wins over the header and the config.
+    let strategy = mark
+        .as_ref()
+        .and_then(|m| m.entry.pinned_strategy())
+        .unwrap_or(strategy);
     let fail = |e| {
         own_error(
             dialect,

@@ -19,7 +19,10 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
     log_exposure(&state.config);
     Router::new()
         .route("/admin/sessions", get(list))
-        .route("/admin/sessions/{id}", get(show).delete(delete))
+        .route(
+            "/admin/sessions/{id}",
+            get(show).delete(delete).patch(patch),
+        )
         .route("/admin/sessions/{id}/turns", get(turns))
         .route("/admin/sessions/{id}/export", get(export))
         .route(
@@ -163,6 +166,50 @@ async fn turns(
         .map_err(store_error)?
     {
         Some(page) => Ok(Json(page).into_response()),
+        None => Err(GatewayError::NotFound(format!("no session {id:?}"))),
+    }
+}
+
+/// `PATCH /admin/sessions/{id}` with `{"strategy": "off" | "prune" | "summarize" | "hybrid" | null}`: pins a
+/// strategy for the session (over the request header and the config), or unpins it.
+async fn patch(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Response, GatewayError> {
+    use crate::config::Strategy;
+    let bad = || {
+        GatewayError::bad_request(
+            "expected a JSON object {\"strategy\": \"off\" | \"prune\" | \"summarize\" | \"hybrid\" | null}",
+        )
+    };
+    let v: serde_json::Value = serde_json::from_slice(&body).map_err(|_| bad())?;
+    let fields = v.as_object().ok_or_else(bad)?;
+    if let Some(k) = fields.keys().find(|k| k.as_str() != "strategy") {
+        return Err(GatewayError::bad_request(format!(
+            "unknown field {k:?}: only \"strategy\" can be changed"
+        )));
+    }
+    let strategy = match fields.get("strategy") {
+        None => return Err(bad()),
+        Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(s)) => Some(Strategy::parse(s).ok_or_else(|| {
+            GatewayError::bad_request(format!(
+                "unknown strategy {s:?}: one of off, prune, summarize, hybrid, or null"
+            ))
+        })?),
+        Some(_) => return Err(bad()),
+    };
+    match state
+        .sessions
+        .pin_strategy(&id, strategy)
+        .await
+        .map_err(store_error)?
+    {
+        Some(meta) => {
+            tracing::info!(target: "ctxgate::admin", session = %id, strategy = strategy.map_or("none", |s| s.as_str()), "admin: session strategy pinned");
+            Ok(Json(meta).into_response())
+        }
         None => Err(GatewayError::NotFound(format!("no session {id:?}"))),
     }
 }

@@ -43,6 +43,8 @@ pub(super) struct EntryState {
     /// The session was seen in the store (loaded, or found there since): when it is gone from a shared store, it
     /// was deleted or expired there.
     pub(super) in_store: bool,
+    /// The strategy an operator pinned for the session (see [`SessionMeta::strategy`]).
+    pub(super) strategy: Option<String>,
 }
 
 impl EntryState {
@@ -60,6 +62,7 @@ impl EntryState {
             unsaved: Vec::new(),
             cursor: Cursor::default(),
             in_store: false,
+            strategy: None,
         }
     }
 
@@ -128,6 +131,7 @@ impl SessionEntry {
             token_estimate: (st.tree.history_bytes() / 4) as u64,
             head: st.tree.head().map(|h| h.to_string()),
             version: st.version,
+            strategy: st.strategy.clone(),
         }
     }
 
@@ -191,6 +195,15 @@ impl SessionEntry {
     /// Every compression record (rewrites and summaries), oldest first.
     pub fn compressions(&self) -> Vec<Compression> {
         self.state.lock().compressions.clone()
+    }
+
+    /// The strategy an operator pinned for the session, if any.
+    pub fn pinned_strategy(&self) -> Option<crate::config::Strategy> {
+        self.state
+            .lock()
+            .strategy
+            .as_deref()
+            .and_then(crate::config::Strategy::parse)
     }
 
     /// Runs `f` on the session's tree.

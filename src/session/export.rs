@@ -35,7 +35,7 @@ pub fn render(s: &StoredSession, turns: &[String], exported_at: i64) -> Vec<u8> 
         "session": {
             "id": m.id, "tenant": m.tenant, "dialect": m.dialect, "created_at": m.created_at,
             "last_active": m.last_active, "message_count": m.message_count,
-            "token_estimate": m.token_estimate, "head": m.head, "version": m.version,
+            "token_estimate": m.token_estimate, "head": m.head, "version": m.version, "strategy": m.strategy,
         },
         "counts": {"nodes": s.nodes.len(), "records": records, "turns": turns.len()},
     });
@@ -203,6 +203,13 @@ fn header_meta(s: &Value) -> Result<SessionMeta, String> {
         token_estimate: num("token_estimate")?.max(0) as u64,
         head: s.get("head").and_then(Value::as_str).map(str::to_string),
         version: num("version")?.max(0) as u64,
+        strategy: match s.get("strategy") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(v)) if crate::config::Strategy::parse(v).is_some() => {
+                Some(v.clone())
+            }
+            Some(_) => return Err("session.strategy must be null or a strategy".into()),
+        },
     })
 }
 

@@ -77,6 +77,8 @@ pub struct SessionView {
     pub message_count: u64,
     /// Rough token count of the history.
     pub token_estimate: u64,
+    /// The strategy an operator pinned for the session (`null`: none).
+    pub strategy: Option<String>,
     /// The full history (the path to the latest leaf), as the client sent it (in its dialect's shape).
     pub messages: Vec<Value>,
     /// Positions in `messages` of replies that were cut short.
@@ -199,6 +201,7 @@ fn entry_from_stored(s: StoredSession) -> SessionEntry {
     let cursor = Cursor::of(&s);
     let mut st = EntryState::new(Tree::from_rows(s.nodes, head), s.meta.last_active, true);
     st.version = s.meta.version;
+    st.strategy = s.meta.strategy.clone();
     st.cursor = cursor;
     st.in_store = true;
     for c in s.compressions {
@@ -224,6 +227,7 @@ fn apply_tail(entry: &SessionEntry, t: Tail) -> bool {
     }
     if t.meta.version > st.version {
         st.version = t.meta.version;
+        st.strategy = t.meta.strategy.clone();
         if let Some(h) = &t.meta.head {
             st.tree.set_head(h);
         }
@@ -448,7 +452,7 @@ impl Sessions {
                 Ok(false)
             }
             Fresh::Tail(t) => {
-                let grew = apply_tail(entry, t);
+                let grew = apply_tail(entry, *t);
                 if grew {
                     self.reweigh_cached(entry).await;
                 }
@@ -755,6 +759,34 @@ impl Sessions {
         self.bounded(StoreOp::Write, committed(rx)).await
     }
 
+    /// Pins `strategy` for session `id` (`None`: unpins it) and waits until the row is durable; returns the
+    /// row (`None`: no such session).
+    pub async fn pin_strategy(
+        &self,
+        id: &str,
+        strategy: Option<crate::config::Strategy>,
+    ) -> Result<Option<SessionMeta>, StoreError> {
+        let Some(entry) = self.load_entry(id).await? else {
+            return Ok(None);
+        };
+        let now = now_secs();
+        let (rx, meta) = {
+            let mut st = entry.state.lock();
+            st.strategy = strategy.map(|s| s.as_str().to_string());
+            let meta = entry.next_meta(&mut st);
+            if !st.writable() {
+                return Ok(Some(meta));
+            }
+            let op = WriteOp::Session {
+                meta: meta.clone(),
+                create: false,
+            };
+            (self.queue(&entry, &mut st, vec![op], now), meta)
+        };
+        self.bounded(StoreOp::Write, committed(rx)).await?;
+        Ok(Some(meta))
+    }
+
     /// A page of the turn records stored for session `id`, and how many there are.
     pub async fn stored_turns(
         &self,
@@ -808,6 +840,7 @@ impl Sessions {
             last_active: meta.last_active,
             message_count: meta.message_count,
             token_estimate: meta.token_estimate,
+            strategy: meta.strategy.clone(),
             partial: history
                 .iter()
                 .filter(|n| n.partial)

@@ -89,6 +89,9 @@ pub struct SessionMeta {
     /// writes applied out of order never move the metadata backwards.
     #[serde(skip)]
     pub version: u64,
+    /// The strategy an operator pinned for this session (`PATCH /admin/sessions/{id}`), over the request header
+    /// and the config; `None`: not pinned.
+    pub strategy: Option<String>,
 }
 
 /// A session as loaded from the store.
@@ -143,8 +146,8 @@ pub enum Fresh {
     Local,
     /// The session is not in the store (deleted or expired, perhaps by another instance).
     Gone,
-    /// What was appended since the cursor (possibly nothing).
-    Tail(Tail),
+    /// What was appended since the cursor (possibly nothing); boxed: the other answers carry nothing.
+    Tail(Box<Tail>),
 }
 
 /// The answer of [`Store::lock`].

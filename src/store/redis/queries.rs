@@ -106,12 +106,12 @@ pub(super) async fn tail(
             .and_then(|n| u64::try_from(n).ok())
             .unwrap_or(since.records),
     };
-    Ok(Fresh::Tail(Tail {
+    Ok(Fresh::Tail(Box::new(Tail {
         meta,
         nodes,
         records,
         cursor,
-    }))
+    })))
 }
 
 /// A page of a session's turn records, and how many there are.

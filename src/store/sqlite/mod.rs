@@ -88,7 +88,7 @@ CREATE TABLE IF NOT EXISTS turns (
 ";
 
 /// Databases created before sessions had a version get the column (0: any newer write replaces the row); before
-/// sessions had a dialect, theirs is `chat` (the only one there was).
+/// sessions had a dialect, theirs is `chat` (the only one there was); before strategy pins, none is pinned.
 fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
     for (column, ddl) in [
         (
@@ -99,6 +99,7 @@ fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
             "dialect",
             "ALTER TABLE sessions ADD COLUMN dialect TEXT NOT NULL DEFAULT 'chat'",
         ),
+        ("strategy", "ALTER TABLE sessions ADD COLUMN strategy TEXT"),
     ] {
         let has: i64 = conn.query_row(
             "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = ?1",
@@ -321,11 +322,12 @@ fn meta_from_row(row: &rusqlite::Row<'_>) -> Result<SessionMeta, rusqlite::Error
         head: row.get(6)?,
         version: row.get::<_, i64>(7)? as u64,
         dialect: row.get(8)?,
+        strategy: row.get(9)?,
     })
 }
 
 const META_COLS: &str =
-    "id, tenant, created_at, last_active, message_count, token_estimate, head, version, dialect";
+    "id, tenant, created_at, last_active, message_count, token_estimate, head, version, dialect, strategy";
 
 fn load(conn: &Connection, id: &str) -> Result<Option<StoredSession>, rusqlite::Error> {
     let meta = conn

@@ -43,6 +43,7 @@ fn meta(id: &str, last: i64) -> SessionMeta {
         token_estimate: 3,
         head: Some("b".into()),
         version: 1,
+        strategy: None,
     }
 }
 

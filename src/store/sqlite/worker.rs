@@ -282,15 +282,15 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<(), rusqlite::Error> {
         WriteOp::Session { meta: m, create } => {
             let sql = if *create {
                 "INSERT INTO sessions (id, tenant, created_at, last_active, message_count, token_estimate, head, version,
-                   dialect)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                   dialect, strategy)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
                  ON CONFLICT(id) DO UPDATE SET last_active = excluded.last_active,
                    message_count = excluded.message_count, token_estimate = excluded.token_estimate,
-                   head = excluded.head, version = excluded.version
+                   head = excluded.head, version = excluded.version, strategy = excluded.strategy
                  WHERE excluded.version > sessions.version"
             } else {
                 "UPDATE sessions SET last_active = ?4, message_count = ?5, token_estimate = ?6, head = ?7,
-                   version = ?8
+                   version = ?8, strategy = ?10
                  WHERE id = ?1 AND tenant = ?2 AND created_at = ?3 AND version < ?8 AND dialect = ?9"
             };
             conn.prepare_cached(sql)?.execute(params![
@@ -302,7 +302,8 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<(), rusqlite::Error> {
                 m.token_estimate as i64,
                 m.head,
                 m.version as i64,
-                m.dialect
+                m.dialect,
+                m.strategy
             ])?;
         }
         WriteOp::Node { session, node } => {
