@@ -111,6 +111,8 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 struct Page {
     limit: Option<u32>,
     offset: Option<u64>,
+    /// Only sessions whose id contains it.
+    q: Option<String>,
 }
 
 fn store_error(e: crate::store::StoreError) -> GatewayError {
@@ -123,11 +125,11 @@ async fn list(
 ) -> Result<Response, GatewayError> {
     let limit = p.limit.unwrap_or(50).clamp(1, 1000);
     let offset = p.offset.unwrap_or(0);
-    let (sessions, total) = state
-        .sessions
-        .list(limit, offset)
-        .await
-        .map_err(store_error)?;
+    let (sessions, total) = match p.q.as_deref().filter(|q| !q.is_empty()) {
+        Some(q) => state.sessions.find(q, limit, offset).await,
+        None => state.sessions.list(limit, offset).await,
+    }
+    .map_err(store_error)?;
     Ok(
         Json(json!({"sessions": sessions, "total": total, "limit": limit, "offset": offset}))
             .into_response(),

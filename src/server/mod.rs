@@ -1,4 +1,5 @@
-//! The HTTP front: router, thin handlers, `/healthz` (liveness), `/readyz` (the store answers), the `/v1/*` passthrough, and serving with graceful shutdown.
+//! The HTTP front: router, thin handlers, `/healthz` (liveness), `/readyz` (the store answers), the `/v1/*` passthrough, the
+//! inspector page (`/ui/`), and serving with graceful shutdown.
 
 mod admin;
 mod conn;
@@ -7,6 +8,7 @@ mod metrics;
 mod passthrough;
 mod ready;
 mod responses_ws;
+mod ui;
 
 use crate::app::AppState;
 use crate::dialect::Dialect;
@@ -56,6 +58,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         // Claude Code checks that its base URL answers before its first request.
         .route("/", axum::routing::head(|| async { http::StatusCode::OK }))
         .route("/metrics", get(metrics::handle))
+        .merge(ui::routes())
         .merge(v1)
         .merge(
             admin::routes(state.clone()).layer(axum::middleware::from_fn_with_state(

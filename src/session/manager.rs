@@ -81,6 +81,8 @@ pub struct SessionView {
     pub strategy: Option<String>,
     /// The full history (the path to the latest leaf), as the client sent it (in its dialect's shape).
     pub messages: Vec<Value>,
+    /// The node id of each message of `messages` (what a turn's `sent_from` refers to).
+    pub ids: Vec<String>,
     /// Positions in `messages` of replies that were cut short.
     pub partial: Vec<u32>,
     /// The history's run loops (user message → tool calls → final reply), as a summary.
@@ -833,6 +835,7 @@ impl Sessions {
             .collect();
         let messages: Vec<Value> = history.iter().map(|n| (*n.message).clone()).collect();
         let timestamps: Vec<i64> = history.iter().map(|n| n.created_at).collect();
+        let ids: Vec<String> = history.iter().map(|n| n.id.to_string()).collect();
         Ok(Some(SessionView {
             id: entry.id.clone(),
             dialect: entry.dialect,
@@ -848,6 +851,7 @@ impl Sessions {
                 .collect(),
             run_loops: run_loop_views(Dialect::named(entry.dialect), &messages, &timestamps),
             messages,
+            ids,
             branches,
             compressions: st.compressions.clone(),
             internal: st.internal.clone(),
@@ -862,6 +866,31 @@ impl Sessions {
     ) -> Result<(Vec<SessionMeta>, u64), StoreError> {
         self.bounded(StoreOp::List, self.store.list(limit, offset))
             .await
+    }
+
+    /// Sessions whose id contains `q`, by newest activity, paged, and how many match: a scan of the store's
+    /// listing (an admin search, not for the request path).
+    pub async fn find(
+        &self,
+        q: &str,
+        limit: u32,
+        offset: u64,
+    ) -> Result<(Vec<SessionMeta>, u64), StoreError> {
+        const SCAN: u32 = 500;
+        let (mut page, mut matched, mut at) = (Vec::new(), 0u64, 0u64);
+        loop {
+            let (rows, _) = self.list(SCAN, at).await?;
+            if rows.is_empty() {
+                return Ok((page, matched));
+            }
+            at += rows.len() as u64;
+            for m in rows.into_iter().filter(|m| m.id.contains(q)) {
+                if matched >= offset && page.len() < limit as usize {
+                    page.push(m);
+                }
+                matched += 1;
+            }
+        }
     }
 
     /// Removes a session from cache and store; true when it existed. Turns still running on it write nothing

@@ -1,0 +1,137 @@
+//! The inspector page's HTTP side: its assets embedded and served with their types and a strict policy, and the
+//! admin API features it relies on — search by id with paging, node ids beside the history. (The page itself is
+//! driven in a real browser by tests/ui/test_inspector.py.)
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::Harness;
+use ctxgate::config::StoreBackend;
+use serde_json::{json, Value};
+
+#[tokio::test]
+async fn the_page_and_its_assets_are_served_with_a_strict_policy() {
+    let h = Harness::start().await;
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = client.get(h.url("/ui")).send().await.unwrap();
+    assert_eq!(r.status(), 308);
+    assert_eq!(r.headers()["location"], "/ui/");
+    for (path, ty, needle) in [
+        ("/ui/", "text/html; charset=utf-8", "<script src=\"/ui/app.js\""),
+        ("/ui/app.js", "text/javascript; charset=utf-8", "/admin/sessions"),
+        ("/ui/app.css", "text/css; charset=utf-8", ".msg"),
+    ] {
+        let r = client.get(h.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        let hd = r.headers();
+        assert_eq!(hd["content-type"], ty, "{path}");
+        assert_eq!(hd["x-content-type-options"], "nosniff");
+        let csp = hd["content-security-policy"].to_str().unwrap();
+        assert!(csp.starts_with("default-src 'self'"), "{csp}");
+        assert!(!csp.contains("unsafe-inline"), "{csp}");
+        assert_eq!(hd["cache-control"], "no-cache");
+        let body = r.text().await.unwrap();
+        assert!(body.contains(needle), "{path}");
+        // Nothing is loaded from elsewhere (the SVG namespace is a name, not a resource).
+        let body = body.replace("http://www.w3.org/2000/svg", "");
+        assert!(!body.contains("http://") && !body.contains("https://"), "{path} loads nothing external");
+    }
+    assert_eq!(client.get(h.url("/ui/nope.js")).send().await.unwrap().status(), 404);
+}
+
+async fn make_sessions(h: &Harness, ids: &[&str]) {
+    for id in ids {
+        let r = h
+            .client
+            .post(h.url("/v1/chat/completions"))
+            .header("authorization", "Bearer sk-ui")
+            .header("x-session-id", *id)
+            .json(&json!({"model": "mock-model", "messages": [{"role": "user", "content": format!("hi {id}")}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.text().await.unwrap();
+    }
+    h.state.drain().await;
+}
+
+async fn list(h: &Harness, query: &str) -> Value {
+    h.client
+        .get(h.url(&format!("/admin/sessions{query}")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn search(h: &Harness) {
+    let names = ["alpha-1", "alpha-2", "beta-1", "alpha-3", "gamma"];
+    make_sessions(h, &names).await;
+    let all = list(h, "").await;
+    assert_eq!(all["total"], 5);
+    // Session ids carry a tenant prefix; the client's header is their tail.
+    let v = list(h, "?q=alpha").await;
+    assert_eq!(v["total"], 3);
+    let ids: Vec<&str> = v["sessions"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), 3);
+    assert!(ids.iter().all(|i| i.contains("alpha")), "{ids:?}");
+    let page = list(h, "?q=alpha&limit=2&offset=2").await;
+    assert_eq!(page["total"], 3);
+    assert_eq!(page["sessions"].as_array().unwrap().len(), 1);
+    assert_eq!(page["sessions"][0]["id"].as_str().unwrap(), ids[2], "the same order, paged");
+    assert_eq!(list(h, "?q=zzz").await["total"], 0);
+    assert_eq!(list(h, "?q=").await["total"], 5, "an empty search lists everything");
+}
+
+#[tokio::test]
+async fn sessions_are_searched_by_id_in_memory() {
+    let h = Harness::start().await;
+    search(&h).await;
+}
+
+#[tokio::test]
+async fn sessions_are_searched_by_id_in_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ctx.db");
+    let h = Harness::start_with(move |c| {
+        c.store.backend = StoreBackend::Sqlite;
+        c.store.path = db;
+    })
+    .await;
+    search(&h).await;
+}
+
+#[tokio::test]
+async fn the_session_view_names_the_node_of_each_message() {
+    let h = Harness::start().await;
+    make_sessions(&h, &["ids-1"]).await;
+    let sid = list(&h, "").await["sessions"][0]["id"].as_str().unwrap().to_string();
+    let v: Value = h
+        .client
+        .get(h.url(&format!("/admin/sessions/{sid}")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let turns: Value = h
+        .client
+        .get(h.url(&format!("/admin/sessions/{sid}/turns")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["ids"].as_array().unwrap().len(), v["messages"].as_array().unwrap().len());
+    assert_eq!(turns["turns"][0]["sent_from"][0]["node"], v["ids"][0], "what a turn's sent_from refers to");
+    assert_eq!(turns["turns"][0]["head"], v["ids"][0]);
+}
