@@ -74,7 +74,8 @@ async function loadList() {
   $("list-count").textContent = v.total ? `${state.offset + 1}–${last} of ${v.total}` : "no sessions";
   $("prev").disabled = state.offset === 0;
   $("next").disabled = last >= v.total;
-  show("list");
+  // A search answered after the operator opened a session leaves that session on screen.
+  if (!location.hash.startsWith("#/s/")) show("list");
 }
 
 // --- messages, in any dialect --------------------------------------------------------------------------------
