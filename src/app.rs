@@ -1,4 +1,5 @@
-//! The shared state of a running gateway: config, the upstream client, and the channels other parts listen on.
+//! The shared state of a running gateway: config (its reloadable part behind a swappable snapshot), the upstream
+//! client, and the channels other parts listen on.
 
 use crate::config::Config;
 use crate::context::models::ModelTable;
@@ -26,10 +27,41 @@ pub struct TurnEvent {
     pub outcome: RelayOutcome,
 }
 
+/// What a reload replaces ([`crate::reload`]): the config with its reloadable sections (`[context]`, `[prune]`,
+/// `[summary]`, `[recall]`, `[models]`) and what is built from them. A request takes one snapshot when it starts
+/// and keeps it to its end.
+pub struct Live {
+    /// The whole config: the running one with the reloadable sections as last (re)loaded.
+    pub config: Arc<Config>,
+    /// Context windows: the shipped model table under the config's `[models]` entries.
+    pub models: ModelTable,
+    /// Writes LLM summaries; `None` when `[summary] model` is unset.
+    pub summarizer: Option<Arc<Summarizer>>,
+}
+
+impl Live {
+    /// The snapshot of `config`.
+    pub fn build(config: Config, metrics: &Arc<Metrics>) -> Result<Live, GatewayError> {
+        let models = ModelTable::new(&config.models, config.context.default_context_window)
+            .map_err(|e| GatewayError::Internal(format!("the model table is broken: {e}")))?;
+        let summarizer = Summarizer::from_config(&config, metrics.clone())?.map(Arc::new);
+        Ok(Live {
+            config: Arc::new(config),
+            models,
+            summarizer,
+        })
+    }
+}
+
 /// Everything a request handler needs.
 pub struct AppState {
-    /// The validated configuration.
+    /// The validated configuration as started: what needs a restart to change (listeners, store, upstream,
+    /// server limits, admin, logging) is read here; the reloadable sections through [`AppState::live`].
     pub config: Arc<Config>,
+    /// The reloadable part, swapped whole by a reload.
+    live: arc_swap::ArcSwap<Live>,
+    /// Where the config came from and how it was loaded last (for reloads).
+    pub reload: crate::reload::Source,
     /// The upstream client.
     pub upstream: Upstream,
     /// Every finished chat turn is announced here.
@@ -40,10 +72,6 @@ pub struct AppState {
     pub tasks: TaskTracker,
     /// Token counts (cached per message) and the per-model calibration.
     pub counter: Arc<TokenCounter>,
-    /// Context windows: the shipped model table under the config's `[models]` entries.
-    pub models: ModelTable,
-    /// Writes LLM summaries; `None` when `[summary] model` is unset.
-    pub summarizer: Option<Arc<Summarizer>>,
     /// The Prometheus registry and every metric's handles.
     pub metrics: Arc<Metrics>,
     /// The per-install secret that keys tenant hashes (kept beside the store).
@@ -71,10 +99,6 @@ impl AppState {
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Self>, GatewayError> {
         let upstream = Upstream::new(&config.upstream, &config.anthropic)?;
-        let models = ModelTable::new(&config.models, config.context.default_context_window)
-            .map_err(|e| {
-                GatewayError::Internal(format!("the shipped model table is broken: {e}"))
-            })?;
         let tenant_key = TenantKey::for_store(&config.store)
             .map_err(|e| GatewayError::Internal(format!("cannot load the tenant secret: {e}")))?;
         let backend = crate::store::metrics_backend(config.store.backend);
@@ -84,8 +108,8 @@ impl AppState {
                 .with_store_metrics(metrics.store_metrics(backend))
                 .with_timeout(Duration::from_millis(config.store.timeout_ms)),
         );
-        let summarizer = Summarizer::from_config(&config, metrics.clone())?.map(Arc::new);
-        match &summarizer {
+        let live = Live::build(config.clone(), &metrics)?;
+        match &live.summarizer {
             Some(s) => tracing::info!(
                 model = s.model(),
                 "summaries on: older history is summarized by this model"
@@ -100,17 +124,27 @@ impl AppState {
             spawn_retention(sessions.clone(), config.store.retention_days);
         }
         Ok(Arc::new(Self {
+            reload: crate::reload::Source::new(config.clone()),
             config: Arc::new(config),
+            live: arc_swap::ArcSwap::from_pointee(live),
             upstream,
             turns,
             sessions,
             tasks,
             counter: Arc::new(TokenCounter::new()),
-            models,
-            summarizer,
             metrics,
             tenant_key,
         }))
+    }
+
+    /// The reloadable part of the config as it is now: take it once per request and keep it.
+    pub fn live(&self) -> Arc<Live> {
+        self.live.load_full()
+    }
+
+    /// Puts a reloaded snapshot in place: requests started before keep theirs.
+    pub fn swap_live(&self, live: Live) {
+        self.live.store(Arc::new(live));
     }
 
     /// Waits for background work (turn recording) and for every queued store write to be committed, however

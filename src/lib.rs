@@ -14,6 +14,7 @@ pub mod mock;
 pub mod pipeline;
 pub mod recall;
 pub mod relay;
+pub mod reload;
 pub mod replay;
 pub mod server;
 pub mod session;

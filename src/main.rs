@@ -425,6 +425,19 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(run(cli))
 }
 
+/// Reloads the config on every SIGHUP; a refused file is logged (every problem) and changes nothing.
+async fn reload_on_sighup(state: std::sync::Arc<ctxgate::app::AppState>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        tracing::warn!("config: cannot listen for SIGHUP; reload with POST /admin/config/reload");
+        return;
+    };
+    while hup.recv().await.is_some() {
+        tracing::info!("config: SIGHUP received, reloading");
+        let _ = ctxgate::reload::reload(&state).await;
+    }
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve {
@@ -434,6 +447,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             log_format,
         } => {
             let mut cfg = Config::load(config.as_deref())?;
+            let loaded = cfg.clone();
             if let Some(l) = listen {
                 cfg.server.listen = l;
             }
@@ -448,6 +462,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let addr = cfg.listen_addr()?;
             let upstream_url = cfg.upstream.base_url.clone();
             let state = ctxgate::app::AppState::new(cfg)?;
+            state.reload.set(config.clone(), loaded);
+            // SIGHUP reloads the config's reloadable sections (see ctxgate::reload).
+            tokio::spawn(reload_on_sighup(state.clone()));
             let server = ctxgate::server::Server::bind(state, addr)
                 .await
                 .with_context(|| format!("cannot listen on {addr}"))?;

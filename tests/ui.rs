@@ -21,8 +21,16 @@ async fn the_page_and_its_assets_are_served_with_a_strict_policy() {
     assert_eq!(r.status(), 308);
     assert_eq!(r.headers()["location"], "/ui/");
     for (path, ty, needle) in [
-        ("/ui/", "text/html; charset=utf-8", "<script src=\"/ui/app.js\""),
-        ("/ui/app.js", "text/javascript; charset=utf-8", "/admin/sessions"),
+        (
+            "/ui/",
+            "text/html; charset=utf-8",
+            "<script src=\"/ui/app.js\"",
+        ),
+        (
+            "/ui/app.js",
+            "text/javascript; charset=utf-8",
+            "/admin/sessions",
+        ),
         ("/ui/app.css", "text/css; charset=utf-8", ".msg"),
     ] {
         let r = client.get(h.url(path)).send().await.unwrap();
@@ -38,9 +46,20 @@ async fn the_page_and_its_assets_are_served_with_a_strict_policy() {
         assert!(body.contains(needle), "{path}");
         // Nothing is loaded from elsewhere (the SVG namespace is a name, not a resource).
         let body = body.replace("http://www.w3.org/2000/svg", "");
-        assert!(!body.contains("http://") && !body.contains("https://"), "{path} loads nothing external");
+        assert!(
+            !body.contains("http://") && !body.contains("https://"),
+            "{path} loads nothing external"
+        );
     }
-    assert_eq!(client.get(h.url("/ui/nope.js")).send().await.unwrap().status(), 404);
+    assert_eq!(
+        client
+            .get(h.url("/ui/nope.js"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
 }
 
 async fn make_sessions(h: &Harness, ids: &[&str]) {
@@ -79,15 +98,28 @@ async fn search(h: &Harness) {
     // Session ids carry a tenant prefix; the client's header is their tail.
     let v = list(h, "?q=alpha").await;
     assert_eq!(v["total"], 3);
-    let ids: Vec<&str> = v["sessions"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = v["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids.len(), 3);
     assert!(ids.iter().all(|i| i.contains("alpha")), "{ids:?}");
     let page = list(h, "?q=alpha&limit=2&offset=2").await;
     assert_eq!(page["total"], 3);
     assert_eq!(page["sessions"].as_array().unwrap().len(), 1);
-    assert_eq!(page["sessions"][0]["id"].as_str().unwrap(), ids[2], "the same order, paged");
+    assert_eq!(
+        page["sessions"][0]["id"].as_str().unwrap(),
+        ids[2],
+        "the same order, paged"
+    );
     assert_eq!(list(h, "?q=zzz").await["total"], 0);
-    assert_eq!(list(h, "?q=").await["total"], 5, "an empty search lists everything");
+    assert_eq!(
+        list(h, "?q=").await["total"],
+        5,
+        "an empty search lists everything"
+    );
 }
 
 #[tokio::test]
@@ -112,7 +144,10 @@ async fn sessions_are_searched_by_id_in_sqlite() {
 async fn the_session_view_names_the_node_of_each_message() {
     let h = Harness::start().await;
     make_sessions(&h, &["ids-1"]).await;
-    let sid = list(&h, "").await["sessions"][0]["id"].as_str().unwrap().to_string();
+    let sid = list(&h, "").await["sessions"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let v: Value = h
         .client
         .get(h.url(&format!("/admin/sessions/{sid}")))
@@ -131,7 +166,13 @@ async fn the_session_view_names_the_node_of_each_message() {
         .json()
         .await
         .unwrap();
-    assert_eq!(v["ids"].as_array().unwrap().len(), v["messages"].as_array().unwrap().len());
-    assert_eq!(turns["turns"][0]["sent_from"][0]["node"], v["ids"][0], "what a turn's sent_from refers to");
+    assert_eq!(
+        v["ids"].as_array().unwrap().len(),
+        v["messages"].as_array().unwrap().len()
+    );
+    assert_eq!(
+        turns["turns"][0]["sent_from"][0]["node"], v["ids"][0],
+        "what a turn's sent_from refers to"
+    );
     assert_eq!(turns["turns"][0]["head"], v["ids"][0]);
 }

@@ -81,6 +81,16 @@ label_enum! {
 }
 
 label_enum! {
+    /// How a config reload ended (`outcome`).
+    pub enum ReloadOutcome {
+        /// The new config is in force.
+        Applied => "applied",
+        /// The file had problems: the running config was kept.
+        Rejected => "rejected",
+    }
+}
+
+label_enum! {
     /// An HTTP status class (`status`).
     pub enum StatusClass {
         /// 1xx.

@@ -9,9 +9,9 @@ mod models;
 pub mod names;
 
 pub use labels::{
-    CacheResult, DialectLabel, RecallOutcome, RecallTool, RejectReason, RewriteOutcome,
-    RewriteStrategy, Route, StatusClass, StoreBackend, StoreOp, SummaryOutcome, UnmanagedReason,
-    UpstreamErrorClass,
+    CacheResult, DialectLabel, RecallOutcome, RecallTool, RejectReason, ReloadOutcome,
+    RewriteOutcome, RewriteStrategy, Route, StatusClass, StoreBackend, StoreOp, SummaryOutcome,
+    UnmanagedReason, UpstreamErrorClass,
 };
 pub use models::{ModelResolver, OTHER};
 
@@ -50,6 +50,7 @@ pub struct Metrics {
     rejected: Vec<IntCounter>,
     /// dialect × reason.
     unmanaged: Vec<IntCounter>,
+    reloads: Vec<IntCounter>,
     duration: Vec<Histogram>,
     upstream: Vec<Histogram>,
     overhead: Vec<Histogram>,
@@ -259,6 +260,12 @@ impl Metrics {
             "Conversation requests passed through without being managed, by dialect and reason (previous_response_id or conversation: the upstream keeps the history; compaction_trigger: a remote compaction). Counted in ctxgate_requests_total too.",
             &["dialect", "reason"],
         )?;
+        let reloads = counters(
+            &r,
+            CONFIG_RELOADS_TOTAL,
+            "Config reloads (SIGHUP or POST /admin/config/reload) by outcome (applied; rejected: the file had problems and the running config was kept).",
+            &["outcome"],
+        )?;
         let build = register(
             &r,
             IntGaugeVec::new(
@@ -297,6 +304,9 @@ impl Metrics {
                 &[&dialects, &values(UnmanagedReason::ALL, UnmanagedReason::as_str)],
                 |l| unmanaged.with_label_values(l),
             ),
+            reloads: resolve(&[&values(ReloadOutcome::ALL, ReloadOutcome::as_str)], |l| {
+                reloads.with_label_values(l)
+            }),
             duration: resolve(&[&routes, &dialects], |l| duration.with_label_values(l)),
             upstream: resolve(&[&routes, &dialects], |l| upstream.with_label_values(l)),
             overhead: resolve(&[&routes, &dialects], |l| overhead.with_label_values(l)),
@@ -417,6 +427,15 @@ impl Metrics {
             (reason.idx(), RejectReason::ALL.len()),
         ]);
         self.rejected[i].inc();
+    }
+
+    /// Counts a config reload.
+    pub fn reload(&self, outcome: ReloadOutcome) {
+        let i = ReloadOutcome::ALL
+            .iter()
+            .position(|o| *o == outcome)
+            .unwrap_or(0);
+        self.reloads[i].inc();
     }
 
     /// Counts a conversation request passed through unmanaged (it is still recorded by its timer).

@@ -61,6 +61,8 @@ pub const STORE_OPERATION_DURATION_SECONDS: &str = "ctxgate_store_operation_dura
 pub const STORE_ERRORS_TOTAL: &str = "ctxgate_store_errors_total";
 /// Counter: upstream failures by `route` and `class` (4xx, 5xx, unreachable, timeout, interrupted).
 pub const UPSTREAM_ERRORS_TOTAL: &str = "ctxgate_upstream_errors_total";
+/// Counter: config reloads (SIGHUP, `POST /admin/config/reload`) by `outcome` (applied, rejected).
+pub const CONFIG_RELOADS_TOTAL: &str = "ctxgate_config_reloads_total";
 /// Gauge: always 1, labelled with the running `version`.
 pub const BUILD_INFO: &str = "ctxgate_build_info";
 
@@ -71,6 +73,7 @@ pub const ALL: &[&str] = &[
     ACTIVE_STREAMS,
     REQUESTS_REJECTED_TOTAL,
     UNMANAGED_REQUESTS_TOTAL,
+    CONFIG_RELOADS_TOTAL,
     REQUEST_DURATION_SECONDS,
     UPSTREAM_DURATION_SECONDS,
     OVERHEAD_SECONDS,

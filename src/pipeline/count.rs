@@ -28,7 +28,8 @@ pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
         .metrics
         .start(Route::Passthrough, DialectLabel::from(dialect), started);
     let (parts, body) = req.into_parts();
-    let cfg = &state.config;
+    let live = state.live();
+    let cfg = &*live.config;
     let fail = |e: GatewayError, timer: &mut crate::metrics::RequestTimer| {
         timer.set_status(e.status().as_u16());
         super::respond::own_error(dialect, e, None, started, false, "")
@@ -62,11 +63,20 @@ pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
         None => strategy,
     };
     // A request ctxgate would refuse is counted whole: its true size is what tells the client to compact.
-    let body =
-        match plan_request(&state, strategy, &request, None, &parts.headers, now_secs()).await {
-            Ok(outgoing) => outgoing.body,
-            Err(_) => request.raw.clone(),
-        };
+    let body = match plan_request(
+        &state,
+        &live,
+        strategy,
+        &request,
+        None,
+        &parts.headers,
+        now_secs(),
+    )
+    .await
+    {
+        Ok(outgoing) => outgoing.body,
+        Err(_) => request.raw.clone(),
+    };
     let api = dialect.api();
     let url = state
         .upstream

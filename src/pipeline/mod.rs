@@ -60,7 +60,9 @@ async fn handle(
     timer: &mut Option<RequestTimer>,
 ) -> Response {
     let (parts, body) = req.into_parts();
-    let cfg = &state.config;
+    // The reloadable config as it is now: this request keeps it to its end.
+    let live = state.live();
+    let cfg = &*live.config;
 
     // 1. Read the whole body, within the limit: it has to be parsed before anything goes upstream.
     let body_timeout = std::time::Duration::from_secs(cfg.server.body_read_timeout_secs);
@@ -123,6 +125,7 @@ async fn handle(
     //    rewrite the client's own bytes go upstream, untouched.
     let outgoing = match plan_request(
         &state,
+        &live,
         strategy,
         &request,
         mark.as_ref(),
@@ -145,7 +148,7 @@ async fn handle(
     }
     let draft = mark
         .as_ref()
-        .map(|m| TurnDraft::new(&state, &request, m, strategy, &outgoing));
+        .map(|m| TurnDraft::new(&live, &request, m, strategy, &outgoing));
 
     // 5. Forward.
     let api = dialect.api();
@@ -222,6 +225,7 @@ async fn handle(
         let source = HistorySource::from_parts(request.messages(), dialect.neutral_history(stored));
         let rounds = rounds::Rounds {
             state: state.clone(),
+            live: live.clone(),
             dialect,
             url,
             headers,
@@ -306,7 +310,7 @@ struct TurnDraft {
 
 impl TurnDraft {
     fn new(
-        state: &AppState,
+        live: &crate::app::Live,
         request: &Parsed,
         mark: &RequestMark,
         strategy: crate::config::Strategy,
@@ -370,7 +374,7 @@ impl TurnDraft {
                     client,
                     sent: rw.map_or(client, |r| Some(r.record.tokens_after)),
                     window: rw.map_or_else(
-                        || state.models.context_window(&request.model),
+                        || live.models.context_window(&request.model),
                         |r| r.record.context_window,
                     ),
                     upstream_prompt: None,

@@ -1,7 +1,7 @@
 //! The plan stage: counts a conversation request against its model's window and, when it is over budget, rewrites its
 //! messages and offers the recall tools; otherwise the client's own bytes go upstream.
 
-use crate::app::AppState;
+use crate::app::{AppState, Live};
 use crate::config::Strategy;
 use crate::context::decide::{self, Decision};
 use crate::context::long_context::wants_1m;
@@ -62,6 +62,7 @@ pub fn strategy(headers: &HeaderMap, default: Strategy) -> Result<Strategy, Gate
 /// credentials summary requests may use).
 pub async fn plan_request(
     state: &Arc<AppState>,
+    live: &Live,
     strategy: Strategy,
     request: &Request,
     mark: Option<&RequestMark>,
@@ -69,7 +70,7 @@ pub async fn plan_request(
     now: i64,
 ) -> Result<Outgoing, GatewayError> {
     let credentials = &credentials(headers);
-    let cfg = &state.config;
+    let cfg = &*live.config;
     let messages = request.messages();
     let aligned = mark.filter(|m| m.path.len() == request.native().len());
     // First-seen times and summaries are kept per client message; the planner counts neutral messages.
@@ -90,14 +91,14 @@ pub async fn plan_request(
         raw_len: request.raw.len(),
         encoding: Encoding::for_model(&request.model),
         // The `context-1m` beta widens the window of the models that have a 1M one.
-        window: state
+        window: live
             .models
             .context_window_with(&request.model, wants_1m(headers)),
         ratio: state.counter.ratio(&request.model),
         strategy,
         first_seen: first_seen.as_deref(),
         now,
-        summarizer: state.summarizer.is_some(),
+        summarizer: live.summarizer.is_some(),
     };
     let forward = |estimate: Option<u64>, client_tokens: Option<u64>| Outgoing {
         body: request.raw.clone(),
@@ -110,7 +111,7 @@ pub async fn plan_request(
     if !request.managed() || decide::clearly_under(&req, cfg) {
         return Ok(forward(None, None));
     }
-    let summarizer = state
+    let summarizer = live
         .summarizer
         .as_ref()
         .filter(|_| matches!(strategy, Strategy::Summarize | Strategy::Hybrid))

@@ -43,13 +43,15 @@ pub struct Rounds {
     pub source: HistorySource,
     /// Called once with the client-visible reply: records it before the last bytes are released.
     pub finisher: Finisher,
+    /// The request's config snapshot (recall settings).
+    pub live: std::sync::Arc<crate::app::Live>,
     /// Receives each round's exchange (assistant call + ctxgate's answers) for the session's internal records.
     pub on_round: Box<dyn Fn(Value) + Send + Sync>,
 }
 
 impl Rounds {
     fn names(&self) -> InjectedNames {
-        InjectedNames::from_config(&self.state.config.recall)
+        InjectedNames::from_config(&self.live.config.recall)
     }
 
     /// Answers the injected calls (neutral) of `assistant` (the dialect's message) and appends the exchange to
@@ -62,7 +64,7 @@ impl Rounds {
             .iter()
             .map(|c| {
                 let (content, answered) =
-                    answer_call_with_outcome(c, &names, &self.source, &self.state.config.recall);
+                    answer_call_with_outcome(c, &names, &self.source, &self.live.config.recall);
                 let search = c.pointer("/function/name").and_then(Value::as_str)
                     == Some(names.search.as_str());
                 metrics.recall_call(
@@ -130,7 +132,7 @@ impl Rounds {
     /// came from). `first` is the first round's successful response.
     pub async fn json(mut self, first: reqwest::Response) -> (http::StatusCode, HeaderMap, Bytes) {
         let names = self.names();
-        let max_rounds = self.state.config.recall.max_rounds;
+        let max_rounds = self.live.config.recall.max_rounds;
         let (mut status, mut headers) = (first.status(), first.headers().clone());
         let idle = self.state.upstream.timeout();
         let mut body = read_body(first, idle).await;
@@ -235,7 +237,7 @@ impl Rounds {
         mut splicer: Box<dyn Splice>,
         tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
     ) {
-        let max_rounds = self.state.config.recall.max_rounds;
+        let max_rounds = self.live.config.recall.max_rounds;
         let idle = self.state.upstream.timeout();
         let (mut bytes, mut first_byte_at) = (0u64, None);
         let mut resp = first;

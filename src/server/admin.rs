@@ -24,6 +24,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
             get(show).delete(delete).patch(patch),
         )
         .route("/admin/sessions/{id}/turns", get(turns))
+        .route("/admin/config/reload", axum::routing::post(reload))
         .route("/admin/sessions/{id}/export", get(export))
         .route(
             "/admin/sessions/import",
@@ -216,6 +217,21 @@ async fn patch(
     }
 }
 
+/// Reloads the config's reloadable sections: 200 with what changed (and what needs a restart), or 400 with every
+/// problem of the file (the running config is kept).
+async fn reload(State(state): State<Arc<AppState>>) -> Response {
+    match crate::reload::reload(&state).await {
+        Ok(r) => Json(r).into_response(),
+        Err(problems) => (
+            http::StatusCode::BAD_REQUEST,
+            Json(json!({"error": {"message": format!("the config was not reloaded: {}", problems.join("; ")),
+                                  "type": "invalid_request_error", "code": "invalid_config"},
+                        "problems": problems})),
+        )
+            .into_response(),
+    }
+}
+
 /// The session as JSON Lines (`session::export`).
 async fn export(
     State(state): State<Arc<AppState>>,
@@ -278,7 +294,8 @@ async fn compress(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Response, GatewayError> {
-    let Some(summarizer) = &state.summarizer else {
+    let live = state.live();
+    let Some(summarizer) = &live.summarizer else {
         return Err(GatewayError::bad_request(
             "summaries are off: set [summary] model to enable them",
         ));
@@ -288,7 +305,7 @@ async fn compress(
     };
     let job = crate::summary::manual_job(
         entry.clone(),
-        state.config.summary.keep_recent,
+        live.config.summary.keep_recent,
         summarizer.model(),
     )
     .map_err(GatewayError::bad_request)?;

@@ -19,18 +19,36 @@ const CSP: &str = "default-src 'self'; img-src 'self' data:; style-src 'self'; s
 pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
         .route("/ui", get(|| async { Redirect::permanent("/ui/") }))
-        .route("/ui/", get(|| async { asset(INDEX, "text/html; charset=utf-8") }))
-        .route("/ui/app.js", get(|| async { asset(APP_JS, "text/javascript; charset=utf-8") }))
-        .route("/ui/app.css", get(|| async { asset(APP_CSS, "text/css; charset=utf-8") }))
+        .route(
+            "/ui/",
+            get(|| async { asset(INDEX, "text/html; charset=utf-8") }),
+        )
+        .route(
+            "/ui/app.js",
+            get(|| async { asset(APP_JS, "text/javascript; charset=utf-8") }),
+        )
+        .route(
+            "/ui/app.css",
+            get(|| async { asset(APP_CSS, "text/css; charset=utf-8") }),
+        )
 }
 
 fn asset(body: &'static str, content_type: &'static str) -> Response {
     let mut r = (StatusCode::OK, body).into_response();
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
-    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     // Revalidated each time: a new binary serves new assets at once.
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     r

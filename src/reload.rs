@@ -1,0 +1,160 @@
+//! Live reload (SIGHUP, `POST /admin/config/reload`): the config file is read again (with the same `CTXGATE_*`
+//! environment layering as at start) and checked whole; `[context]`, `[prune]`, `[summary]`, `[recall]` and
+//! `[models]` are applied by swapping the snapshot requests take when they start (a request in flight keeps
+//! its own); every other changed key needs a restart and is named, not applied. A file with problems changes
+//! nothing and every problem is reported.
+
+use crate::app::{AppState, Live};
+use crate::config::Config;
+use crate::metrics::ReloadOutcome;
+use parking_lot::Mutex;
+use serde_json::Value;
+use std::path::PathBuf;
+
+/// The sections a reload applies.
+pub const RELOADABLE: &[&str] = &["context", "prune", "summary", "recall", "models"];
+
+/// Where the running config came from.
+pub struct Source {
+    /// The file it was loaded from (`None`: embedded defaults and the environment only).
+    path: Mutex<Option<PathBuf>>,
+    /// The config as loaded at start, before command-line overrides (what a restart would load again): keys
+    /// outside the reloadable sections are compared with it.
+    started: Mutex<Config>,
+    /// One reload at a time.
+    busy: tokio::sync::Mutex<()>,
+}
+
+impl Source {
+    /// A source for a config that came from nowhere in particular (tests): reloads re-read the environment.
+    pub fn new(started: Config) -> Source {
+        Source {
+            path: Mutex::new(None),
+            started: Mutex::new(started),
+            busy: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Names the file the config was loaded from and the config as loaded there (before command-line overrides).
+    pub fn set(&self, path: Option<PathBuf>, loaded: Config) {
+        *self.path.lock() = path;
+        *self.started.lock() = loaded;
+    }
+}
+
+/// What a reload did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Reloaded {
+    /// Always true (a rejected reload is an error).
+    pub reloaded: bool,
+    /// The keys whose new values are in force (`section.key`).
+    pub changed: Vec<String>,
+    /// Keys that differ from the running process but need a restart; not applied.
+    pub restart_required: Vec<String>,
+}
+
+/// Reloads `state`'s config (see the module docs): `Err` with every problem when the file is refused.
+pub async fn reload(state: &AppState) -> Result<Reloaded, Vec<String>> {
+    let _one = state.reload.busy.lock().await;
+    let path = state.reload.path.lock().clone();
+    let result = apply(state, path);
+    match &result {
+        Ok(r) => {
+            state.metrics.reload(ReloadOutcome::Applied);
+            tracing::info!(
+                changed = ?r.changed,
+                restart_required = ?r.restart_required,
+                "config: reloaded"
+            );
+            if !r.restart_required.is_empty() {
+                tracing::warn!(keys = ?r.restart_required, "config: these changes need a restart; not applied");
+            }
+        }
+        Err(problems) => {
+            state.metrics.reload(ReloadOutcome::Rejected);
+            for p in problems {
+                tracing::warn!(problem = %p, "config: reload refused; the running config is kept");
+            }
+        }
+    }
+    result
+}
+
+fn apply(state: &AppState, path: Option<PathBuf>) -> Result<Reloaded, Vec<String>> {
+    let new = Config::load(path.as_deref()).map_err(|e| e.0)?;
+    let live = state.live();
+    let (old, new_v) = (to_value(&live.config), to_value(&new));
+    let started = to_value(&state.reload.started.lock());
+    let mut changed = Vec::new();
+    let mut restart_required = Vec::new();
+    if let (Value::Object(old_o), Value::Object(new_o), Value::Object(start_o)) =
+        (&old, &new_v, &started)
+    {
+        for (section, value) in new_o {
+            if RELOADABLE.contains(&section.as_str()) {
+                diff(section, old_o.get(section), Some(value), &mut changed);
+            } else {
+                diff(
+                    section,
+                    start_o.get(section),
+                    Some(value),
+                    &mut restart_required,
+                );
+            }
+        }
+    }
+    // The running config, with the reloadable sections replaced.
+    let mut running = (*live.config).clone();
+    running.context = new.context;
+    running.prune = new.prune;
+    running.summary = new.summary;
+    running.recall = new.recall;
+    running.models = new.models;
+    running.validate().map_err(|e| e.0)?;
+    let next = Live::build(running, &state.metrics).map_err(|e| vec![e.to_string()])?;
+    state.swap_live(next);
+    Ok(Reloaded {
+        reloaded: true,
+        changed,
+        restart_required,
+    })
+}
+
+fn to_value(c: &Config) -> Value {
+    serde_json::to_value(c).unwrap_or(Value::Null)
+}
+
+/// The dotted paths under `at` where `a` and `b` differ (a whole value for a key only one side has).
+fn diff(at: &str, a: Option<&Value>, b: Option<&Value>, out: &mut Vec<String>) {
+    match (a, b) {
+        (Some(Value::Object(x)), Some(Value::Object(y))) => {
+            let mut keys: Vec<&String> = x.keys().chain(y.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            for k in keys {
+                diff(&format!("{at}.{k}"), x.get(k), y.get(k), out);
+            }
+        }
+        (x, y) if x != y => out.push(at.to_string()),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn differences_are_named_by_their_dotted_path() {
+        let mut out = Vec::new();
+        diff(
+            "context",
+            Some(&json!({"threshold": 0.8, "target": 0.4, "x": {"a": 1}})),
+            Some(&json!({"threshold": 0.5, "target": 0.4, "x": {"a": 2, "b": 1}})),
+            &mut out,
+        );
+        assert_eq!(out, ["context.threshold", "context.x.a", "context.x.b"]);
+    }
+}
