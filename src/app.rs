@@ -123,7 +123,7 @@ impl AppState {
         if config.store.retention_days > 0 {
             spawn_retention(sessions.clone(), config.store.retention_days);
         }
-        Ok(Arc::new(Self {
+        let state = Arc::new(Self {
             reload: crate::reload::Source::new(config.clone()),
             config: Arc::new(config),
             live: arc_swap::ArcSwap::from_pointee(live),
@@ -134,7 +134,9 @@ impl AppState {
             counter: Arc::new(TokenCounter::new()),
             metrics,
             tenant_key,
-        }))
+        });
+        crate::hooks::spawn(&state);
+        Ok(state)
     }
 
     /// The reloadable part of the config as it is now: take it once per request and keep it.

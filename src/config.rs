@@ -38,6 +38,8 @@ pub struct Config {
     pub summary: SummaryConfig,
     /// Per-model overrides, keyed by exact model name or glob pattern (`gpt-4o*`).
     pub models: BTreeMap<String, ModelEntry>,
+    /// Webhooks: a session's export posted when it goes idle.
+    pub hooks: crate::hooks::HooksConfig,
 }
 
 /// `[server]`
@@ -835,6 +837,7 @@ impl Config {
                 ));
             }
         }
+        self.hooks.problems(&mut e);
         if e.is_empty() {
             Ok(())
         } else {
@@ -877,6 +880,9 @@ impl Config {
         }
         if c.admin.token.is_some() {
             c.admin.token = Some("***".into());
+        }
+        if c.hooks.secret.is_some() {
+            c.hooks.secret = Some("***".into());
         }
         c.store.redis_url = mask_url_password(&c.store.redis_url);
         for n in &mut c.store.redis_cluster_nodes {

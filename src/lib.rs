@@ -8,6 +8,7 @@ pub mod config_reference;
 pub mod context;
 pub mod dialect;
 pub mod error;
+pub mod hooks;
 pub mod message;
 pub mod metrics;
 pub mod mock;

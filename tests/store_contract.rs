@@ -25,6 +25,7 @@ fn meta(id: &str, version: u64, last_active: i64, count: u64) -> SessionMeta {
         head: Some(format!("n{count}")),
         version,
         strategy: None,
+        idle_notified: None,
     }
 }
 

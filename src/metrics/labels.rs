@@ -81,6 +81,18 @@ label_enum! {
 }
 
 label_enum! {
+    /// What became of one attempt to deliver a webhook (`outcome`).
+    pub enum HookOutcome {
+        /// The receiver answered 2xx.
+        Delivered => "delivered",
+        /// It failed for a reason worth retrying (connection, timeout, 5xx, 429): tried again later.
+        Retried => "retried",
+        /// The receiver refused it (4xx but 429): not tried again for this idle period.
+        Failed => "failed",
+    }
+}
+
+label_enum! {
     /// How a config reload ended (`outcome`).
     pub enum ReloadOutcome {
         /// The new config is in force.

@@ -9,7 +9,7 @@ mod models;
 pub mod names;
 
 pub use labels::{
-    CacheResult, DialectLabel, RecallOutcome, RecallTool, RejectReason, ReloadOutcome,
+    CacheResult, DialectLabel, HookOutcome, RecallOutcome, RecallTool, RejectReason, ReloadOutcome,
     RewriteOutcome, RewriteStrategy, Route, StatusClass, StoreBackend, StoreOp, SummaryOutcome,
     UnmanagedReason, UpstreamErrorClass,
 };
@@ -51,6 +51,8 @@ pub struct Metrics {
     /// dialect × reason.
     unmanaged: Vec<IntCounter>,
     reloads: Vec<IntCounter>,
+    hooks: Vec<IntCounter>,
+    hooks_pending: IntGauge,
     duration: Vec<Histogram>,
     upstream: Vec<Histogram>,
     overhead: Vec<Histogram>,
@@ -266,6 +268,12 @@ impl Metrics {
             "Config reloads (SIGHUP or POST /admin/config/reload) by outcome (applied; rejected: the file had problems and the running config was kept).",
             &["outcome"],
         )?;
+        let hooks = counters(
+            &r,
+            HOOK_DELIVERIES_TOTAL,
+            "Idle-session webhook attempts by outcome (delivered: 2xx; retried: connection, timeout, 5xx or 429, tried again with backoff; failed: refused with another 4xx, not retried).",
+            &["outcome"],
+        )?;
         let build = register(
             &r,
             IntGaugeVec::new(
@@ -304,6 +312,14 @@ impl Metrics {
                 &[&dialects, &values(UnmanagedReason::ALL, UnmanagedReason::as_str)],
                 |l| unmanaged.with_label_values(l),
             ),
+            hooks: resolve(&[&values(HookOutcome::ALL, HookOutcome::as_str)], |l| {
+                hooks.with_label_values(l)
+            }),
+            hooks_pending: gauge(
+                &r,
+                HOOK_PENDING_DELIVERIES,
+                "Idle sessions whose webhook is due and not delivered yet, as of the last sweep.",
+            )?,
             reloads: resolve(&[&values(ReloadOutcome::ALL, ReloadOutcome::as_str)], |l| {
                 reloads.with_label_values(l)
             }),
@@ -427,6 +443,20 @@ impl Metrics {
             (reason.idx(), RejectReason::ALL.len()),
         ]);
         self.rejected[i].inc();
+    }
+
+    /// Counts a webhook attempt.
+    pub fn hook(&self, outcome: HookOutcome) {
+        let i = HookOutcome::ALL
+            .iter()
+            .position(|o| *o == outcome)
+            .unwrap_or(0);
+        self.hooks[i].inc();
+    }
+
+    /// Sets how many webhook deliveries are due.
+    pub fn hooks_pending(&self, n: usize) {
+        self.hooks_pending.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Counts a config reload.

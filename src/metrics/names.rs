@@ -63,6 +63,10 @@ pub const STORE_ERRORS_TOTAL: &str = "ctxgate_store_errors_total";
 pub const UPSTREAM_ERRORS_TOTAL: &str = "ctxgate_upstream_errors_total";
 /// Counter: config reloads (SIGHUP, `POST /admin/config/reload`) by `outcome` (applied, rejected).
 pub const CONFIG_RELOADS_TOTAL: &str = "ctxgate_config_reloads_total";
+/// Counter: idle-session webhook attempts by `outcome` (delivered, retried, failed).
+pub const HOOK_DELIVERIES_TOTAL: &str = "ctxgate_hook_deliveries_total";
+/// Gauge: idle sessions whose webhook is due and not delivered yet (as of the last sweep).
+pub const HOOK_PENDING_DELIVERIES: &str = "ctxgate_hook_pending_deliveries";
 /// Gauge: always 1, labelled with the running `version`.
 pub const BUILD_INFO: &str = "ctxgate_build_info";
 
@@ -74,6 +78,8 @@ pub const ALL: &[&str] = &[
     REQUESTS_REJECTED_TOTAL,
     UNMANAGED_REQUESTS_TOTAL,
     CONFIG_RELOADS_TOTAL,
+    HOOK_DELIVERIES_TOTAL,
+    HOOK_PENDING_DELIVERIES,
     REQUEST_DURATION_SECONDS,
     UPSTREAM_DURATION_SECONDS,
     OVERHEAD_SECONDS,

@@ -45,6 +45,8 @@ pub(super) struct EntryState {
     pub(super) in_store: bool,
     /// The strategy an operator pinned for the session (see [`SessionMeta::strategy`]).
     pub(super) strategy: Option<String>,
+    /// See [`SessionMeta::idle_notified`].
+    pub(super) idle_notified: Option<i64>,
 }
 
 impl EntryState {
@@ -63,6 +65,7 @@ impl EntryState {
             cursor: Cursor::default(),
             in_store: false,
             strategy: None,
+            idle_notified: None,
         }
     }
 
@@ -132,6 +135,7 @@ impl SessionEntry {
             head: st.tree.head().map(|h| h.to_string()),
             version: st.version,
             strategy: st.strategy.clone(),
+            idle_notified: st.idle_notified,
         }
     }
 

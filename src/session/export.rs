@@ -35,7 +35,7 @@ pub fn render(s: &StoredSession, turns: &[String], exported_at: i64) -> Vec<u8> 
         "session": {
             "id": m.id, "tenant": m.tenant, "dialect": m.dialect, "created_at": m.created_at,
             "last_active": m.last_active, "message_count": m.message_count,
-            "token_estimate": m.token_estimate, "head": m.head, "version": m.version, "strategy": m.strategy,
+            "token_estimate": m.token_estimate, "head": m.head, "version": m.version, "strategy": m.strategy, "idle_notified": m.idle_notified,
         },
         "counts": {"nodes": s.nodes.len(), "records": records, "turns": turns.len()},
     });
@@ -210,6 +210,7 @@ fn header_meta(s: &Value) -> Result<SessionMeta, String> {
             }
             Some(_) => return Err("session.strategy must be null or a strategy".into()),
         },
+        idle_notified: s.get("idle_notified").and_then(Value::as_i64),
     })
 }
 

@@ -204,6 +204,7 @@ fn entry_from_stored(s: StoredSession) -> SessionEntry {
     let mut st = EntryState::new(Tree::from_rows(s.nodes, head), s.meta.last_active, true);
     st.version = s.meta.version;
     st.strategy = s.meta.strategy.clone();
+    st.idle_notified = s.meta.idle_notified;
     st.cursor = cursor;
     st.in_store = true;
     for c in s.compressions {
@@ -230,6 +231,7 @@ fn apply_tail(entry: &SessionEntry, t: Tail) -> bool {
     if t.meta.version > st.version {
         st.version = t.meta.version;
         st.strategy = t.meta.strategy.clone();
+        st.idle_notified = t.meta.idle_notified;
         if let Some(h) = &t.meta.head {
             st.tree.set_head(h);
         }
@@ -787,6 +789,29 @@ impl Sessions {
         };
         self.bounded(StoreOp::Write, committed(rx)).await?;
         Ok(Some(meta))
+    }
+
+    /// Marks the idle period of session `id` that began at `last_active` as notified (its webhook is done) and
+    /// waits until the row is durable. False (nothing written) when the session is gone or was active since.
+    pub async fn mark_idle_notified(&self, id: &str, last_active: i64) -> Result<bool, StoreError> {
+        let Some(entry) = self.load_entry(id).await? else {
+            return Ok(false);
+        };
+        let now = now_secs();
+        let rx = {
+            let mut st = entry.state.lock();
+            if st.last_active != last_active || !st.writable() {
+                return Ok(false);
+            }
+            st.idle_notified = Some(last_active);
+            let op = WriteOp::Session {
+                meta: entry.next_meta(&mut st),
+                create: false,
+            };
+            self.queue(&entry, &mut st, vec![op], now)
+        };
+        self.bounded(StoreOp::Write, committed(rx)).await?;
+        Ok(true)
     }
 
     /// A page of the turn records stored for session `id`, and how many there are.

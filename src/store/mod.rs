@@ -92,6 +92,9 @@ pub struct SessionMeta {
     /// The strategy an operator pinned for this session (`PATCH /admin/sessions/{id}`), over the request header
     /// and the config; `None`: not pinned.
     pub strategy: Option<String>,
+    /// The `last_active` of the idle period whose webhook is done (delivered, or refused by the receiver): the
+    /// session is due again once it has been active since (`[hooks]`).
+    pub idle_notified: Option<i64>,
 }
 
 /// A session as loaded from the store.

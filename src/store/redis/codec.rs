@@ -109,7 +109,7 @@ pub(super) fn needs_id(op: &WriteOp) -> bool {
 }
 
 /// The write script's arguments for `ops` (all of one session): the TTL, then per op `S create id tenant dialect
-/// created_at last_active message_count token_estimate head version strategy`, `N id json`, `R record-id entry` or
+/// created_at last_active message_count token_estimate head version strategy idle_notified`, `N id json`, `R record-id entry` or
 /// `T turn-id json`. `record_ids` holds one id per record or turn op, fixed when the batch was queued so that a retry stores nothing twice.
 pub(super) fn write_args(ops: &[&WriteOp], record_ids: &[String], ttl_ms: u64) -> Vec<String> {
     let mut args = vec![ttl_ms.to_string()];
@@ -129,6 +129,7 @@ pub(super) fn write_args(ops: &[&WriteOp], record_ids: &[String], ttl_ms: u64) -
                 m.head.clone().unwrap_or_default(),
                 m.version.to_string(),
                 m.strategy.clone().unwrap_or_default(),
+                m.idle_notified.map(|t| t.to_string()).unwrap_or_default(),
             ]),
             WriteOp::Node { node, .. } => {
                 args.extend(["N".to_string(), node.id.to_string(), node_json(node)])
@@ -210,6 +211,7 @@ pub(super) fn parse_meta(v: &RValue) -> Option<SessionMeta> {
         head: text("head").filter(|h| !h.is_empty()),
         version: u64::try_from(num("version")).unwrap_or(0),
         strategy: text("strategy").filter(|s| !s.is_empty()),
+        idle_notified: f.get("idle_notified").and_then(|v| int(v)),
     })
 }
 

@@ -32,14 +32,16 @@ while i <= #ARGV do
       local same = create or (cur[2] == ARGV[i + 3] and cur[3] == ARGV[i + 5])
       if same and version > tonumber(cur[1] or '0') then
         redis.call('HSET', KEYS[1], 'last_active', ARGV[i + 6], 'message_count', ARGV[i + 7],
-          'token_estimate', ARGV[i + 8], 'head', ARGV[i + 9], 'version', ARGV[i + 10], 'strategy', ARGV[i + 11])
+          'token_estimate', ARGV[i + 8], 'head', ARGV[i + 9], 'version', ARGV[i + 10], 'strategy', ARGV[i + 11],
+          'idle_notified', ARGV[i + 12])
       end
     elseif create then
       redis.call('HSET', KEYS[1], 'id', ARGV[i + 2], 'tenant', ARGV[i + 3], 'dialect', ARGV[i + 4],
         'created_at', ARGV[i + 5], 'last_active', ARGV[i + 6], 'message_count', ARGV[i + 7],
-        'token_estimate', ARGV[i + 8], 'head', ARGV[i + 9], 'version', ARGV[i + 10], 'strategy', ARGV[i + 11])
+        'token_estimate', ARGV[i + 8], 'head', ARGV[i + 9], 'version', ARGV[i + 10], 'strategy', ARGV[i + 11],
+        'idle_notified', ARGV[i + 12])
     end
-    i = i + 12
+    i = i + 13
   elseif op == 'N' then
     if exists() and redis.call('HSETNX', KEYS[2], ARGV[i + 1], ARGV[i + 2]) == 1 then
       redis.call('RPUSH', KEYS[3], ARGV[i + 1])

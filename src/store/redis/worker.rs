@@ -46,7 +46,8 @@ enum Job {
 
 enum Outcome {
     Write(Result<(), RedisError>),
-    Load(Result<Option<StoredSession>, RedisError>),
+    /// Boxed: a loaded session is much larger than the other outcomes.
+    Load(Box<Result<Option<StoredSession>, RedisError>>),
     Delete(Result<bool, RedisError>),
 }
 
@@ -257,7 +258,7 @@ impl Worker {
             }
             Job::Load(_) => Box::pin(async move {
                 let r = super::queries::load(&conn, &keys, &key).await;
-                (key, Outcome::Load(r))
+                (key, Outcome::Load(Box::new(r)))
             }),
             Job::Delete(_) => Box::pin(async move {
                 let r = super::queries::delete(&conn, &keys, &key, None).await;
@@ -310,7 +311,7 @@ impl Worker {
             }
             (Job::Load(reply), Outcome::Load(r)) => {
                 let ok = r.is_ok();
-                let _ = reply.send(r.map_err(err));
+                let _ = reply.send((*r).map_err(err));
                 ok
             }
             (Job::Delete(reply), Outcome::Delete(r)) => {

@@ -57,7 +57,9 @@ CREATE TABLE IF NOT EXISTS sessions (
     token_estimate INTEGER NOT NULL,
     head TEXT,
     version INTEGER NOT NULL DEFAULT 0,
-    dialect TEXT NOT NULL DEFAULT 'chat'
+    dialect TEXT NOT NULL DEFAULT 'chat',
+    strategy TEXT,
+    idle_notified INTEGER
 );
 CREATE INDEX IF NOT EXISTS sessions_by_activity ON sessions(last_active DESC);
 CREATE TABLE IF NOT EXISTS nodes (
@@ -100,6 +102,10 @@ fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
             "ALTER TABLE sessions ADD COLUMN dialect TEXT NOT NULL DEFAULT 'chat'",
         ),
         ("strategy", "ALTER TABLE sessions ADD COLUMN strategy TEXT"),
+        (
+            "idle_notified",
+            "ALTER TABLE sessions ADD COLUMN idle_notified INTEGER",
+        ),
     ] {
         let has: i64 = conn.query_row(
             "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = ?1",
@@ -323,11 +329,12 @@ fn meta_from_row(row: &rusqlite::Row<'_>) -> Result<SessionMeta, rusqlite::Error
         version: row.get::<_, i64>(7)? as u64,
         dialect: row.get(8)?,
         strategy: row.get(9)?,
+        idle_notified: row.get(10)?,
     })
 }
 
 const META_COLS: &str =
-    "id, tenant, created_at, last_active, message_count, token_estimate, head, version, dialect, strategy";
+    "id, tenant, created_at, last_active, message_count, token_estimate, head, version, dialect, strategy, idle_notified";
 
 fn load(conn: &Connection, id: &str) -> Result<Option<StoredSession>, rusqlite::Error> {
     let meta = conn

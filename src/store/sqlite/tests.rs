@@ -44,6 +44,7 @@ fn meta(id: &str, last: i64) -> SessionMeta {
         head: Some("b".into()),
         version: 1,
         strategy: None,
+        idle_notified: None,
     }
 }
 

@@ -282,15 +282,16 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<(), rusqlite::Error> {
         WriteOp::Session { meta: m, create } => {
             let sql = if *create {
                 "INSERT INTO sessions (id, tenant, created_at, last_active, message_count, token_estimate, head, version,
-                   dialect, strategy)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                   dialect, strategy, idle_notified)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
                  ON CONFLICT(id) DO UPDATE SET last_active = excluded.last_active,
                    message_count = excluded.message_count, token_estimate = excluded.token_estimate,
-                   head = excluded.head, version = excluded.version, strategy = excluded.strategy
+                   head = excluded.head, version = excluded.version, strategy = excluded.strategy,
+                   idle_notified = excluded.idle_notified
                  WHERE excluded.version > sessions.version"
             } else {
                 "UPDATE sessions SET last_active = ?4, message_count = ?5, token_estimate = ?6, head = ?7,
-                   version = ?8, strategy = ?10
+                   version = ?8, strategy = ?10, idle_notified = ?11
                  WHERE id = ?1 AND tenant = ?2 AND created_at = ?3 AND version < ?8 AND dialect = ?9"
             };
             conn.prepare_cached(sql)?.execute(params![
@@ -303,7 +304,8 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<(), rusqlite::Error> {
                 m.head,
                 m.version as i64,
                 m.dialect,
-                m.strategy
+                m.strategy,
+                m.idle_notified
             ])?;
         }
         WriteOp::Node { session, node } => {
