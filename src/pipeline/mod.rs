@@ -304,8 +304,14 @@ struct Turn {
 /// answers, and only for a rewritten request) and the recall calls answered meanwhile.
 struct TurnDraft {
     info: turn_record::TurnInfo,
-    segments: tokio::task::JoinHandle<Vec<turn_record::Segment>>,
+    segments: Segments,
     calls: Arc<parking_lot::Mutex<Vec<Value>>>,
+}
+
+/// What was sent: known at once (sent as it was), or being worked out in the background (rewritten).
+enum Segments {
+    Ready(Vec<turn_record::Segment>),
+    Pending(tokio::task::JoinHandle<Vec<turn_record::Segment>>),
 }
 
 impl TurnDraft {
@@ -333,17 +339,17 @@ impl TurnDraft {
                 .collect()
         });
         let segments = match rw {
-            None => tokio::spawn(std::future::ready(turn_record::with_resent(
+            None => Segments::Ready(turn_record::with_resent(
                 turn_record::unchanged(native.len()),
                 &resent,
-            ))),
+            )),
             Some(_) => {
                 let (raw, sent, key) = (
                     request.raw.clone(),
                     outgoing.body.clone(),
                     request.dialect.conversation_key(),
                 );
-                tokio::spawn(async move {
+                Segments::Pending(tokio::spawn(async move {
                     let array = |b: &[u8]| -> Vec<Value> {
                         match serde_json::from_slice::<Value>(b).map(|mut v| v[key].take()) {
                             Ok(Value::Array(a)) => a,
@@ -353,7 +359,7 @@ impl TurnDraft {
                     };
                     let segments = turn_record::segments(&array(&sent), &array(&raw));
                     turn_record::with_resent(segments, &resent)
-                })
+                }))
             }
         };
         TurnDraft {
@@ -409,7 +415,10 @@ impl TurnDraft {
                 _ => Vec::new(),
             })
             .collect();
-        let segments = self.segments.await.unwrap_or_default();
+        let segments = match self.segments {
+            Segments::Ready(s) => s,
+            Segments::Pending(task) => task.await.unwrap_or_default(),
+        };
         turn_record::to_json(&info, &segments)
     }
 }
