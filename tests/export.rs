@@ -141,14 +141,8 @@ async fn round_trip(h: &Harness) {
     assert_eq!(again, sid, "the same session");
     h.state.drain().await;
     let turns: Value = h
-        .client
-        .get(h.url(&format!("/admin/sessions/{sid}/turns?messages=false")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .get_json(&format!("/admin/sessions/{sid}/turns?messages=false"))
+        .await;
     assert_eq!(turns["total"], 3);
 }
 

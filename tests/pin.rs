@@ -81,25 +81,9 @@ async fn a_pinned_strategy_wins_over_the_header_and_unpinning_restores_the_confi
         last_sent_as_is(&h, &m),
         "pinned off: the client's own messages, whatever the header"
     );
-    let shown: Value = h
-        .client
-        .get(h.url(&format!("/admin/sessions/{sid}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let shown: Value = h.get_json(&format!("/admin/sessions/{sid}")).await;
     assert_eq!(shown["strategy"], "off");
-    let list: Value = h
-        .client
-        .get(h.url("/admin/sessions"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list: Value = h.get_json("/admin/sessions").await;
     assert_eq!(list["sessions"][0]["strategy"], "off");
 
     let (status, meta) = patch(&h, &sid, r#"{"strategy": null}"#).await;
@@ -141,15 +125,7 @@ async fn bad_patches_are_refused_and_unknown_sessions_are_404() {
         .contains("unknown strategy \"fast\""));
     let (status, _) = patch(&h, "nope", r#"{"strategy": "off"}"#).await;
     assert_eq!(status, 404);
-    let shown: Value = h
-        .client
-        .get(h.url(&format!("/admin/sessions/{sid}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let shown: Value = h.get_json(&format!("/admin/sessions/{sid}")).await;
     assert_eq!(shown["strategy"], Value::Null, "nothing was pinned");
 }
 

@@ -80,14 +80,7 @@ async fn make_sessions(h: &Harness, ids: &[&str]) {
 }
 
 async fn list(h: &Harness, query: &str) -> Value {
-    h.client
-        .get(h.url(&format!("/admin/sessions{query}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    h.get_json(&format!("/admin/sessions{query}")).await
 }
 
 async fn search(h: &Harness) {
@@ -148,24 +141,8 @@ async fn the_session_view_names_the_node_of_each_message() {
         .as_str()
         .unwrap()
         .to_string();
-    let v: Value = h
-        .client
-        .get(h.url(&format!("/admin/sessions/{sid}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let turns: Value = h
-        .client
-        .get(h.url(&format!("/admin/sessions/{sid}/turns")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = h.get_json(&format!("/admin/sessions/{sid}")).await;
+    let turns: Value = h.get_json(&format!("/admin/sessions/{sid}/turns")).await;
     assert_eq!(
         v["ids"].as_array().unwrap().len(),
         v["messages"].as_array().unwrap().len()

@@ -146,6 +146,11 @@ fn resolve<T>(lists: &[&[&'static str]], with: impl Fn(&[&str]) -> T) -> Vec<T> 
     combos(lists).iter().map(|c| with(c)).collect()
 }
 
+/// Where `value` is in `all` (a label enum's `ALL`: the order its series were resolved in).
+fn index<L: PartialEq>(all: &[L], value: L) -> usize {
+    all.iter().position(|l| *l == value).unwrap_or(0)
+}
+
 fn values<L: Copy>(all: &[L], f: fn(L) -> &'static str) -> Vec<&'static str> {
     all.iter().map(|l| f(*l)).collect()
 }
@@ -447,11 +452,7 @@ impl Metrics {
 
     /// Counts a webhook attempt.
     pub fn hook(&self, outcome: HookOutcome) {
-        let i = HookOutcome::ALL
-            .iter()
-            .position(|o| *o == outcome)
-            .unwrap_or(0);
-        self.hooks[i].inc();
+        self.hooks[index(HookOutcome::ALL, outcome)].inc();
     }
 
     /// Sets how many webhook deliveries are due.
@@ -461,11 +462,7 @@ impl Metrics {
 
     /// Counts a config reload.
     pub fn reload(&self, outcome: ReloadOutcome) {
-        let i = ReloadOutcome::ALL
-            .iter()
-            .position(|o| *o == outcome)
-            .unwrap_or(0);
-        self.reloads[i].inc();
+        self.reloads[index(ReloadOutcome::ALL, outcome)].inc();
     }
 
     /// Counts a conversation request passed through unmanaged (it is still recorded by its timer).

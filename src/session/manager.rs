@@ -770,13 +770,45 @@ impl Sessions {
         id: &str,
         strategy: Option<crate::config::Strategy>,
     ) -> Result<Option<SessionMeta>, StoreError> {
+        self.update_row(id, |st| {
+            st.strategy = strategy.map(|s| s.as_str().to_string());
+            true
+        })
+        .await
+    }
+
+    /// Marks the idle period of session `id` that began at `last_active` as notified (its webhook is done) and
+    /// waits until the row is durable. False (nothing written) when the session is gone or was active since.
+    pub async fn mark_idle_notified(&self, id: &str, last_active: i64) -> Result<bool, StoreError> {
+        let row = self
+            .update_row(id, |st| {
+                let same_period = st.last_active == last_active;
+                if same_period {
+                    st.idle_notified = Some(last_active);
+                }
+                same_period
+            })
+            .await?;
+        Ok(row.is_some_and(|m| m.idle_notified == Some(last_active)))
+    }
+
+    /// Changes session `id`'s row with `change` (which says whether it changed anything) and writes it with a new
+    /// version, waiting until it is durable; returns the row (`None`: no such session). A session whose writes
+    /// are held back keeps the change in memory: its next whole write carries it.
+    async fn update_row(
+        &self,
+        id: &str,
+        change: impl FnOnce(&mut EntryState) -> bool,
+    ) -> Result<Option<SessionMeta>, StoreError> {
         let Some(entry) = self.load_entry(id).await? else {
             return Ok(None);
         };
         let now = now_secs();
         let (rx, meta) = {
             let mut st = entry.state.lock();
-            st.strategy = strategy.map(|s| s.as_str().to_string());
+            if !change(&mut st) {
+                return Ok(Some(entry.meta(&st)));
+            }
             let meta = entry.next_meta(&mut st);
             if !st.writable() {
                 return Ok(Some(meta));
@@ -789,29 +821,6 @@ impl Sessions {
         };
         self.bounded(StoreOp::Write, committed(rx)).await?;
         Ok(Some(meta))
-    }
-
-    /// Marks the idle period of session `id` that began at `last_active` as notified (its webhook is done) and
-    /// waits until the row is durable. False (nothing written) when the session is gone or was active since.
-    pub async fn mark_idle_notified(&self, id: &str, last_active: i64) -> Result<bool, StoreError> {
-        let Some(entry) = self.load_entry(id).await? else {
-            return Ok(false);
-        };
-        let now = now_secs();
-        let rx = {
-            let mut st = entry.state.lock();
-            if st.last_active != last_active || !st.writable() {
-                return Ok(false);
-            }
-            st.idle_notified = Some(last_active);
-            let op = WriteOp::Session {
-                meta: entry.next_meta(&mut st),
-                create: false,
-            };
-            self.queue(&entry, &mut st, vec![op], now)
-        };
-        self.bounded(StoreOp::Write, committed(rx)).await?;
-        Ok(true)
     }
 
     /// A page of the turn records stored for session `id`, and how many there are.

@@ -80,6 +80,18 @@ impl Harness {
             .unwrap()
     }
 
+    /// `GET path` on the gateway, as JSON (the admin API).
+    pub async fn get_json(&self, path: &str) -> Value {
+        self.client
+            .get(self.url(path))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
     /// The next finished turn (waits up to 5 s).
     pub async fn next_turn(&mut self) -> TurnEvent {
         tokio::time::timeout(Duration::from_secs(5), self.turns.recv())
