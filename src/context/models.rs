@@ -86,7 +86,13 @@ pub struct ModelTable {
     user_1m: Layer,
     shipped_1m: Layer,
     default_window: u64,
+    /// What [`ModelTable::decide`] found per model name: a lookup tries every glob of the table, and a gateway
+    /// sees a handful of names. Bounded: emptied when it holds [`MEMO_MAX`] names.
+    memo: parking_lot::Mutex<std::collections::HashMap<(Box<str>, bool), Option<(String, u64)>>>,
 }
+
+/// Most model names remembered by a table's memo.
+const MEMO_MAX: usize = 1024;
 
 impl ModelTable {
     /// A table of the user's `[models]` entries over the built-in ones; `Err` only if the embedded table is broken.
@@ -98,6 +104,7 @@ impl ModelTable {
             user_1m: Layer::new(user, true),
             shipped_1m: Layer::new(&shipped, true),
             default_window,
+            memo: parking_lot::Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -132,6 +139,21 @@ impl ModelTable {
         if model.len() > MAX_MODEL_LEN {
             return None;
         }
+        let key = (Box::<str>::from(model), one_million);
+        if let Some(found) = self.memo.lock().get(&key) {
+            return found.clone();
+        }
+        let found = self.look_up(model, one_million);
+        let mut memo = self.memo.lock();
+        if memo.len() >= MEMO_MAX {
+            memo.clear();
+        }
+        memo.insert(key, found.clone());
+        found
+    }
+
+    /// [`ModelTable::decide`] without the memo.
+    fn look_up(&self, model: &str, one_million: bool) -> Option<(String, u64)> {
         let (full, suffixed) = strip_1m(model);
         let full = full.to_lowercase();
         let bare = full.rsplit('/').next().unwrap_or_default();

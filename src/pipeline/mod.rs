@@ -148,7 +148,7 @@ async fn handle(
     }
     let draft = mark
         .as_ref()
-        .map(|m| TurnDraft::new(&live, &request, m, strategy, &outgoing));
+        .map(|m| TurnDraft::new(&request, m, strategy, &outgoing));
 
     // 5. Forward.
     let api = dialect.api();
@@ -316,7 +316,6 @@ enum Segments {
 
 impl TurnDraft {
     fn new(
-        live: &crate::app::Live,
         request: &Parsed,
         mark: &RequestMark,
         strategy: crate::config::Strategy,
@@ -379,16 +378,14 @@ impl TurnDraft {
                 tokens: turn_record::TurnTokens {
                     client,
                     sent: rw.map_or(client, |r| Some(r.record.tokens_after)),
-                    window: rw.map_or_else(
-                        || live.models.context_window(&request.model),
-                        |r| r.record.context_window,
-                    ),
+                    window: outgoing.window,
                     upstream_prompt: None,
                     output: None,
                 },
                 summary_upto: rw.map_or(0, |r| r.record.summary_upto),
                 recall_rounds: 0,
                 recall_calls: Vec::new(),
+                sent: Vec::new(),
             },
             segments,
             calls: Arc::new(parking_lot::Mutex::new(Vec::new())),
@@ -415,11 +412,11 @@ impl TurnDraft {
                 _ => Vec::new(),
             })
             .collect();
-        let segments = match self.segments {
+        info.sent = match self.segments {
             Segments::Ready(s) => s,
             Segments::Pending(task) => task.await.unwrap_or_default(),
         };
-        turn_record::to_json(&info, &segments)
+        turn_record::to_json(&info)
     }
 }
 

@@ -32,6 +32,8 @@ pub struct Outgoing {
     pub estimate: Option<u64>,
     /// Estimated (calibrated) tokens of the client's request, when counted.
     pub client_tokens: Option<u64>,
+    /// The model's context window, as the plan used it.
+    pub window: u64,
 }
 
 /// A rewritten request.
@@ -106,6 +108,7 @@ pub async fn plan_request(
         rewrite: None,
         estimate,
         client_tokens,
+        window: req.window,
     };
     // A request whose history the upstream keeps (or that asks the upstream to compact it) goes as sent.
     if !request.managed() || decide::clearly_under(&req, cfg) {
@@ -196,6 +199,7 @@ pub async fn plan_request(
         messages_close: rw.messages_close,
         estimate: Some(rw.estimate),
         client_tokens: Some(rw.record.tokens_before),
+        window: req.window,
         rewrite: Some(Rewritten {
             record: rw.record,
             pruned: rw.pruned,

@@ -186,6 +186,8 @@ pub struct TurnInfo {
     pub recall_rounds: usize,
     /// The recall and search calls it answered: name and arguments.
     pub recall_calls: Vec<Value>,
+    /// What was sent (filled when the turn ends).
+    pub sent: Vec<Segment>,
 }
 
 /// A turn's token counts.
@@ -205,15 +207,8 @@ pub struct TurnTokens {
 }
 
 /// The stored JSON of a turn.
-pub fn to_json(info: &TurnInfo, sent: &[Segment]) -> String {
-    let mut v = serde_json::to_value(info).unwrap_or(Value::Null);
-    if let Some(o) = v.as_object_mut() {
-        o.insert(
-            "sent".into(),
-            serde_json::to_value(sent).unwrap_or(Value::Null),
-        );
-    }
-    v.to_string()
+pub fn to_json(info: &TurnInfo) -> String {
+    serde_json::to_string(info).unwrap_or_else(|_| "null".into())
 }
 
 #[cfg(test)]
@@ -312,25 +307,23 @@ mod tests {
                 Segment::Nodes { from: 4, to: 6 }
             ]
         );
-        let stored: Value = serde_json::from_str(&to_json(
-            &TurnInfo {
-                at: 1,
-                model: "m".into(),
-                dialect: "chat",
-                stream: false,
-                status: 200,
-                strategy: "prune",
-                rewritten: true,
-                stages: vec![],
-                cuts: vec![],
-                head: "h".into(),
-                tokens: TurnTokens::default(),
-                summary_upto: 0,
-                recall_rounds: 0,
-                recall_calls: vec![],
-            },
-            &segments(&sent, &native),
-        ))
+        let stored: Value = serde_json::from_str(&to_json(&TurnInfo {
+            at: 1,
+            model: "m".into(),
+            dialect: "chat",
+            stream: false,
+            status: 200,
+            strategy: "prune",
+            rewritten: true,
+            stages: vec![],
+            cuts: vec![],
+            head: "h".into(),
+            tokens: TurnTokens::default(),
+            summary_upto: 0,
+            recall_rounds: 0,
+            recall_calls: vec![],
+            sent: segments(&sent, &native),
+        }))
         .unwrap();
         assert_eq!(
             stored["sent"],
