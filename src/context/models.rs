@@ -88,8 +88,11 @@ pub struct ModelTable {
     default_window: u64,
     /// What [`ModelTable::decide`] found per model name: a lookup tries every glob of the table, and a gateway
     /// sees a handful of names. Bounded: emptied when it holds [`MEMO_MAX`] names.
-    memo: parking_lot::Mutex<std::collections::HashMap<(Box<str>, bool), Option<(String, u64)>>>,
+    memo: parking_lot::Mutex<Memo>,
 }
+
+/// What [`ModelTable::decide`] found, by model name and whether the 1M window was asked for.
+type Memo = std::collections::HashMap<(Box<str>, bool), Option<(String, u64)>>;
 
 /// Most model names remembered by a table's memo.
 const MEMO_MAX: usize = 1024;
