@@ -574,10 +574,14 @@ async fn record_reply(
 ) {
     let reply = &outcome.reply;
     if !status.is_success() || reply.is_empty() {
+        // Written in the background: an error answer is not held back for a record of it.
         if let Some(turn) = turn {
-            if let Err(e) = state.sessions.record_turn(&mark.entry, turn).await {
-                tracing::warn!(error = %e, session = %mark.entry.id, "session: could not record the turn");
-            }
+            let (sessions, entry) = (state.sessions.clone(), mark.entry.clone());
+            state.tasks.spawn(async move {
+                if let Err(e) = sessions.record_turn(&entry, turn).await {
+                    tracing::warn!(error = %e, session = %entry.id, "session: could not record the turn");
+                }
+            });
         }
         return;
     }
