@@ -90,21 +90,6 @@ async fn chat(h: &Harness, session: &str, text: &str) -> String {
     sid
 }
 
-async fn metric(h: &Harness, series: &str) -> f64 {
-    let text = h
-        .client
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or(0.0)
-}
-
 #[tokio::test]
 async fn an_idle_session_is_posted_signed_retried_after_a_500_and_delivered_once() {
     let (rx, url) = Receiver::start(&[500]).await;
@@ -134,14 +119,16 @@ async fn an_idle_session_is_posted_signed_retried_after_a_500_and_delivered_once
     assert_eq!(header["session"]["id"], sid);
     assert!(text.contains("hello"));
     assert_eq!(
-        metric(&h, "ctxgate_hook_deliveries_total{outcome=\"delivered\"}").await,
+        h.metric("ctxgate_hook_deliveries_total{outcome=\"delivered\"}")
+            .await,
         1.0
     );
     assert_eq!(
-        metric(&h, "ctxgate_hook_deliveries_total{outcome=\"retried\"}").await,
+        h.metric("ctxgate_hook_deliveries_total{outcome=\"retried\"}")
+            .await,
         1.0
     );
-    assert_eq!(metric(&h, "ctxgate_hook_pending_deliveries").await, 0.0);
+    assert_eq!(h.metric("ctxgate_hook_pending_deliveries").await, 0.0);
 
     // Active again, then idle again: a new period, a new delivery.
     chat(&h, "idle-1", "hello again").await;
@@ -163,7 +150,8 @@ async fn a_refusal_is_not_retried() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(rx.count(), 1);
     assert_eq!(
-        metric(&h, "ctxgate_hook_deliveries_total{outcome=\"failed\"}").await,
+        h.metric("ctxgate_hook_deliveries_total{outcome=\"failed\"}")
+            .await,
         1.0
     );
 }
@@ -186,13 +174,22 @@ async fn a_pending_delivery_survives_a_restart_and_is_delivered_once() {
     chat(&first, "idle-3", "remember this").await;
     // Wait until it was tried (and failed) at least once.
     for _ in 0..200 {
-        if metric(&first, "ctxgate_hook_deliveries_total{outcome=\"retried\"}").await >= 1.0 {
+        if first
+            .metric("ctxgate_hook_deliveries_total{outcome=\"retried\"}")
+            .await
+            >= 1.0
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(metric(&first, "ctxgate_hook_deliveries_total{outcome=\"retried\"}").await >= 1.0);
-    assert_eq!(metric(&first, "ctxgate_hook_pending_deliveries").await, 1.0);
+    assert!(
+        first
+            .metric("ctxgate_hook_deliveries_total{outcome=\"retried\"}")
+            .await
+            >= 1.0
+    );
+    assert_eq!(first.metric("ctxgate_hook_pending_deliveries").await, 1.0);
     first.stop().await;
     drop(first);
 

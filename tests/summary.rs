@@ -99,22 +99,6 @@ fn summaries(h: &Harness) -> Vec<Value> {
         .collect()
 }
 
-/// The value of one series in `/metrics` (0 when absent).
-async fn metric(h: &Harness, series: &str) -> f64 {
-    let text = h
-        .client
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or(0.0)
-}
-
 /// The summary records among a session's compression records.
 fn stored_summaries(v: &SessionView) -> Vec<&SummaryRecord> {
     v.compressions
@@ -271,7 +255,7 @@ async fn failed_slow_or_empty_summaries_fall_back_to_pruning() {
         let v = session(&h).await;
         assert!(stored_summaries(&v).is_empty());
         let series = format!("ctxgate_summarizer_calls_total{{outcome=\"{outcome}\"}}");
-        assert_eq!(metric(&h, &series).await, 1.0, "{series}");
+        assert_eq!(h.metric(&series).await, 1.0, "{series}");
     }
 }
 

@@ -80,6 +80,22 @@ impl Harness {
             .unwrap()
     }
 
+    /// The value of one series of `/metrics` (`name{labels}` exactly as exported; 0 when absent).
+    pub async fn metric(&self, series: &str) -> f64 {
+        let text = self
+            .client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0.0)
+    }
+
     /// `GET path` on the gateway, as JSON (the admin API).
     pub async fn get_json(&self, path: &str) -> Value {
         self.client
