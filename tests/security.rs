@@ -478,3 +478,32 @@ async fn absurd_models_are_refused_before_anything_is_sent() {
         json!({"model": "gpt-4o-2024-08-06", "messages": [{"role": "user", "content": "hi"}]});
     assert_eq!(h.post_chat(body.to_string()).await.status(), 200);
 }
+
+#[tokio::test]
+async fn every_admin_route_follows_the_loopback_rule_and_the_inspector_page_holds_no_data() {
+    // Listening on every interface without a token: the admin API is off, even for a loopback peer.
+    let h = Harness::start_with(|c| c.server.listen = "0.0.0.0:8787".into()).await;
+    let routes = [
+        (reqwest::Method::GET, "/admin/sessions?q=x"),
+        (reqwest::Method::GET, "/admin/sessions/x/turns"),
+        (reqwest::Method::GET, "/admin/sessions/x/export"),
+        (reqwest::Method::POST, "/admin/sessions/import"),
+        (reqwest::Method::PATCH, "/admin/sessions/x"),
+        (reqwest::Method::POST, "/admin/config/reload"),
+    ];
+    for (method, path) in &routes {
+        let r = h
+            .client
+            .request(method.clone(), h.url(path))
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "{method} {path}");
+    }
+    // The page is served (it is only HTML and script); what it shows comes from the refused API.
+    assert_eq!(
+        h.client.get(h.url("/ui/")).send().await.unwrap().status(),
+        200
+    );
+}
