@@ -397,8 +397,8 @@ fn compare_cmd(
 }
 
 /// Logs go to stderr through a writer thread, so a request never waits on the terminal or pipe (every line is
-/// kept: when the thread falls behind, logging waits rather than drops). The guard flushes what is queued when
-/// dropped, at exit.
+/// kept: when the thread falls behind, logging waits rather than drops). Colours only on a terminal (and not with
+/// `NO_COLOR`): a log file or collector gets plain text. The guard flushes what is queued when dropped, at exit.
 fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CTXGATE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -406,8 +406,12 @@ fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuar
         .lossy(false)
         .thread_name("ctxgate-log")
         .finish(std::io::stderr());
+    use std::io::IsTerminal;
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(writer);
     match format {
         LogFormat::Json => builder.json().init(),

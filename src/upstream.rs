@@ -3,6 +3,9 @@
 use crate::config::{AnthropicConfig, UpstreamConfig};
 use crate::error::GatewayError;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Headers that belong to one hop and are never forwarded (RFC 9110 §7.6.1), plus `host`.
@@ -23,6 +26,7 @@ const HOP_BY_HOP: &[&str] = &[
 #[derive(Clone, Debug)]
 pub struct Upstream {
     client: reqwest::Client,
+    urls: Arc<Mutex<HashMap<String, reqwest::Url>>>,
     base: String,
     api_key: Option<HeaderValue>,
     anthropic_base: String,
@@ -80,6 +84,7 @@ impl Upstream {
         };
         Ok(Self {
             client,
+            urls: Arc::default(),
             base: cfg.base_url.trim_end_matches('/').to_string(),
             api_key,
             anthropic_base: anthropic.base_url.trim_end_matches('/').to_string(),
@@ -151,7 +156,12 @@ impl Upstream {
         headers: HeaderMap,
         body: reqwest::Body,
     ) -> Result<reqwest::Response, GatewayError> {
-        let req = self.client.request(method, url).headers(headers).body(body);
+        let req = match self.parsed(url) {
+            Some(url) => self.client.request(method, url),
+            // Not a URL: reqwest reports it as a request error.
+            None => self.client.request(method, url),
+        };
+        let req = req.headers(headers).body(body);
         match tokio::time::timeout(self.timeout, req.send()).await {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(e)) => Err(map_reqwest_error(&e, self.timeout)),
@@ -159,6 +169,26 @@ impl Upstream {
         }
     }
 }
+
+impl Upstream {
+    /// `url` parsed, from a memo of the URLs sent to lately (a gateway sends to a handful of paths; parsing one
+    /// costs more than the rest of building the request). `None` when it does not parse.
+    fn parsed(&self, url: &str) -> Option<reqwest::Url> {
+        if let Some(u) = self.urls.lock().get(url) {
+            return Some(u.clone());
+        }
+        let parsed = reqwest::Url::parse(url).ok()?;
+        let mut urls = self.urls.lock();
+        if urls.len() >= URLS_MAX {
+            urls.clear();
+        }
+        urls.insert(url.to_string(), parsed.clone());
+        Some(parsed)
+    }
+}
+
+/// Most parsed URLs remembered; the memo starts over when it is full.
+const URLS_MAX: usize = 1024;
 
 /// Maps a client error to 502 or 504, without the URL (which could carry secrets in a query).
 pub fn map_reqwest_error(e: &reqwest::Error, timeout: Duration) -> GatewayError {
@@ -228,6 +258,21 @@ mod tests {
             u.url("/files/f1/content", Some("a=1&b=2")),
             "http://u.example/v1/files/f1/content?a=1&b=2"
         );
+    }
+
+    #[test]
+    fn parsed_urls_are_remembered_and_bounded() {
+        let u = up(None);
+        let url = u.url("chat/completions", None);
+        let first = u.parsed(&url).unwrap();
+        assert_eq!(first.as_str(), "http://u.example/v1/chat/completions");
+        assert_eq!(u.parsed(&url).unwrap(), first);
+        assert!(u.parsed("not a url").is_none());
+        for i in 0..URLS_MAX + 5 {
+            let url = u.url(&format!("files/f{i}"), Some("x=1"));
+            assert_eq!(u.parsed(&url).unwrap().as_str(), url);
+            assert!(u.urls.lock().len() <= URLS_MAX);
+        }
     }
 
     #[test]

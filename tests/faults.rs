@@ -181,6 +181,50 @@ async fn an_upstream_that_never_sends_headers_gets_504() {
     held.abort();
 }
 
+/// A JSON answer longer than what the relay gathers before sending (1 MiB) is relayed on from there, whole, and
+/// recorded; one cut after that much is aborted like a short one.
+#[tokio::test]
+async fn a_json_answer_past_the_gathered_part_is_relayed_on_and_recorded() {
+    let mut h = Harness::start().await;
+    let long = "z".repeat(2 * 1024 * 1024);
+    let reply = MockReply::completion(&long);
+    let MockReply::Json { body: sent, .. } = &reply else {
+        unreachable!()
+    };
+    let sent = sent.clone();
+    h.mock.push(reply);
+    let resp = within(30, h.post_chat(body(false))).await;
+    let id = session(&h, &resp).await;
+    assert_eq!(
+        within(30, resp.bytes()).await.unwrap(),
+        sent,
+        "byte for byte"
+    );
+    let turn = h.next_turn().await;
+    assert!(turn.outcome.reply.complete);
+    let messages = view(&h, &id).await.messages;
+    assert_eq!(messages.len(), 2, "the reply is recorded");
+    assert_eq!(
+        messages[1]["content"].as_str().map(str::len),
+        Some(long.len())
+    );
+
+    let mut cut = b"{\"id\":\"x\",\"choices\":[{\"message\":{\"content\":\"".to_vec();
+    cut.extend(std::iter::repeat_n(b'q', 1536 * 1024));
+    h.mock.push(MockReply::Broken {
+        content_type: "application/json".into(),
+        chunks: vec![(Duration::ZERO, Bytes::from(cut))],
+    });
+    let resp = within(10, h.post_chat(body(false))).await;
+    assert_eq!(resp.status(), 200);
+    assert!(
+        within(10, resp.bytes()).await.is_err(),
+        "the body is cut, not ended"
+    );
+    let turn = h.next_turn().await;
+    assert!(turn.outcome.reply.is_empty() && !turn.outcome.reply.complete);
+}
+
 /// A body over the tap's bound is relayed whole but neither assembled nor recorded.
 #[tokio::test]
 async fn a_huge_json_body_is_relayed_whole_and_not_recorded() {

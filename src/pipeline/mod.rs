@@ -254,6 +254,7 @@ async fn handle(
         session.as_ref(),
         turn.finisher(outgoing.estimate),
     )
+    .await
 }
 
 /// Reconciles the request with the session's stored history and returns where its messages landed; `None` (the

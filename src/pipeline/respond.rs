@@ -16,9 +16,12 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use serde_json::{Map, Value};
 use std::time::Instant;
 
-/// The upstream's answer, relayed as it arrives (the tap beside it assembles the reply and `finisher` ends the
-/// turn). Its own `content-length` stays: the bytes are the upstream's.
-pub(super) fn relayed(
+/// The upstream's answer, relayed through the tap (which assembles the reply; `finisher` ends the turn). A stream
+/// goes out as it arrives; a JSON answer, of no use to a client before its end, is gathered first (up to
+/// [`GATHER_MAX`]; a longer one is relayed on from there) so that it leaves with its head in one write. Its own
+/// `content-length` stays: the bytes are the upstream's. A body that breaks is relayed as far as it came, then the
+/// connection is aborted, as when relayed chunk by chunk.
+pub(super) async fn relayed(
     state: &AppState,
     dialect: Dialect,
     resp: reqwest::Response,
@@ -27,16 +30,47 @@ pub(super) fn relayed(
     finisher: Finisher,
 ) -> Response {
     let builder = head(resp.status(), resp.headers(), true, session);
-    let body = relay::relay(
+    let mut body = relay::relay(
         resp.bytes_stream().boxed(),
         dialect,
         is_sse,
         state.upstream.timeout(),
         state.tasks.clone(),
         finisher,
-    );
-    finish(builder, Body::from_stream(body))
+    )
+    .boxed();
+    if is_sse {
+        return finish(builder, Body::from_stream(body));
+    }
+    let mut got: Vec<bytes::Bytes> = Vec::new();
+    let mut size = 0;
+    while size <= GATHER_MAX {
+        match body.next().await {
+            Some(Ok(b)) => {
+                size += b.len();
+                got.push(b);
+            }
+            None if got.len() <= 1 => {
+                return finish(builder, Body::from(got.pop().unwrap_or_default()))
+            }
+            None => return finish(builder, Body::from(got.concat())),
+            Some(Err(e)) => {
+                // The error after one pending poll: the server writes the head and what came before it aborts.
+                let so_far = futures_util::stream::iter(got.into_iter().map(Ok));
+                let abort = futures_util::stream::once(async {
+                    tokio::task::yield_now().await;
+                    Err(e)
+                });
+                return finish(builder, Body::from_stream(so_far.chain(abort)));
+            }
+        }
+    }
+    let so_far = futures_util::stream::iter(got.into_iter().map(Ok));
+    finish(builder, Body::from_stream(so_far.chain(body)))
 }
+
+/// Most bytes of a JSON answer gathered before it is sent (1 MiB: any completion a client waits for whole).
+const GATHER_MAX: usize = 1024 * 1024;
 
 /// The answer after ctxgate's recall rounds: a stream spliced from every round (under the first answer's head),
 /// or the last round's JSON answer. The length is the rounds', so no upstream `content-length` is copied.

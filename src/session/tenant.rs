@@ -5,10 +5,13 @@
 use crate::config::{StoreBackend, StoreConfig};
 use hmac::{Hmac, Mac};
 use http::HeaderMap;
+use parking_lot::Mutex;
 use sha2::Sha256;
+use std::collections::HashMap;
 use std::fmt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The headers that authenticate a caller, in the fixed order they are hashed: OpenAI's `authorization`,
 /// Anthropic's `x-api-key`, Azure OpenAI's `api-key`, Google's `x-goog-api-key`.
@@ -25,11 +28,17 @@ pub const SECRET_FILE: &str = "ctxgate.secret";
 /// Bytes of secret.
 const SECRET_LEN: usize = 32;
 
-/// The per-install secret that keys tenant hashes (held as the HMAC state it keys).
+/// The per-install secret that keys tenant hashes (held as the HMAC state it keys), with the tenants of the
+/// credentials seen lately: a caller sends the same key on every request, and its HMAC is then a map lookup.
 #[derive(Clone)]
 pub struct TenantKey {
     mac: Hmac<Sha256>,
+    seen: Arc<Mutex<HashMap<Box<[u8]>, String>>>,
 }
+
+/// Most credential sets whose tenant is remembered; the memo starts over when it is full. Process memory only:
+/// credentials are never stored, logged or exported.
+const SEEN_MAX: usize = 4096;
 
 impl fmt::Debug for TenantKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -65,7 +74,10 @@ impl TenantKey {
         // HMAC takes keys of any length; the error cannot happen, but is not unwrapped.
         let mac =
             Hmac::<Sha256>::new_from_slice(&secret).map_err(|e| SecretError::Key(e.to_string()))?;
-        Ok(TenantKey { mac })
+        Ok(TenantKey {
+            mac,
+            seen: Arc::default(),
+        })
     }
 
     /// A fresh random key.
@@ -131,22 +143,31 @@ impl TenantKey {
     /// The tenant of a request: `HMAC-SHA256(secret, credentials)` in hex over every [`CREDENTIAL_HEADERS`]
     /// value present (name and value, in that fixed order), or [`ANONYMOUS`] when there is none.
     pub fn tenant(&self, headers: &HeaderMap) -> String {
-        let mut mac = self.mac.clone();
-        let mut any = false;
+        // Length-prefixed fields: no two different header sets hash the same input.
+        let mut input = Vec::new();
         for name in CREDENTIAL_HEADERS {
             for value in headers.get_all(*name) {
-                any = true;
-                // Length-prefixed fields: no two different header sets hash the same input.
                 for field in [name.as_bytes(), value.as_bytes()] {
-                    mac.update(&(field.len() as u64).to_be_bytes());
-                    mac.update(field);
+                    input.extend_from_slice(&(field.len() as u64).to_be_bytes());
+                    input.extend_from_slice(field);
                 }
             }
         }
-        if !any {
+        if input.is_empty() {
             return ANONYMOUS.to_string();
         }
-        hex::encode(mac.finalize().into_bytes())
+        if let Some(t) = self.seen.lock().get(input.as_slice()) {
+            return t.clone();
+        }
+        let mut mac = self.mac.clone();
+        mac.update(&input);
+        let tenant = hex::encode(mac.finalize().into_bytes());
+        let mut seen = self.seen.lock();
+        if seen.len() >= SEEN_MAX {
+            seen.clear();
+        }
+        seen.insert(input.into_boxed_slice(), tenant.clone());
+        tenant
     }
 }
 
@@ -316,6 +337,33 @@ mod tests {
                 ("x-api-key", "z")
             ]))
         );
+    }
+
+    #[test]
+    fn remembered_tenants_are_the_computed_ones_and_the_memo_is_bounded() {
+        let warm = TenantKey::from_bytes([9; 32]).unwrap();
+        for i in 0..SEEN_MAX + 10 {
+            let h = headers(&[("authorization", &format!("Bearer sk-{i}"))]);
+            let first = warm.tenant(&h);
+            assert_eq!(first, warm.tenant(&h), "a remembered tenant is the same");
+            let cold = TenantKey::from_bytes([9; 32]).unwrap();
+            if i % 997 == 0 {
+                assert_eq!(
+                    first,
+                    cold.tenant(&h),
+                    "the memo does not change the answer"
+                );
+            }
+            assert!(warm.seen.lock().len() <= SEEN_MAX);
+        }
+        // a clone shares the memo; another secret has its own
+        let h = headers(&[("x-api-key", "k")]);
+        let t = warm.clone().tenant(&h);
+        assert!(warm
+            .seen
+            .lock()
+            .contains_key(b"\0\0\0\0\0\0\0\tx-api-key\0\0\0\0\0\0\0\x01k".as_slice()));
+        assert_ne!(t, TenantKey::from_bytes([8; 32]).unwrap().tenant(&h));
     }
 
     #[test]

@@ -148,31 +148,39 @@ impl MessageAssembler {
 
     /// Parses a whole (non-streaming) chat.completion body.
     pub fn from_completion_body(body: &[u8]) -> AssembledReply {
-        let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        let Ok(Value::Object(mut v)) = serde_json::from_slice::<Value>(body) else {
             return AssembledReply::default();
         };
-        if let Some(err) = v.get("error") {
+        if let Some(err) = v.remove("error") {
             return AssembledReply {
-                error: Some(err.clone()),
+                error: Some(err),
                 ..Default::default()
             };
         }
-        let choice = v
-            .get("choices")
-            .and_then(Value::as_array)
-            .and_then(|c| c.first());
+        // Taken out of the parsed body, not copied.
+        let mut choice = match v.remove("choices") {
+            Some(Value::Array(c)) => c.into_iter().next(),
+            _ => None,
+        };
+        let string = |v: Option<Value>| match v {
+            Some(Value::String(s)) => Some(s),
+            _ => None,
+        };
         AssembledReply {
             message: choice
-                .and_then(|c| c.get("message"))
-                .cloned()
+                .as_mut()
+                .and_then(|c| c.get_mut("message"))
+                .map(Value::take)
                 .unwrap_or(Value::Null),
-            finish_reason: choice
-                .and_then(|c| c.get("finish_reason"))
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            usage: v.get("usage").filter(|u| u.is_object()).cloned(),
-            id: v.get("id").and_then(Value::as_str).map(str::to_string),
-            model: v.get("model").and_then(Value::as_str).map(str::to_string),
+            finish_reason: string(
+                choice
+                    .as_mut()
+                    .and_then(|c| c.get_mut("finish_reason"))
+                    .map(Value::take),
+            ),
+            usage: v.remove("usage").filter(|u| u.is_object()),
+            id: string(v.remove("id")),
+            model: string(v.remove("model")),
             error: None,
             complete: choice.is_some(),
             chunks: 0,

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 /// Most commands applied in one transaction.
 pub(super) const GROUP: usize = 256;
+/// Longest a group waits for more batches under concurrent load.
+const LINGER: Duration = Duration::from_micros(100);
 /// First wait before retrying batches that failed for a transient reason; doubled up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_millis(50);
 /// Longest wait between retries.
@@ -32,6 +34,8 @@ pub(super) struct Worker {
     barriers: Vec<Reply<()>>,
     retry_at: Option<Instant>,
     backoff: Duration,
+    /// Batches in the last group committed.
+    last_group: usize,
 }
 
 impl Worker {
@@ -43,6 +47,7 @@ impl Worker {
             barriers: Vec::new(),
             retry_at: None,
             backoff: RETRY_FIRST,
+            last_group: 0,
         }
     }
 
@@ -66,13 +71,22 @@ impl Worker {
                 writes.append(&mut self.retry);
             }
             let mut next = first;
-            // Group commit: take every write already queued (up to GROUP) into one transaction.
+            // Group commit: take every write already queued (up to GROUP) into one transaction. Under concurrent
+            // load (the last group had several batches) wait a moment for the next batch when none is queued: a
+            // commit costs as much as several batches, and the callers are waiting for it anyway.
+            let linger = (self.last_group > 1).then(|| Instant::now() + LINGER);
             while let Some(cmd) = next.take() {
                 match cmd {
                     Cmd::Write(ops, reply) => {
                         writes.push(Batch { ops, reply });
                         if writes.len() < GROUP {
-                            next = rx.try_recv().ok();
+                            next = match rx.try_recv() {
+                                Ok(c) => Some(c),
+                                Err(_) => linger.and_then(|until| {
+                                    rx.recv_timeout(until.saturating_duration_since(Instant::now()))
+                                        .ok()
+                                }),
+                            };
                         }
                     }
                     other => {
@@ -83,6 +97,7 @@ impl Worker {
                     }
                 }
             }
+            self.last_group = writes.len();
             self.commit_group(writes);
         }
         self.shut_down();
