@@ -7,7 +7,7 @@
 use crate::dialect::{Assemble, AssembledReply, Dialect};
 use crate::error::GatewayError;
 use crate::sse::SseParser;
-use crate::upstream::map_reqwest_error;
+use crate::upstream::{map_client_error, BodyError};
 use bytes::{Bytes, BytesMut};
 use futures_util::future::BoxFuture;
 use futures_util::stream::{BoxStream, Stream, StreamExt};
@@ -122,7 +122,7 @@ pub fn error_event(err: &GatewayError, mid_event: bool) -> Bytes {
 }
 
 struct Relay {
-    upstream: BoxStream<'static, Result<Bytes, reqwest::Error>>,
+    upstream: BoxStream<'static, Result<Bytes, BodyError>>,
     dialect: Dialect,
     tap: Tap,
     finisher: Option<Finisher>,
@@ -187,7 +187,7 @@ impl Relay {
                     self.finish(None).await;
                 }
                 Ok(Some(Err(e))) => {
-                    let err = map_reqwest_error(&e, self.idle);
+                    let err = map_client_error(&e, self.idle);
                     return Some(self.fail(err).await);
                 }
                 Err(_) => {
@@ -235,7 +235,7 @@ impl Drop for Relay {
 /// stream drops the upstream response (its connection is closed at once) and runs the finisher with the partial
 /// reply. Finishers run on `tasks`, so that shutdown can wait for them.
 pub fn relay(
-    upstream: BoxStream<'static, Result<Bytes, reqwest::Error>>,
+    upstream: BoxStream<'static, Result<Bytes, BodyError>>,
     dialect: Dialect,
     sse: bool,
     idle: Duration,
@@ -271,7 +271,7 @@ pub fn relay(
 
 /// Relays a passthrough body with the same idle timeout and no tap.
 pub fn passthrough(
-    upstream: BoxStream<'static, Result<Bytes, reqwest::Error>>,
+    upstream: BoxStream<'static, Result<Bytes, BodyError>>,
     idle: Duration,
 ) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
     futures_util::stream::unfold(Some(upstream), move |s| async move {

@@ -1,10 +1,16 @@
-//! The one HTTP client towards the LLM API: URL mapping, header filtering, timeouts and error mapping.
+//! The one HTTP client towards the LLM API (hyper's pooled client over rustls: HTTP/1.1, and HTTP/2 where TLS
+//! offers it): URL mapping, header filtering, timeouts and error mapping.
 
 use crate::config::{AnthropicConfig, UpstreamConfig};
 use crate::error::GatewayError;
+use axum::body::Body;
+use bytes::Bytes;
+use futures_util::stream::{BoxStream, StreamExt};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use parking_lot::Mutex;
-use std::collections::HashMap;
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,11 +28,13 @@ const HOP_BY_HOP: &[&str] = &[
     "host",
 ];
 
+/// The client: pooled keep-alive connections, TLS by rustls with the webpki roots.
+type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Body>;
+
 /// The upstream LLM API.
 #[derive(Clone, Debug)]
 pub struct Upstream {
-    client: reqwest::Client,
-    urls: Arc<Mutex<HashMap<String, reqwest::Url>>>,
+    client: HttpClient,
     base: String,
     api_key: Option<HeaderValue>,
     anthropic_base: String,
@@ -60,16 +68,34 @@ impl Api {
 }
 
 impl Upstream {
-    /// Builds the client: rustls, no decompression, no system proxy, no redirects, `TCP_NODELAY`.
+    /// Builds the client: rustls (webpki roots, HTTP/2 offered by ALPN), no decompression, no proxy, no redirects,
+    /// `TCP_NODELAY`, idle connections kept 90 s.
     pub fn new(cfg: &UpstreamConfig, anthropic: &AnthropicConfig) -> Result<Self, GatewayError> {
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .tcp_nodelay(true)
-            .connect_timeout(Duration::from_secs(cfg.connect_timeout_secs))
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(Duration::from_secs(cfg.connect_timeout_secs)));
+        let roots = rustls::RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        };
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| GatewayError::Internal(format!("cannot build HTTP client: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
-            .build()
-            .map_err(|e| GatewayError::Internal(format!("cannot build HTTP client: {e}")))?;
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(https);
         let api_key = match &cfg.api_key {
             Some(k) => Some(HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| {
                 GatewayError::Internal("upstream.api_key is not a valid header value".into())
@@ -84,7 +110,6 @@ impl Upstream {
         };
         Ok(Self {
             client,
-            urls: Arc::default(),
             base: cfg.base_url.trim_end_matches('/').to_string(),
             api_key,
             anthropic_base: anthropic.base_url.trim_end_matches('/').to_string(),
@@ -154,63 +179,92 @@ impl Upstream {
         method: http::Method,
         url: &str,
         headers: HeaderMap,
-        body: reqwest::Body,
-    ) -> Result<reqwest::Response, GatewayError> {
-        let req = match self.parsed(url) {
-            Some(url) => self.client.request(method, url),
-            // Not a URL: reqwest reports it as a request error.
-            None => self.client.request(method, url),
-        };
-        let req = req.headers(headers).body(body);
-        match tokio::time::timeout(self.timeout, req.send()).await {
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(map_reqwest_error(&e, self.timeout)),
+        body: Body,
+    ) -> Result<UpstreamResponse, GatewayError> {
+        let uri: http::Uri = url.parse().map_err(|_| {
+            GatewayError::UpstreamUnreachable("request failed: not a valid URL".into())
+        })?;
+        let mut req = http::Request::new(body);
+        *req.method_mut() = method;
+        *req.uri_mut() = uri;
+        *req.headers_mut() = headers;
+        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Ok(Ok(resp)) => Ok(UpstreamResponse(resp)),
+            Ok(Err(e)) => Err(map_client_error(&e, self.timeout)),
             Err(_) => Err(GatewayError::UpstreamTimeout(self.timeout.as_secs())),
         }
     }
 }
 
-impl Upstream {
-    /// `url` parsed, from a memo of the URLs sent to lately (a gateway sends to a handful of paths; parsing one
-    /// costs more than the rest of building the request). `None` when it does not parse.
-    fn parsed(&self, url: &str) -> Option<reqwest::Url> {
-        if let Some(u) = self.urls.lock().get(url) {
-            return Some(u.clone());
-        }
-        let parsed = reqwest::Url::parse(url).ok()?;
-        let mut urls = self.urls.lock();
-        if urls.len() >= URLS_MAX {
-            urls.clear();
-        }
-        urls.insert(url.to_string(), parsed.clone());
-        Some(parsed)
+/// An upstream's answer: its head, and a body still to be read.
+#[derive(Debug)]
+pub struct UpstreamResponse(http::Response<hyper::body::Incoming>);
+
+/// Why an upstream body could not be read to its end.
+pub type BodyError = hyper::Error;
+
+impl UpstreamResponse {
+    /// The status.
+    pub fn status(&self) -> http::StatusCode {
+        self.0.status()
+    }
+
+    /// The headers.
+    pub fn headers(&self) -> &HeaderMap {
+        self.0.headers()
+    }
+
+    /// The body's bytes as they arrive (trailers skipped).
+    pub fn bytes_stream(self) -> BoxStream<'static, Result<Bytes, BodyError>> {
+        futures_util::stream::unfold(self.0.into_body(), |mut body| async move {
+            loop {
+                match body.frame().await? {
+                    Ok(frame) => {
+                        if let Ok(data) = frame.into_data() {
+                            return Some((Ok(data), body));
+                        }
+                    }
+                    Err(e) => return Some((Err(e), body)),
+                }
+            }
+        })
+        .boxed()
+    }
+
+    /// The whole body.
+    pub async fn bytes(self) -> Result<Bytes, BodyError> {
+        Ok(self.0.into_body().collect().await?.to_bytes())
     }
 }
 
-/// Most parsed URLs remembered; the memo starts over when it is full.
-const URLS_MAX: usize = 1024;
-
-/// Maps a client error to 502 or 504, without the URL (which could carry secrets in a query).
-pub fn map_reqwest_error(e: &reqwest::Error, timeout: Duration) -> GatewayError {
-    if e.is_timeout() {
-        return GatewayError::UpstreamTimeout(timeout.as_secs());
-    }
-    let kind = if e.is_connect() {
-        "connection failed"
-    } else if e.is_request() {
-        "request failed"
-    } else if e.is_body() {
-        "body transfer failed"
-    } else {
-        "protocol error"
-    };
-    let mut msg = kind.to_string();
-    let mut src = std::error::Error::source(e);
+/// Maps a client error to 502 or 504, without the URL (which could carry secrets in a query): the kind of failure
+/// and its innermost cause ("Connection refused", "connection reset").
+pub fn map_client_error(e: &(dyn std::error::Error + 'static), timeout: Duration) -> GatewayError {
+    let mut connect = false;
+    let mut innermost = e;
+    let mut src = Some(e);
     while let Some(s) = src {
-        msg = format!("{kind}: {s}");
+        if s.downcast_ref::<hyper_util::client::legacy::Error>()
+            .is_some_and(|c| c.is_connect())
+        {
+            connect = true;
+        }
+        if s.downcast_ref::<hyper::Error>()
+            .is_some_and(|h| h.is_timeout())
+        {
+            return GatewayError::UpstreamTimeout(timeout.as_secs());
+        }
+        innermost = s;
         src = s.source();
     }
-    GatewayError::UpstreamUnreachable(msg)
+    let kind = if connect {
+        "connection failed"
+    } else if e.downcast_ref::<hyper::Error>().is_some() {
+        "body transfer failed"
+    } else {
+        "request failed"
+    };
+    GatewayError::UpstreamUnreachable(format!("{kind}: {innermost}"))
 }
 
 /// Removes hop-by-hop headers, including those the `Connection` header names.
@@ -258,21 +312,6 @@ mod tests {
             u.url("/files/f1/content", Some("a=1&b=2")),
             "http://u.example/v1/files/f1/content?a=1&b=2"
         );
-    }
-
-    #[test]
-    fn parsed_urls_are_remembered_and_bounded() {
-        let u = up(None);
-        let url = u.url("chat/completions", None);
-        let first = u.parsed(&url).unwrap();
-        assert_eq!(first.as_str(), "http://u.example/v1/chat/completions");
-        assert_eq!(u.parsed(&url).unwrap(), first);
-        assert!(u.parsed("not a url").is_none());
-        for i in 0..URLS_MAX + 5 {
-            let url = u.url(&format!("files/f{i}"), Some("x=1"));
-            assert_eq!(u.parsed(&url).unwrap().as_str(), url);
-            assert!(u.urls.lock().len() <= URLS_MAX);
-        }
     }
 
     #[test]

@@ -24,7 +24,7 @@ use std::time::Instant;
 pub(super) async fn relayed(
     state: &AppState,
     dialect: Dialect,
-    resp: reqwest::Response,
+    resp: crate::upstream::UpstreamResponse,
     is_sse: bool,
     session: Option<&SessionIdentity>,
     finisher: Finisher,
@@ -77,7 +77,7 @@ const GATHER_MAX: usize = 1024 * 1024;
 pub(super) async fn after_rounds(
     state: &AppState,
     rounds: Rounds,
-    first: reqwest::Response,
+    first: crate::upstream::UpstreamResponse,
     is_sse: bool,
     client_body: &Map<String, Value>,
     session: Option<&SessionIdentity>,

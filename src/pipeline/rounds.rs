@@ -11,7 +11,7 @@ use crate::metrics::{RecallOutcome, RecallTool};
 use crate::recall::{answer_call_with_outcome, Answered, HistorySource, InjectedNames};
 use crate::relay::{Finisher, RelayOutcome};
 use crate::sse::SseParser;
-use crate::upstream::map_reqwest_error;
+use crate::upstream::{map_client_error, UpstreamResponse};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, Method};
@@ -116,7 +116,7 @@ impl Rounds {
     /// The next round's request (built now, so the future holds no borrow of `self`).
     fn send(
         &self,
-    ) -> impl std::future::Future<Output = Result<reqwest::Response, GatewayError>> + Send + 'static
+    ) -> impl std::future::Future<Output = Result<UpstreamResponse, GatewayError>> + Send + 'static
     {
         let body = self.next_body();
         let (state, url, headers) = (self.state.clone(), self.url.clone(), self.headers.clone());
@@ -130,7 +130,7 @@ impl Rounds {
 
     /// Non-streaming: reads each answer whole; returns the final body (and the status and headers of the round it
     /// came from). `first` is the first round's successful response.
-    pub async fn json(mut self, first: reqwest::Response) -> (http::StatusCode, HeaderMap, Bytes) {
+    pub async fn json(mut self, first: UpstreamResponse) -> (http::StatusCode, HeaderMap, Bytes) {
         let names = self.names();
         let max_rounds = self.live.config.recall.max_rounds;
         let (mut status, mut headers) = (first.status(), first.headers().clone());
@@ -219,7 +219,7 @@ impl Rounds {
     /// Streaming: relays every round into one client stream (see `StreamSplicer`). Returns the body stream.
     pub fn stream(
         self,
-        first: reqwest::Response,
+        first: UpstreamResponse,
         client_body: &Map<String, Value>,
     ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send {
         let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(32);
@@ -233,7 +233,7 @@ impl Rounds {
 
     async fn drive(
         mut self,
-        first: reqwest::Response,
+        first: UpstreamResponse,
         mut splicer: Box<dyn Splice>,
         tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
     ) {
@@ -251,7 +251,7 @@ impl Rounds {
                     Ok(Some(Ok(c))) => c,
                     Ok(None) => break,
                     Ok(Some(Err(e))) => {
-                        error = Some(map_reqwest_error(&e, idle));
+                        error = Some(map_client_error(&e, idle));
                         break;
                     }
                     Err(_) => {
@@ -352,11 +352,11 @@ impl Rounds {
 /// Awaits the next round's response, keeping the client's stream alive with `ping` (the dialect's keep-alive
 /// event, at once and every few seconds) while the upstream has not answered.
 async fn keep_alive(
-    send: impl std::future::Future<Output = Result<reqwest::Response, GatewayError>>,
+    send: impl std::future::Future<Output = Result<UpstreamResponse, GatewayError>>,
     ping: Option<Bytes>,
     tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
     bytes: &mut u64,
-) -> Result<reqwest::Response, GatewayError> {
+) -> Result<UpstreamResponse, GatewayError> {
     tokio::pin!(send);
     let Some(ping) = ping else {
         return send.await;
@@ -398,7 +398,7 @@ fn outcome(
     }
 }
 
-async fn read_body(r: reqwest::Response, idle: std::time::Duration) -> Result<Bytes, String> {
+async fn read_body(r: UpstreamResponse, idle: std::time::Duration) -> Result<Bytes, String> {
     let mut out = Vec::new();
     let mut s = r.bytes_stream();
     loop {

@@ -8,7 +8,7 @@ use crate::upstream::{strip_hop_by_hop, Api};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::StreamExt;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -45,7 +45,6 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
     let headers = state
         .upstream
         .request_headers_for(api, &parts.headers, false);
-    let body = reqwest::Body::wrap_stream(body.into_data_stream().map_err(std::io::Error::other));
     let path = parts.uri.path().to_string();
     timer.upstream_sent();
     let result = state
