@@ -9,6 +9,7 @@ pub mod context;
 pub mod dialect;
 pub mod error;
 pub mod hooks;
+pub mod logging;
 pub mod message;
 pub mod metrics;
 pub mod mock;

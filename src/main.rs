@@ -396,16 +396,15 @@ fn compare_cmd(
     Ok(())
 }
 
-/// Logs go to stderr through a writer thread, so a request never waits on the terminal or pipe (every line is
-/// kept: when the thread falls behind, logging waits rather than drops). Colours only on a terminal (and not with
-/// `NO_COLOR`): a log file or collector gets plain text. The guard flushes what is queued when dropped, at exit.
-fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
+/// Logs go to stderr through a writer thread that writes them in batches (see [`ctxgate::logging`]), so a request
+/// never waits on the terminal or pipe, and every line is kept: when the output falls behind, logging waits rather
+/// than drops. Colours only on a terminal (and not with `NO_COLOR`): a log file or collector gets plain text. The
+/// guard writes what is left when dropped, at exit.
+fn init_logging(format: LogFormat) -> anyhow::Result<ctxgate::logging::LogGuard> {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CTXGATE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .thread_name("ctxgate-log")
-        .finish(std::io::stderr());
+    let (writer, guard) = ctxgate::logging::sink(std::io::stderr(), "ctxgate-log")
+        .context("cannot start the log writer thread")?;
     use std::io::IsTerminal;
     let colour = std::io::stderr().is_terminal()
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
@@ -417,7 +416,7 @@ fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuar
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
     }
-    guard
+    Ok(guard)
 }
 
 fn main() -> anyhow::Result<()> {
@@ -462,7 +461,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 cfg.server.log_format = f;
             }
             cfg.validate()?;
-            let _log = init_logging(cfg.server.log_format);
+            let _log = init_logging(cfg.server.log_format)?;
             let addr = cfg.listen_addr()?;
             let upstream_url = cfg.upstream.base_url.clone();
             let state = ctxgate::app::AppState::new(cfg)?;
@@ -540,7 +539,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::MockUpstream { listen } => {
-            let _log = init_logging(LogFormat::Text);
+            let _log = init_logging(LogFormat::Text)?;
             let addr = listen
                 .parse()
                 .with_context(|| format!("bad address {listen}"))?;

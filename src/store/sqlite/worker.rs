@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 /// Most commands applied in one transaction.
 pub(super) const GROUP: usize = 256;
 /// Longest a group waits for more batches under concurrent load.
-const LINGER: Duration = Duration::from_micros(100);
+const LINGER: Duration = Duration::from_micros(500);
 /// First wait before retrying batches that failed for a transient reason; doubled up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_millis(50);
 /// Longest wait between retries.
