@@ -148,6 +148,8 @@ impl SqliteStore {
         check_integrity(&conn, path)?;
         conn.execute_batch(SCHEMA).map_err(err)?;
         migrate(&conn).map_err(err)?;
+        // Room for every statement the worker caches (a dozen), so none is parsed again.
+        conn.set_prepared_statement_cache_capacity(32);
         let (tx, rx) = mpsc::sync_channel::<Cmd>(queue_capacity.max(1));
         let worker_metrics = metrics.clone();
         std::thread::Builder::new()

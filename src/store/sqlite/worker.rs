@@ -340,30 +340,46 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<(), rusqlite::Error> {
             ])?;
         }
         WriteOp::Turn { session, turn } => {
+            // The next number first, on its own: an INSERT … SELECT reading the table it writes goes through a
+            // temporary table.
+            let seq = next_seq(
+                conn,
+                "SELECT COALESCE(MAX(seq), 0) + 1 FROM turns WHERE session_id = ?1",
+                session,
+            )?;
             conn.prepare_cached(
                 "INSERT INTO turns (session_id, seq, turn)
-                 SELECT ?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM turns WHERE session_id = ?1), ?2
-                 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?1)",
+                 SELECT ?1, ?3, ?2 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?1)",
             )?
-            .execute(params![session, turn])?;
+            .execute(params![session, turn, seq])?;
         }
         WriteOp::Record {
             session,
             created_at,
             record,
         } => {
+            let seq = next_seq(
+                conn,
+                "SELECT COALESCE(MAX(seq), 0) + 1 FROM records WHERE session_id = ?1",
+                session,
+            )?;
             conn.prepare_cached(
                 "INSERT INTO records (session_id, seq, kind, created_at, record)
-                 SELECT ?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM records WHERE session_id = ?1), ?2, ?3, ?4
-                 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?1)",
+                 SELECT ?1, ?5, ?2, ?3, ?4 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?1)",
             )?
             .execute(params![
                 session,
                 record.kind().as_str(),
                 created_at,
-                record.to_json()
+                record.to_json(),
+                seq
             ])?;
         }
     }
     Ok(())
+}
+
+/// The next sequence number of a session's rows, by `sql` (a cached statement).
+fn next_seq(conn: &Connection, sql: &str, session: &str) -> Result<i64, rusqlite::Error> {
+    conn.prepare_cached(sql)?.query_row([session], |r| r.get(0))
 }
