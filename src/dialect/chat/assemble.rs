@@ -301,7 +301,6 @@ fn merge_function(acc: &mut ToolCallAcc, f: &Value) {
     }
 }
 
-
 /// The fields of a chat.completion body that a reply is made of; the rest is skipped unparsed.
 #[derive(serde::Deserialize)]
 struct Completion {

@@ -4,6 +4,9 @@
 //! Nothing is dropped: when the buffer is full (the output cannot keep up) a line waits for room. Dropping the
 //! [`LogGuard`] writes what is left and stops the thread.
 
+mod fields;
+
+pub use fields::PlainFields;
 use parking_lot::{Condvar, Mutex};
 use std::io::Write;
 use std::sync::Arc;
