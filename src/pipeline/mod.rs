@@ -21,7 +21,7 @@ use crate::app::{AppState, TurnEvent};
 use crate::dialect::{Dialect, Request as Parsed};
 use crate::error::GatewayError;
 use crate::metrics::{RejectReason, RequestTimer, Route};
-use crate::recall::HistorySource;
+use crate::recall::{HistorySource, LazyHistory};
 use crate::relay::{self, RelayOutcome};
 use crate::session::manager::now_secs;
 use crate::session::tree::raw_item_hashes;
@@ -79,10 +79,10 @@ async fn handle(
     };
     // 2. Parse, keeping every field and its order; refuse what is not a request of the dialect (or names no
     //    strategy).
-    let request = match dialect.parse(raw) {
+    let request = Arc::new(match dialect.parse(raw) {
         Ok(c) => c,
         Err(e) => return own_error(dialect, e, None, started, false, ""),
-    };
+    });
     if let Some(t) = timer.as_mut() {
         t.set_stream(request.stream);
     }
@@ -222,7 +222,11 @@ async fn handle(
                 .with_tree(|t| t.nodes().map(|n| (n.position, n.message.clone())).collect()),
             None => Vec::new(),
         };
-        let source = HistorySource::from_parts(request.messages(), dialect.neutral_history(stored));
+        // Built only if the model calls one of the tools.
+        let of = Arc::clone(&request);
+        let source = LazyHistory::new(move || {
+            HistorySource::from_parts(of.messages(), dialect.neutral_history(stored))
+        });
         let rounds = rounds::Rounds {
             state: state.clone(),
             live: live.clone(),
@@ -315,9 +319,18 @@ enum Segments {
     Pending(tokio::task::JoinHandle<Vec<turn_record::Segment>>),
 }
 
+/// A conversation field as an array of elements: none when absent, the value itself when not an array.
+fn conversation_array(v: Option<&Value>) -> std::borrow::Cow<'_, [Value]> {
+    match v {
+        Some(Value::Array(a)) => a.as_slice().into(),
+        None | Some(Value::Null) => Vec::new().into(),
+        Some(other) => vec![other.clone()].into(),
+    }
+}
+
 impl TurnDraft {
     fn new(
-        request: &Parsed,
+        request: &Arc<Parsed>,
         mark: &RequestMark,
         strategy: crate::config::Strategy,
         outgoing: &Outgoing,
@@ -344,20 +357,17 @@ impl TurnDraft {
                 &resent,
             )),
             Some(_) => {
-                let (raw, sent, key) = (
-                    request.raw.clone(),
+                // The client's elements are the parsed request's; only what was sent is parsed (again).
+                let (client, sent, key) = (
+                    Arc::clone(request),
                     outgoing.body.clone(),
                     request.dialect.conversation_key(),
                 );
                 Segments::Pending(tokio::spawn(async move {
-                    let array = |b: &[u8]| -> Vec<Value> {
-                        match serde_json::from_slice::<Value>(b).map(|mut v| v[key].take()) {
-                            Ok(Value::Array(a)) => a,
-                            Ok(Value::Null) | Err(_) => Vec::new(),
-                            Ok(other) => vec![other],
-                        }
-                    };
-                    let segments = turn_record::segments(&array(&sent), &array(&raw));
+                    let sent = serde_json::from_slice::<Value>(&sent).ok();
+                    let sent = conversation_array(sent.as_ref().and_then(|v| v.get(key)));
+                    let segments =
+                        turn_record::segments(&sent, &conversation_array(client.body.get(key)));
                     turn_record::with_resent(segments, &resent)
                 }))
             }

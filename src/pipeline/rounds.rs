@@ -8,7 +8,7 @@ use crate::dialect::rounds::{Splice, SpliceEnd};
 use crate::dialect::{AssembledReply, Dialect};
 use crate::error::GatewayError;
 use crate::metrics::{RecallOutcome, RecallTool};
-use crate::recall::{answer_call_with_outcome, Answered, HistorySource, InjectedNames};
+use crate::recall::{answer_call_with_outcome, Answered, InjectedNames, LazyHistory};
 use crate::relay::{Finisher, RelayOutcome};
 use crate::sse::SseParser;
 use crate::upstream::{map_client_error, UpstreamResponse};
@@ -40,7 +40,7 @@ pub struct Rounds {
     /// What each round appended to its messages (assistant calls, ctxgate's answers); empty at first.
     pub appended: Vec<Value>,
     /// What recall and search may read.
-    pub source: HistorySource,
+    pub source: LazyHistory,
     /// Called once with the client-visible reply: records it before the last bytes are released.
     pub finisher: Finisher,
     /// The request's config snapshot (recall settings).
@@ -58,13 +58,14 @@ impl Rounds {
     /// the next request.
     fn answer(&mut self, round: u32, assistant: Value, calls: &[Value]) {
         let names = self.names();
+        let source = self.source.get();
         let metrics = &self.state.metrics;
         metrics.recall_round(self.dialect);
         let results: Vec<String> = calls
             .iter()
             .map(|c| {
                 let (content, answered) =
-                    answer_call_with_outcome(c, &names, &self.source, &self.live.config.recall);
+                    answer_call_with_outcome(c, &names, source, &self.live.config.recall);
                 let search = c.pointer("/function/name").and_then(Value::as_str)
                     == Some(names.search.as_str());
                 metrics.recall_call(

@@ -6,7 +6,9 @@ use crate::config::RecallConfig;
 use crate::message::message_text;
 use crate::session::tree::Tree;
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::sync::Arc;
+use xxhash_rust::xxh3::Xxh3;
 
 /// Everything a recall or search may read: the current request's messages (always), then the session's stored
 /// nodes, all branches (when the session could be loaded).
@@ -29,10 +31,15 @@ impl HistorySource {
     /// identical to one of the request's is left out (the request's copy is read first): positions of the two
     /// need not line up (a dialect's stored message may stand for several neutral ones).
     pub fn from_parts(request: &[Value], mut stored: Vec<(u32, Arc<Value>)>) -> Self {
-        let digest =
-            |m: &Value| xxhash_rust::xxh3::xxh3_64(&serde_json::to_vec(m).unwrap_or_default());
-        let sent: std::collections::HashSet<u64> = request.iter().map(digest).collect();
-        stored.retain(|(_, m)| !sent.contains(&digest(m)) || !request.contains(m));
+        // Each stored message is compared only with the request's messages of the same digest.
+        let mut sent: HashMap<u64, Vec<&Value>> = HashMap::with_capacity(request.len());
+        for m in request {
+            sent.entry(digest(m)).or_default().push(m);
+        }
+        stored.retain(|(_, m)| {
+            sent.get(&digest(m))
+                .is_none_or(|same| !same.iter().any(|r| **r == **m))
+        });
         stored.sort_by_key(|(p, _)| *p);
         Self {
             request: request.iter().cloned().map(Arc::new).collect(),
@@ -67,6 +74,84 @@ impl HistorySource {
                 .iter()
                 .find(|c| c.get("id").and_then(Value::as_str) == Some(call_id))
         })
+    }
+}
+
+/// A digest of a message's content (key order included), without serialising it.
+fn digest(m: &Value) -> u64 {
+    fn feed(h: &mut Xxh3, v: &Value) {
+        match v {
+            Value::Null => h.update(b"n"),
+            Value::Bool(b) => h.update(if *b { b"t" } else { b"f" }),
+            Value::Number(n) => {
+                h.update(b"#");
+                h.update(n.to_string().as_bytes());
+            }
+            Value::String(s) => {
+                h.update(b"s");
+                h.update(&(s.len() as u64).to_le_bytes());
+                h.update(s.as_bytes());
+            }
+            Value::Array(a) => {
+                h.update(b"[");
+                h.update(&(a.len() as u64).to_le_bytes());
+                a.iter().for_each(|x| feed(h, x));
+            }
+            Value::Object(o) => {
+                h.update(b"{");
+                h.update(&(o.len() as u64).to_le_bytes());
+                for (k, x) in o {
+                    h.update(&(k.len() as u64).to_le_bytes());
+                    h.update(k.as_bytes());
+                    feed(h, x);
+                }
+            }
+        }
+    }
+    let mut h = Xxh3::new();
+    feed(&mut h, m);
+    h.digest()
+}
+
+/// A [`HistorySource`] built the first time it is read: most answers call no injected tool, and building one
+/// copies the request's messages and compares the stored ones with them.
+pub struct LazyHistory(LazyState);
+
+enum LazyState {
+    Pending(Option<Box<dyn FnOnce() -> HistorySource + Send + Sync>>),
+    Ready(HistorySource),
+}
+
+impl LazyHistory {
+    /// A source that `build` makes when first read.
+    pub fn new(build: impl FnOnce() -> HistorySource + Send + Sync + 'static) -> Self {
+        Self(LazyState::Pending(Some(Box::new(build))))
+    }
+
+    /// The source, built now if it was not yet.
+    pub fn get(&mut self) -> &HistorySource {
+        if let LazyState::Pending(build) = &mut self.0 {
+            let built = build.take().map(|f| f()).unwrap_or_default();
+            self.0 = LazyState::Ready(built);
+        }
+        static NONE: HistorySource = HistorySource {
+            request: Vec::new(),
+            stored: Vec::new(),
+        };
+        match &self.0 {
+            LazyState::Ready(h) => h,
+            // Not reached: replaced just above.
+            LazyState::Pending(_) => &NONE,
+        }
+    }
+}
+
+impl std::fmt::Debug for LazyHistory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            LazyState::Pending(_) => f.write_str("LazyHistory(pending)"),
+            LazyState::Ready(h) => write!(f, "LazyHistory({h:?})"),
+        }
     }
 }
 
@@ -268,6 +353,60 @@ fn floor(s: &str, mut i: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lazy_source_is_built_once_and_only_when_read() {
+        let built = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = Arc::clone(&built);
+        let h = history();
+        let mut lazy = LazyHistory::new(move || {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            HistorySource::new(&h, None)
+        });
+        assert_eq!(
+            built.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "not built before it is read"
+        );
+        let n = lazy.get().request.len();
+        assert_eq!(n, history().len());
+        assert_eq!(lazy.get().request.len(), n);
+        assert_eq!(
+            built.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "built once"
+        );
+    }
+
+    #[test]
+    fn stored_copies_of_request_messages_are_left_out_and_digests_see_key_order() {
+        let a = json!({"role": "user", "content": "a"});
+        let b = json!({"role": "assistant", "content": "b"});
+        let reordered = json!({"content": "a", "role": "user"});
+        let other = json!({"role": "user", "content": "c"});
+        let src = HistorySource::from_parts(
+            &[a.clone(), b.clone(), a.clone()],
+            vec![
+                (3, Arc::new(other.clone())),
+                (0, Arc::new(a.clone())),
+                (1, Arc::new(b)),
+                (2, Arc::new(reordered.clone())),
+            ],
+        );
+        let stored: Vec<(u32, Value)> = src
+            .stored
+            .iter()
+            .map(|(p, m)| (*p, (**m).clone()))
+            .collect();
+        // the same content in another key order is another digest: kept, as a serialised digest did
+        assert_eq!(stored, vec![(2, reordered), (3, other)]);
+        assert_ne!(
+            digest(&json!({"a": 1, "b": 2})),
+            digest(&json!({"b": 2, "a": 1}))
+        );
+        assert_ne!(digest(&json!(["ab"])), digest(&json!(["a", "b"])));
+        assert_ne!(digest(&json!({"x": "1"})), digest(&json!({"x": 1})));
+    }
 
     fn names() -> InjectedNames {
         InjectedNames::from_config(&RecallConfig::default())
