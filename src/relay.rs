@@ -46,14 +46,19 @@ enum Tap {
 }
 
 impl Tap {
-    /// Feeds a chunk; returns true when it ended the reply (`[DONE]`, `message_stop`).
-    fn feed(&mut self, chunk: &[u8]) -> bool {
+    /// Feeds a chunk; `Some(at)` when it ended the reply (`[DONE]`, `message_stop`): the ending event's bytes
+    /// start at `at` in the chunk (0 when an earlier chunk holds their start).
+    fn feed(&mut self, chunk: &[u8]) -> Option<usize> {
         match self {
             Tap::Sse(sse) => {
                 let (parser, assembler) = &mut **sse;
-                let mut done = false;
-                for ev in parser.feed(chunk) {
-                    done |= assembler.on_event(&ev);
+                let mut done = None;
+                let mut start = 0;
+                for (ev, end) in parser.feed_with_ends(chunk) {
+                    if assembler.on_event(&ev) && done.is_none() {
+                        done = Some(start);
+                    }
+                    start = end;
                 }
                 done
             }
@@ -66,7 +71,7 @@ impl Tap {
                         buf.extend_from_slice(chunk);
                     }
                 }
-                false
+                None
             }
         }
     }
@@ -128,6 +133,9 @@ struct Relay {
     finisher: Option<Finisher>,
     idle: Duration,
     held: Option<Bytes>,
+    /// The bytes of a stream's ending event, released once the finisher ran (what came before them in their
+    /// chunk went out at once).
+    tail: Option<Bytes>,
     ended: bool,
     bytes: u64,
     first_byte_at: Option<Instant>,
@@ -158,6 +166,10 @@ impl Relay {
     }
 
     async fn next_chunk(&mut self) -> Option<Result<Bytes, std::io::Error>> {
+        if let Some(tail) = self.tail.take() {
+            self.finish(None).await;
+            return Some(Ok(tail));
+        }
         loop {
             if self.ended {
                 return self.held.take().map(Ok);
@@ -169,8 +181,13 @@ impl Relay {
                     let done = self.tap.feed(&chunk);
                     match self.tap {
                         Tap::Sse(_) => {
-                            if done {
-                                self.finish(None).await;
+                            match done {
+                                Some(at) if at > 0 => {
+                                    self.tail = Some(chunk.slice(at..));
+                                    return Some(Ok(chunk.slice(..at)));
+                                }
+                                Some(_) => self.finish(None).await,
+                                None => {}
                             }
                             return Some(Ok(chunk));
                         }
@@ -258,6 +275,7 @@ pub fn relay(
         finisher: Some(finisher),
         idle,
         held: None,
+        tail: None,
         ended: false,
         bytes: 0,
         first_byte_at: None,
@@ -337,6 +355,56 @@ mod tests {
             assert_eq!(last["error"]["code"], "upstream_timeout");
             assert_eq!(last["error"]["type"], "upstream_error");
             assert_eq!(events.len(), 2, "{events:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stream_in_one_chunk_goes_out_at_once_but_its_end_only_after_the_finisher() {
+        let body = concat!(
+            "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"hi\"}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+            "data: [DONE]\n\n"
+        );
+        let finished = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        for chunks in [
+            vec![body.to_string()],
+            vec![body[..20].to_string(), body[20..].to_string()],
+        ] {
+            finished.store(false, std::sync::atomic::Ordering::SeqCst);
+            let seen = std::sync::Arc::clone(&finished);
+            let finisher: Finisher = Box::new(move |outcome: RelayOutcome| {
+                Box::pin(async move {
+                    assert!(outcome.reply.complete);
+                    seen.store(true, std::sync::atomic::Ordering::SeqCst);
+                })
+            });
+            let upstream =
+                futures_util::stream::iter(chunks.into_iter().map(|c| Ok(Bytes::from(c)))).boxed();
+            let out = relay(
+                upstream,
+                Dialect::Chat,
+                true,
+                Duration::from_secs(5),
+                TaskTracker::new(),
+                finisher,
+            );
+            futures_util::pin_mut!(out);
+            let mut got = Vec::new();
+            while let Some(item) = out.next().await {
+                let item = item.unwrap();
+                let done = std::str::from_utf8(&item).unwrap().contains("[DONE]");
+                assert_eq!(
+                    done,
+                    finished.load(std::sync::atomic::Ordering::SeqCst),
+                    "the end only after the finisher"
+                );
+                if !done {
+                    assert!(!item.is_empty());
+                }
+                got.extend_from_slice(&item);
+            }
+            assert_eq!(got, body.as_bytes(), "byte for byte");
+            assert!(finished.load(std::sync::atomic::Ordering::SeqCst));
         }
     }
 }

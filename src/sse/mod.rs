@@ -39,11 +39,20 @@ impl SseParser {
 
     /// Feeds one chunk; returns the events it completed.
     pub fn feed(&mut self, chunk: &[u8]) -> Vec<SseEvent> {
+        self.feed_with_ends(chunk)
+            .into_iter()
+            .map(|(e, _)| e)
+            .collect()
+    }
+
+    /// [`Self::feed`], with where each event ends in `chunk`: the offset just after the line that dispatched it.
+    pub fn feed_with_ends(&mut self, chunk: &[u8]) -> Vec<(SseEvent, usize)> {
         let mut out = Vec::new();
+        let mut ends = Vec::new();
         let mut rest = chunk;
         if rest.is_empty() {
             // Nothing arrived: a `\r` ending the previous chunk still waits for a possible `\n`.
-            return out;
+            return Vec::new();
         }
         if self.pending_cr {
             self.pending_cr = false;
@@ -53,6 +62,7 @@ impl SseParser {
         }
         while let Some(pos) = rest.iter().position(|&b| b == b'\n' || b == b'\r') {
             self.push_line(&rest[..pos]);
+            let before = out.len();
             if self.skipping_line {
                 self.skipping_line = false;
             } else {
@@ -71,9 +81,12 @@ impl SseParser {
             } else {
                 rest = &rest[pos + 1..];
             }
+            if out.len() > before {
+                ends.push(chunk.len() - rest.len());
+            }
         }
         self.push_line(rest);
-        out
+        out.into_iter().zip(ends).collect()
     }
 
     /// Lines and events dropped for going over [`MAX_LINE_BYTES`].
@@ -175,6 +188,34 @@ impl SseParser {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_ends_are_offsets_in_the_chunk() {
+        let mut p = SseParser::new();
+        let chunk = b"data: a\n\n: comment\r\nevent: x\ndata: b\r\n\r\ndata: c";
+        let got = p.feed_with_ends(chunk);
+        let ends: Vec<usize> = got.iter().map(|(_, e)| *e).collect();
+        assert_eq!(
+            got.iter().map(|(e, _)| e.data.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert_eq!(&chunk[..ends[0]], b"data: a\n\n");
+        assert_eq!(
+            &chunk[ends[0]..ends[1]],
+            b": comment\r\nevent: x\ndata: b\r\n\r\n"
+        );
+        // the event left open ends in the next chunk, at its own offset there
+        assert_eq!(
+            p.feed_with_ends(b"\n\n"),
+            vec![(
+                SseEvent {
+                    event: None,
+                    data: "c".into()
+                },
+                2
+            )]
+        );
+    }
 
     fn all(chunks: &[&[u8]]) -> Vec<SseEvent> {
         let mut p = SseParser::new();
