@@ -416,3 +416,39 @@ async fn records_in_the_old_shape_still_load() {
         old_summary
     );
 }
+
+#[test]
+fn batches_queued_together_share_one_commit() {
+    let resolver: crate::metrics::ModelResolver = Box::new(|_: &str| None);
+    let metrics = crate::metrics::Metrics::new(resolver).unwrap();
+    let worker = Worker::new(
+        conn(),
+        metrics.store_metrics(crate::metrics::StoreBackend::Sqlite),
+    );
+    let (tx, rx) = mpsc::sync_channel(64);
+    let mut replies = Vec::new();
+    for i in 0..20 {
+        let (reply, done) = oneshot::channel();
+        let id = format!("s{i}");
+        let ops = vec![create(meta(&id, 1)), add(&id, node("a", None, 0))];
+        tx.send(Cmd::Write(ops, reply)).unwrap();
+        replies.push(done);
+    }
+    drop(tx);
+    // Every batch was queued before the worker started: one transaction takes them all.
+    worker.run(rx);
+    for mut r in replies {
+        assert!(matches!(r.try_recv(), Ok(Ok(()))));
+    }
+    let commits = metrics
+        .render()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                "ctxgate_store_operation_duration_seconds_count{backend=\"sqlite\",operation=\"write\"} ",
+            )
+            .map(str::to_owned)
+        })
+        .unwrap();
+    assert_eq!(commits, "1");
+}

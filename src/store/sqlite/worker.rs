@@ -72,21 +72,23 @@ impl Worker {
             }
             let mut next = first;
             // Group commit: take every write already queued (up to GROUP) into one transaction. Under concurrent
-            // load (the last group had several batches) wait a moment for the next batch when none is queued: a
-            // commit costs as much as several batches, and the callers are waiting for it anyway.
-            let linger = (self.last_group > 1).then(|| Instant::now() + LINGER);
+            // load (the last group had several batches), when the queue runs dry before the group's deadline, sleep
+            // until it and take what came meanwhile: a commit costs as much as several batches, the callers are
+            // waiting for it anyway, and batches queued while the thread sleeps do not wake it (a blocking receive
+            // here would be woken once per batch).
+            let mut linger = (self.last_group > 1).then(|| Instant::now() + LINGER);
             while let Some(cmd) = next.take() {
                 match cmd {
                     Cmd::Write(ops, reply) => {
                         writes.push(Batch { ops, reply });
                         if writes.len() < GROUP {
-                            next = match rx.try_recv() {
-                                Ok(c) => Some(c),
-                                Err(_) => linger.and_then(|until| {
-                                    rx.recv_timeout(until.saturating_duration_since(Instant::now()))
-                                        .ok()
-                                }),
-                            };
+                            next = rx.try_recv().ok().or_else(|| {
+                                let wait = linger.take()?.saturating_duration_since(Instant::now());
+                                if !wait.is_zero() {
+                                    std::thread::sleep(wait);
+                                }
+                                rx.try_recv().ok()
+                            });
                         }
                     }
                     other => {
