@@ -411,6 +411,7 @@ fn init_logging(format: LogFormat) -> anyhow::Result<ctxgate::logging::LogGuard>
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour)
+        .with_timer(ctxgate::logging::Clock)
         .with_writer(writer);
     match format {
         LogFormat::Json => builder.json().init(),

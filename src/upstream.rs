@@ -151,11 +151,11 @@ impl Upstream {
     /// [`Self::request_headers`] for a request to `api`: the Anthropic key goes as `x-api-key`, only when the
     /// client sent neither `x-api-key` nor `Authorization`.
     pub fn request_headers_for(&self, api: Api, incoming: &HeaderMap, chat: bool) -> HeaderMap {
-        let mut out = strip_hop_by_hop(incoming);
-        if chat {
-            out.remove(header::CONTENT_LENGTH);
-            out.remove(header::ACCEPT_ENCODING);
-        }
+        // A chat body may be rewritten (its length then differs) and is read by ctxgate (so it must not come back
+        // compressed).
+        let mut out = end_to_end(incoming, |k| {
+            !chat || (k != header::CONTENT_LENGTH && k != header::ACCEPT_ENCODING)
+        });
         match api {
             Api::OpenAi => {
                 if let (false, Some(k)) = (out.contains_key(header::AUTHORIZATION), &self.api_key) {
@@ -269,6 +269,12 @@ pub fn map_client_error(e: &(dyn std::error::Error + 'static), timeout: Duration
 
 /// Removes hop-by-hop headers, including those the `Connection` header names.
 pub fn strip_hop_by_hop(h: &HeaderMap) -> HeaderMap {
+    end_to_end(h, |_| true)
+}
+
+/// The end-to-end headers of `h` that `keep` accepts, in their order (hop-by-hop ones and those the `Connection`
+/// header names are left out).
+pub fn end_to_end(h: &HeaderMap, keep: impl Fn(&HeaderName) -> bool) -> HeaderMap {
     let mut named: Vec<HeaderName> = Vec::new();
     for v in h.get_all(header::CONNECTION) {
         if let Ok(s) = v.to_str() {
@@ -280,7 +286,7 @@ pub fn strip_hop_by_hop(h: &HeaderMap) -> HeaderMap {
     }
     let mut out = HeaderMap::with_capacity(h.len());
     for (k, v) in h {
-        if HOP_BY_HOP.contains(&k.as_str()) || named.contains(k) {
+        if HOP_BY_HOP.contains(&k.as_str()) || named.contains(k) || !keep(k) {
             continue;
         }
         out.append(k.clone(), v.clone());

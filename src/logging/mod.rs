@@ -4,8 +4,10 @@
 //! Nothing is dropped: when the buffer is full (the output cannot keep up) a line waits for room. Dropping the
 //! [`LogGuard`] writes what is left and stops the thread.
 
+mod clock;
 mod fields;
 
+pub use clock::Clock;
 pub use fields::PlainFields;
 use parking_lot::{Condvar, Mutex};
 use std::io::Write;

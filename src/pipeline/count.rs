@@ -11,7 +11,7 @@ use crate::error::GatewayError;
 use crate::metrics::{DialectLabel, Route};
 use crate::relay;
 use crate::session::manager::now_secs;
-use crate::upstream::strip_hop_by_hop;
+use crate::upstream::end_to_end;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
@@ -96,10 +96,8 @@ pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
     };
     timer.set_status(resp.status().as_u16());
     let mut builder = Response::builder().status(resp.status());
-    for (k, v) in strip_hop_by_hop(resp.headers()).iter() {
-        if k != http::header::CONTENT_LENGTH {
-            builder = builder.header(k, v);
-        }
+    if let Some(h) = builder.headers_mut() {
+        *h = end_to_end(resp.headers(), |k| k != http::header::CONTENT_LENGTH);
     }
     let stream = relay::passthrough(resp.bytes_stream().boxed(), state.upstream.timeout()).map(
         move |chunk| {

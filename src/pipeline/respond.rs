@@ -8,7 +8,7 @@ use crate::dialect::Dialect;
 use crate::error::GatewayError;
 use crate::relay::{self, Finisher};
 use crate::session::SessionIdentity;
-use crate::upstream::strip_hop_by_hop;
+use crate::upstream::end_to_end;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
@@ -120,10 +120,10 @@ fn head(
     session: Option<&SessionIdentity>,
 ) -> http::response::Builder {
     let mut builder = Response::builder().status(status);
-    for (k, v) in strip_hop_by_hop(upstream).iter() {
-        if keep_length || k != http::header::CONTENT_LENGTH {
-            builder = builder.header(k, v);
-        }
+    if let Some(h) = builder.headers_mut() {
+        *h = end_to_end(upstream, |k| {
+            keep_length || k != http::header::CONTENT_LENGTH
+        });
     }
     match session.map(|s| HeaderValue::from_str(&s.id)) {
         Some(Ok(v)) => builder.header(SESSION_HEADER, v),

@@ -81,8 +81,8 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
         .is_some_and(|v| v.starts_with("text/event-stream"));
     timer.set_stream(sse);
     let mut builder = Response::builder().status(resp.status());
-    for (k, v) in strip_hop_by_hop(resp.headers()).iter() {
-        builder = builder.header(k, v);
+    if let Some(h) = builder.headers_mut() {
+        *h = strip_hop_by_hop(resp.headers());
     }
     let metrics = state.metrics.clone();
     let stream = relay::passthrough(resp.bytes_stream().boxed(), state.upstream.timeout()).map(
