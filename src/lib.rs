@@ -1,6 +1,7 @@
 //! ctxgate: a transparent OpenAI-compatible gateway that keeps every conversation's full history and rewrites what
 //! goes upstream when the context grows too large. See ARCHITECTURE.md for the map.
 
+pub mod alloc;
 pub mod app;
 pub mod config;
 pub mod config_kinds;

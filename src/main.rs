@@ -424,10 +424,12 @@ fn init_logging(format: LogFormat) -> anyhow::Result<ctxgate::logging::LogGuard>
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    let rt = ctxgate::alloc::hook(&mut tokio::runtime::Builder::new_multi_thread())
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
+    ctxgate::alloc::start(rt.handle().clone())
+        .context("cannot start the allocator's housekeeping thread")?;
     rt.block_on(run(cli))
 }
 

@@ -2,6 +2,7 @@
 //! upstream (tool-result clearing, run-loop pruning, the hard limit). **Pure: no I/O, no network, no store.**
 
 pub mod body;
+pub mod bpe;
 pub mod decide;
 pub mod long_context;
 pub mod models;

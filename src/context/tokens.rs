@@ -6,10 +6,10 @@ use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
+use super::bpe::Ranks;
 use moka::sync::Cache;
 use parking_lot::RwLock;
 use serde_json::Value;
-use tiktoken_rs::CoreBPE;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Tokens every message costs beyond its fields (cookbook: `<|start|>{role}\n{content}<|end|>`).
@@ -92,15 +92,17 @@ impl Encoding {
         }
     }
 
-    /// The encoding's BPE, built once per process; `None` only if tiktoken's embedded tables fail to load.
-    fn bpe(self) -> Option<&'static CoreBPE> {
-        static O200K: OnceLock<Option<CoreBPE>> = OnceLock::new();
-        static CL100K: OnceLock<Option<CoreBPE>> = OnceLock::new();
-        match self {
-            Encoding::O200k => O200K.get_or_init(|| tiktoken_rs::o200k_base().ok()),
-            Encoding::Cl100k => CL100K.get_or_init(|| tiktoken_rs::cl100k_base().ok()),
-        }
-        .as_ref()
+    /// The encoding's ranks, read out of tiktoken's once per process (its `CoreBPE` is then dropped: see
+    /// [`super::bpe`]); `None` only if tiktoken's embedded tables fail to load.
+    fn bpe(self) -> Option<&'static Ranks> {
+        static O200K: OnceLock<Option<Ranks>> = OnceLock::new();
+        static CL100K: OnceLock<Option<Ranks>> = OnceLock::new();
+        let (cell, load): (_, fn() -> anyhow::Result<tiktoken_rs::CoreBPE>) = match self {
+            Encoding::O200k => (&O200K, tiktoken_rs::o200k_base),
+            Encoding::Cl100k => (&CL100K, tiktoken_rs::cl100k_base),
+        };
+        cell.get_or_init(|| load().ok().map(|bpe| Ranks::from_tiktoken(&bpe)))
+            .as_ref()
     }
 }
 
@@ -512,8 +514,10 @@ mod tests {
     fn chunking_does_not_change_the_count_of_ordinary_text() {
         let para = "The quick brown fox jumps over the lazy dog; it's 42 degrees.\n\tfn main() { x += 1; }  ";
         let text = para.repeat(500); // ~45 KB: many chunks
-        for enc in [Encoding::O200k, Encoding::Cl100k] {
-            let bpe = enc.bpe().unwrap();
+        for (enc, bpe) in [
+            (Encoding::O200k, tiktoken_rs::o200k_base_singleton()),
+            (Encoding::Cl100k, tiktoken_rs::cl100k_base_singleton()),
+        ] {
             let whole = bpe.encode_ordinary(&text).len() as u64;
             assert_eq!(count_text(enc, &text), whole);
         }
