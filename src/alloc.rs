@@ -1,13 +1,14 @@
-//! Memory back to the system after a burst: idle runtime threads hand mimalloc's retained pages back.
+//! Memory back to the system after a burst: runtime workers that have rested hand mimalloc's retained pages back.
 //!
 //! mimalloc keeps what a thread freed, and the blocks of that thread's pages that other threads freed (a request
 //! is often read on one worker and finished on another), with that thread until it next allocates enough to
 //! collect them. A gateway's workers go quiet after a spike and would keep the spike's memory indefinitely (scenario
 //! 4 of docs/benchmarks.md: ~80 MB after a burst of 200 kB conversations). So a worker that ran tasks collects
-//! (`mi_collect(true)`: merges the cross-thread frees, frees empty pages, purges them to the OS) when it is about to
-//! sleep, at most once per [`INTERVAL`]. A worker that goes to sleep less than [`INTERVAL`] after its last
-//! collection asks the `ctxgate-alloc` thread to wake the workers once the interval has passed, so the memory freed
-//! at the very end of a burst is returned too; an idle gateway is never woken for this.
+//! (`mi_collect(true)`: merges the cross-thread frees, frees empty pages, purges them to the OS) as it goes back to
+//! sleep after a sleep of at least [`INTERVAL`]: never in the middle of traffic, where a collection would hold up
+//! the requests behind it and the memory is about to be used again. A worker that goes to sleep without having
+//! rested asks the `ctxgate-alloc` thread to wake the workers one interval later; one that slept through it then
+//! collects. An idle gateway is never woken for this.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,8 +16,8 @@ use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// A thread collects at most this often (a collection costs tens of microseconds on a quiet heap, and makes the
-/// next allocations fault their pages in again).
+/// How long a worker sleeps before its next wake-up counts as the end of a burst (a collection walks the thread's
+/// whole heap, and the next allocations fault their pages in again).
 pub const INTERVAL: Duration = Duration::from_secs(1);
 
 /// Collections run so far, all threads (tests read it).
@@ -27,6 +28,10 @@ static WAKER: OnceLock<SyncSender<()>> = OnceLock::new();
 thread_local! {
     /// This thread ran tasks since its last collection.
     static DIRTY: Cell<bool> = const { Cell::new(false) };
+    /// When this thread last went to sleep.
+    static PARKED_AT: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// The sleep this thread last woke from lasted [`INTERVAL`] or more.
+    static RESTED: Cell<bool> = const { Cell::new(false) };
     /// When this thread last collected.
     static LAST: Cell<Option<Instant>> = const { Cell::new(None) };
 }
@@ -69,26 +74,28 @@ pub fn collections() -> u64 {
 }
 
 fn unparked() {
+    let now = Instant::now();
+    RESTED.set(
+        PARKED_AT
+            .get()
+            .is_some_and(|t| now.duration_since(t) >= INTERVAL),
+    );
     DIRTY.set(true);
 }
 
 fn parking() {
+    let now = Instant::now();
+    PARKED_AT.set(Some(now));
     if !DIRTY.get() {
         return;
     }
-    let now = Instant::now();
-    match LAST.get() {
-        Some(last) if now.duration_since(last) < INTERVAL => {
-            if let Some(tx) = WAKER.get() {
-                // Full: a wake-up is already asked for.
-                let _ = tx.try_send(());
-            }
-        }
-        _ => {
-            collect();
-            LAST.set(Some(now));
-            DIRTY.set(false);
-        }
+    if RESTED.get() {
+        collect();
+        LAST.set(Some(now));
+        DIRTY.set(false);
+    } else if let Some(tx) = WAKER.get() {
+        // Full: a wake-up is already asked for.
+        let _ = tx.try_send(());
     }
 }
 
@@ -112,8 +119,8 @@ mod tests {
     use std::sync::Mutex;
     use std::thread::ThreadId;
 
-    /// Every worker that ran a task collects after its last one, even when that came right after a collection:
-    /// the wake-up reaches each of them, and they all go quiet again.
+    /// Every worker that ran a task collects after its last one (none does while tasks keep coming): the wake-up
+    /// reaches each of them, and they all go quiet again.
     #[test]
     fn every_busy_worker_collects_after_its_last_task() {
         let mut b = tokio::runtime::Builder::new_multi_thread();
@@ -122,8 +129,10 @@ mod tests {
         rt.block_on(async { start(tokio::runtime::Handle::current()) })
             .unwrap();
         let seen: std::sync::Arc<Mutex<HashMap<ThreadId, Instant>>> = Default::default();
-        // Bursts spread over both workers, the last ones right before the workers go idle.
-        for _ in 0..5 {
+        // Traffic for two intervals, spread over both workers: nobody rests, so nobody collects.
+        let start_count = collections();
+        let traffic = Instant::now();
+        while traffic.elapsed() < INTERVAL * 2 {
             rt.block_on(async {
                 let tasks: Vec<_> = (0..64)
                     .map(|_| {
@@ -143,6 +152,11 @@ mod tests {
                 }
             });
         }
+        assert_eq!(
+            collections(),
+            start_count,
+            "collected in the middle of traffic"
+        );
         let before = collections();
         std::thread::sleep(INTERVAL * 3);
         // Each worker that ran a task has collected since (the only collections of this test binary's threads
@@ -174,8 +188,8 @@ mod tests {
         }
         assert!(checked > 0, "no worker probed");
         assert!(collections() > before, "nothing collected after the bursts");
-        // Quiet: with no work, nothing more is collected.
-        std::thread::sleep(INTERVAL * 2);
+        // Quiet: with no work, nothing more is collected (the probes' own wake-ups settle within two intervals).
+        std::thread::sleep(INTERVAL * 4);
         let quiet = collections();
         std::thread::sleep(INTERVAL * 2);
         assert_eq!(collections(), quiet, "an idle runtime keeps collecting");

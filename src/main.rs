@@ -470,6 +470,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let addr = cfg.listen_addr()?;
             let upstream_url = cfg.upstream.base_url.clone();
             let state = ctxgate::app::AppState::new(cfg)?;
+            ctxgate::context::tokens::load_in_background();
             state.reload.set(config.clone(), loaded);
             // SIGHUP reloads the config's reloadable sections (see ctxgate::reload).
             tokio::spawn(reload_on_sighup(state.clone()));

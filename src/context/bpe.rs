@@ -36,7 +36,9 @@ impl Ranks {
             .into_iter()
             .map(|s| s.as_bytes().to_vec())
             .collect();
-        let mut tokens: Vec<(u32, Vec<u8>)> = Vec::new();
+        // Every token's bytes one after the other, and (rank, start, length) of each.
+        let mut arena = Vec::new();
+        let mut spans: Vec<(u32, usize, usize)> = Vec::new();
         let (mut rank, mut last) = (0u32, 0u32);
         while rank <= last.saturating_add(GAP) {
             // `decode` fails for a rank that is not a token ("Invalid token for decoding: N", its `DecodeKeyError`
@@ -52,20 +54,13 @@ impl Ranks {
                     .next()
                     .unwrap_or_default();
                 if !special.contains(&bytes) {
-                    tokens.push((rank, bytes));
+                    spans.push((rank, arena.len(), bytes.len()));
+                    arena.extend_from_slice(&bytes);
                 }
                 last = rank;
             }
             rank += 1;
         }
-        let mut arena = Vec::with_capacity(tokens.iter().map(|(_, b)| b.len()).sum());
-        let spans: Vec<(u32, usize, usize)> = tokens
-            .iter()
-            .map(|(r, b)| {
-                arena.extend_from_slice(b);
-                (*r, arena.len() - b.len(), b.len())
-            })
-            .collect();
         let arena: &'static [u8] = Box::leak(arena.into_boxed_slice());
         let mut map = FxHashMap::with_capacity_and_hasher(spans.len(), Default::default());
         for (r, start, len) in spans {
