@@ -109,7 +109,8 @@ impl Encoding {
 /// Builds both encodings' tables on a thread of their own (`ctxgate-tokenizer`), so that the first conversation
 /// large enough to be counted does not wait for them (~0.25 s each in a release build; requests that need one
 /// meanwhile wait for it as they would have). The tiktoken tables they are read from are handed back to the
-/// system once done. Errors are logged: counting then builds them on first use.
+/// system once done. A table that fails to load is logged (its counts are then estimated from bytes); a thread
+/// that cannot start is logged too, and counting builds the tables on first use.
 pub fn load_in_background() {
     let spawned = std::thread::Builder::new()
         .name("ctxgate-tokenizer".into())
@@ -117,11 +118,17 @@ pub fn load_in_background() {
             let started = std::time::Instant::now();
             let loaded = [Encoding::O200k, Encoding::Cl100k].map(|e| e.bpe().is_some());
             crate::alloc::collect();
-            tracing::debug!(
-                ms = started.elapsed().as_millis() as u64,
-                ?loaded,
-                "tokens: encodings loaded"
-            );
+            if loaded.contains(&false) {
+                tracing::warn!(
+                    ?loaded,
+                    "tokens: an encoding's tables failed to load; its counts are estimated from bytes"
+                );
+            } else {
+                tracing::debug!(
+                    ms = started.elapsed().as_millis() as u64,
+                    "tokens: encodings loaded"
+                );
+            }
         });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "tokens: cannot load the encodings ahead; they load on first use");
