@@ -76,6 +76,9 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The per-install secret that keys tenant hashes (kept beside the store).
     pub tenant_key: TenantKey,
+    /// Cancelled when the shutdown grace runs out: streams still being relayed end with their dialect's error
+    /// event before their connections are closed.
+    pub cut_streams: tokio_util::sync::CancellationToken,
 }
 
 impl AppState {
@@ -134,6 +137,7 @@ impl AppState {
             counter: Arc::new(TokenCounter::new()),
             metrics,
             tenant_key,
+            cut_streams: tokio_util::sync::CancellationToken::new(),
         });
         crate::hooks::spawn(&state);
         Ok(state)

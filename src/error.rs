@@ -63,6 +63,15 @@ pub enum GatewayError {
     /// The upstream did not answer in time.
     #[error("upstream timed out after {0} s (upstream.timeout_secs)")]
     UpstreamTimeout(u64),
+    /// The gateway is shutting down and cut the stream when `server.shutdown_grace_secs` ran out.
+    #[error(
+        "the gateway is shutting down: the stream was cut when its grace of {grace_secs} s ran out \
+         (server.shutdown_grace_secs); retry the request"
+    )]
+    ShuttingDown {
+        /// The configured grace.
+        grace_secs: u64,
+    },
     /// A bug or an unexpected local failure.
     #[error("internal error: {0}")]
     Internal(String),
@@ -83,7 +92,9 @@ impl GatewayError {
             GatewayError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            GatewayError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::Overloaded { .. } | GatewayError::ShuttingDown { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             GatewayError::ContextLengthExceeded { .. } => StatusCode::BAD_REQUEST,
             GatewayError::Unauthorized => StatusCode::UNAUTHORIZED,
             GatewayError::Forbidden => StatusCode::FORBIDDEN,
@@ -106,7 +117,9 @@ impl GatewayError {
             GatewayError::UpstreamUnreachable(_) | GatewayError::UpstreamTimeout(_) => {
                 "upstream_error"
             }
-            GatewayError::Overloaded { .. } | GatewayError::Internal(_) => "server_error",
+            GatewayError::Overloaded { .. }
+            | GatewayError::ShuttingDown { .. }
+            | GatewayError::Internal(_) => "server_error",
         }
     }
 
@@ -117,6 +130,7 @@ impl GatewayError {
             GatewayError::PayloadTooLarge { .. } => Some("request_too_large"),
             GatewayError::RequestTimeout { .. } => Some("request_timeout"),
             GatewayError::Overloaded { .. } => Some("overloaded"),
+            GatewayError::ShuttingDown { .. } => Some("shutting_down"),
             GatewayError::ContextLengthExceeded { .. } => Some("context_length_exceeded"),
             GatewayError::Unauthorized => Some("invalid_api_key"),
             GatewayError::Forbidden => Some("forbidden"),

@@ -12,6 +12,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::future::BoxFuture;
 use futures_util::stream::{BoxStream, Stream, StreamExt};
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// How a relayed reply ended.
@@ -126,8 +127,19 @@ pub fn error_event(err: &GatewayError, mid_event: bool) -> Bytes {
     Dialect::Chat.error_event(err, mid_event)
 }
 
+/// The shutdown's cut: once `token` is cancelled (the grace is over), a stream still waiting for its upstream ends
+/// with the dialect's error event.
+#[derive(Clone, Default)]
+pub struct Cut {
+    /// Cancelled when the shutdown grace runs out.
+    pub token: CancellationToken,
+    /// `server.shutdown_grace_secs`, for the error's message.
+    pub grace_secs: u64,
+}
+
 struct Relay {
     upstream: BoxStream<'static, Result<Bytes, BodyError>>,
+    cut: Cut,
     dialect: Dialect,
     tap: Tap,
     finisher: Option<Finisher>,
@@ -174,7 +186,15 @@ impl Relay {
             if self.ended {
                 return self.held.take().map(Ok);
             }
-            match tokio::time::timeout(self.idle, self.upstream.next()).await {
+            let next = tokio::select! {
+                biased;
+                n = tokio::time::timeout(self.idle, self.upstream.next()) => n,
+                () = self.cut.token.cancelled() => {
+                    let err = GatewayError::ShuttingDown { grace_secs: self.cut.grace_secs };
+                    return Some(self.fail(err).await);
+                }
+            };
+            match next {
                 Ok(Some(Ok(chunk))) => {
                     self.first_byte_at.get_or_insert_with(Instant::now);
                     self.bytes += chunk.len() as u64;
@@ -256,6 +276,7 @@ pub fn relay(
     dialect: Dialect,
     sse: bool,
     idle: Duration,
+    cut: Cut,
     tasks: TaskTracker,
     finisher: Finisher,
 ) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
@@ -270,6 +291,7 @@ pub fn relay(
     };
     let state = Relay {
         upstream,
+        cut,
         dialect,
         tap,
         finisher: Some(finisher),
@@ -385,6 +407,7 @@ mod tests {
                 Dialect::Chat,
                 true,
                 Duration::from_secs(5),
+                Cut::default(),
                 TaskTracker::new(),
                 finisher,
             );
@@ -405,6 +428,53 @@ mod tests {
             }
             assert_eq!(got, body.as_bytes(), "byte for byte");
             assert!(finished.load(std::sync::atomic::Ordering::SeqCst));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stream_cut_by_the_shutdown_ends_with_the_dialects_error_event() {
+        for dialect in [Dialect::Chat, Dialect::Anthropic, Dialect::Responses] {
+            let first: Result<Bytes, BodyError> = Ok(Bytes::from_static(b"data: {\"x\":1}\n\n"));
+            // One event, then an upstream that never sends another.
+            let upstream = futures_util::stream::iter([first])
+                .chain(futures_util::stream::pending())
+                .boxed();
+            let cut = Cut {
+                token: CancellationToken::new(),
+                grace_secs: 7,
+            };
+            let outcome = std::sync::Arc::new(parking_lot::Mutex::new(None));
+            let seen = outcome.clone();
+            let finisher: Finisher = Box::new(move |o: RelayOutcome| {
+                Box::pin(async move {
+                    *seen.lock() = Some(o.upstream_error);
+                })
+            });
+            let out = relay(
+                upstream,
+                dialect,
+                true,
+                Duration::from_secs(60),
+                cut.clone(),
+                TaskTracker::new(),
+                finisher,
+            );
+            futures_util::pin_mut!(out);
+            assert!(
+                out.next().await.unwrap().is_ok(),
+                "the first event goes out"
+            );
+            cut.token.cancel();
+            let event = out.next().await.unwrap().unwrap();
+            let text = std::str::from_utf8(&event).unwrap();
+            assert!(text.contains("shutting down"), "{dialect:?}: {text}");
+            assert!(text.contains("server.shutdown_grace_secs"), "{text}");
+            assert!(out.next().await.is_none(), "then the stream ends");
+            let recorded = outcome.lock().clone().unwrap();
+            assert!(
+                recorded.unwrap().contains("shutting down"),
+                "the turn knows why"
+            );
         }
     }
 }

@@ -257,8 +257,8 @@ async fn a_client_that_stops_reading_does_not_make_the_gateway_read_ahead() {
     drop(resp);
 }
 
-/// A stream still running when the grace period ends is closed; its partial reply is recorded during the drain,
-/// before `run` returns.
+/// A stream still running when the grace period ends gets an error event (code `shutting_down`) and a clean end;
+/// its partial reply is recorded during the drain, before `run` returns.
 #[tokio::test]
 async fn a_stream_past_the_grace_period_is_closed_and_recorded_partial_before_run_returns() {
     let mut h = Harness::start_with(|c| {
@@ -304,12 +304,20 @@ async fn a_stream_past_the_grace_period_is_closed_and_recorded_partial_before_ru
     tokio::time::timeout(Duration::from_secs(10), h.stop())
         .await
         .expect("run returns after grace + drain");
-    // the client's stream was cut
+    // the client's stream was cut: with the error event first, then a clean end of the body
+    let mut rest = Vec::new();
     while let Some(c) = body.next().await {
-        if c.is_err() {
-            break;
-        }
+        rest.extend_from_slice(&c.expect("a clean end, not a broken connection"));
     }
+    let rest = String::from_utf8_lossy(&rest);
+    let event: Value = serde_json::from_str(
+        rest.trim()
+            .strip_prefix("data: ")
+            .expect("an SSE error event"),
+    )
+    .unwrap();
+    assert_eq!(event["error"]["code"], "shutting_down", "{rest}");
+    assert!(!rest.contains("[DONE]"), "the reply is not complete");
     // recorded by the drain, before `run` returned: no further waiting here
     let v = state.sessions.view(&sid).await.unwrap().unwrap();
     assert_eq!(v.messages.len(), 2, "{:?}", v.messages);

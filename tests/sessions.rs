@@ -209,7 +209,10 @@ async fn streamed_reply_is_recorded_whole_and_regenerate_is_a_branch() {
     assert_eq!(contents(&v), ["stream please", "second try"]);
     assert_eq!(v["branches"][0]["messages"][0]["content"], "Hello, world");
     assert_eq!(v["branches"][0]["diverges_at"], 1);
-    assert_eq!(v["message_count"], 3);
+    assert_eq!(
+        v["message_count"], 2,
+        "the history's length (3 messages stored)"
+    );
 }
 
 #[tokio::test]
@@ -298,8 +301,10 @@ async fn concurrent_requests_on_one_session_lose_nothing() {
         .json()
         .await
         .unwrap();
-    // s, go, ok shared once; 16 user messages, each with one reply (identical replies under different parents)
-    assert_eq!(v["message_count"], 3 + 16 * 2);
+    // s, go, ok shared once; 16 user messages, each with one reply (identical replies under different parents):
+    // one of them the history (its length is `message_count`), the other 15 branches.
+    assert_eq!(v["message_count"], 5);
+    assert_eq!(v["messages"].as_array().unwrap().len(), 5);
     assert_eq!(v["branches"].as_array().unwrap().len(), 15);
 }
 
@@ -377,4 +382,164 @@ async fn an_identical_resend_writes_one_batch() {
         2.0,
         "the request's batch and the reply's"
     );
+}
+
+/// Sixteen requests of one conversation in flight together, launched newest first, so that the shortest (a
+/// prefix of the others, whose reply is already stored) finishes last: the history stays the longest one, before
+/// and after a restart, and `message_count` is always the history's length.
+#[tokio::test]
+async fn a_prefix_answered_last_never_rewinds_the_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockUpstream::start().await.unwrap();
+    let mut cfg = test_config(&mock.base_url());
+    cfg.store.backend = StoreBackend::Sqlite;
+    cfg.store.path = dir.path().join("ctx.db");
+    let mut h = Harness::start_config(mock.clone(), cfg.clone()).await;
+    // Request k: the system prompt, k earlier questions each with the mock's answer, then question k.
+    let request = |k: usize| {
+        let mut m = vec![json!({"role":"system","content":"s"})];
+        for i in 0..k {
+            m.push(json!({"role":"user","content": format!("q{i}")}));
+            m.push(json!({"role":"assistant","content":"mock reply"}));
+        }
+        m.push(json!({"role":"user","content": format!("q{k}")}));
+        Value::Array(m)
+    };
+    for _ in 0..16 {
+        mock.push(MockReply::completion("mock reply").delayed(Duration::from_millis(300)));
+    }
+    let mut tasks = Vec::new();
+    for k in (0..16).rev() {
+        let client = h.client.clone();
+        let url = h.url("/v1/chat/completions");
+        let body = json!({"model": "gpt-4o", "messages": request(k)});
+        tasks.push(tokio::spawn(async move {
+            let resp = client
+                .post(url)
+                .header("x-session-id", "rewind")
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            resp.headers()["x-ctxgate-session"]
+                .to_str()
+                .unwrap()
+                .to_string()
+        }));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut sid = String::new();
+    for t in tasks {
+        sid = t.await.unwrap();
+    }
+    // The longest request (31 messages) and its answer.
+    let expected = 2 * 15 + 2 + 1;
+    let check = |v: &Value| {
+        assert_eq!(v["messages"].as_array().unwrap().len(), expected, "{v}");
+        assert_eq!(v["message_count"], expected);
+        assert_eq!(v["messages"][expected - 2]["content"], "q15");
+    };
+    check(
+        &admin(&h, &format!("/admin/sessions/{sid}"))
+            .await
+            .json()
+            .await
+            .unwrap(),
+    );
+    h.stop().await;
+    drop(h);
+    let h = Harness::start_config(mock, cfg).await;
+    check(
+        &admin(&h, &format!("/admin/sessions/{sid}"))
+            .await
+            .json()
+            .await
+            .unwrap(),
+    );
+    let list: Value = admin(&h, "/admin/sessions").await.json().await.unwrap();
+    assert_eq!(list["sessions"][0]["message_count"], expected);
+}
+
+/// One session id used from chat, Anthropic and Responses requests (same credentials): each dialect keeps its own
+/// session, `<id>.<dialect>` for the ones after the first, and every view holds its own dialect's messages.
+#[tokio::test]
+async fn one_id_in_three_dialects_keeps_three_sessions() {
+    let h = Harness::start().await;
+    let send = |path: &str, body: Value| {
+        h.client
+            .post(h.url(path))
+            .header("authorization", "Bearer sk-same")
+            .header("x-session-id", "shared")
+            .json(&body)
+            .send()
+    };
+    let chat = send(
+        "/v1/chat/completions",
+        json!({"model":"gpt-4o","messages":[{"role":"user","content":"from chat"}]}),
+    )
+    .await
+    .unwrap();
+    let anthropic = send(
+        "/v1/messages",
+        json!({"model":"claude-sonnet-4-5","max_tokens":64,
+               "messages":[{"role":"user","content":[{"type":"text","text":"from anthropic"}]}]}),
+    )
+    .await
+    .unwrap();
+    let responses = send(
+        "/v1/responses",
+        json!({"model":"gpt-5","input":[{"role":"user","content":[{"type":"input_text","text":"from responses"}]}]}),
+    )
+    .await
+    .unwrap();
+    let id = |r: &reqwest::Response| {
+        r.headers()["x-ctxgate-session"]
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    let (c, a, r) = (id(&chat), id(&anthropic), id(&responses));
+    for resp in [chat, anthropic, responses] {
+        assert_eq!(resp.status(), 200);
+        resp.text().await.unwrap();
+    }
+    assert!(c.ends_with("-shared"), "{c}");
+    assert_eq!(a, format!("{c}.anthropic"));
+    assert_eq!(r, format!("{c}.responses"));
+    h.state.sessions.flush().await.unwrap();
+    for (sid, dialect, first) in [
+        (&c, "chat", "from chat"),
+        (&a, "anthropic", "from anthropic"),
+        (&r, "responses", "from responses"),
+    ] {
+        let v: Value = admin(&h, &format!("/admin/sessions/{sid}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["dialect"], dialect, "{v}");
+        assert_eq!(v["message_count"], 2, "{v}");
+        assert!(v.to_string().contains(first), "{v}");
+        for other in ["from chat", "from anthropic", "from responses"] {
+            assert!(
+                other == first || !v.to_string().contains(other),
+                "{sid} holds {other}: {v}"
+            );
+        }
+    }
+    // The scoped id sent back is a fixed point: the Anthropic session continues.
+    let again = h
+        .client
+        .post(h.url("/v1/messages"))
+        .header("authorization", "Bearer sk-same")
+        .header("x-session-id", &a)
+        .json(&json!({"model":"claude-sonnet-4-5","max_tokens":64,
+               "messages":[{"role":"user","content":[{"type":"text","text":"from anthropic"}]},
+                           {"role":"assistant","content":[{"type":"text","text":"mock reply"}]},
+                           {"role":"user","content":"more"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(id(&again), a);
 }

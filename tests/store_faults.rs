@@ -407,7 +407,8 @@ async fn parallel_turns_leave_the_stored_row_matching_the_history() {
     }
     state.sessions.flush().await.unwrap();
     let entry = state.sessions.entry(&sid).await.unwrap().unwrap();
-    let (len, head) = entry.with_tree(|t| (t.len(), t.head().map(|h| h.to_string())));
+    let (len, history, head) =
+        entry.with_tree(|t| (t.len(), t.history().len(), t.head().map(|h| h.to_string())));
 
     let restarted = AppState::new(cfg).unwrap();
     let loaded = restarted
@@ -419,8 +420,8 @@ async fn parallel_turns_leave_the_stored_row_matching_the_history() {
         .unwrap();
     assert_eq!(loaded.nodes.len(), len);
     assert_eq!(
-        loaded.meta.message_count, len as u64,
-        "the row counts every stored node"
+        loaded.meta.message_count, history as u64,
+        "the row counts the history's messages"
     );
     assert_eq!(
         loaded.meta.head, head,

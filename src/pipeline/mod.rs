@@ -95,7 +95,7 @@ async fn handle(
         Err(e) => return own_error(dialect, e, None, started, request.stream, &request.model),
     };
     // 3. Identify the conversation (namespaced by the caller's credentials); `None`: no history is kept.
-    let session = identify(
+    let mut session = identify(
         &parts.headers,
         &cfg.session,
         &state.tenant_key,
@@ -105,6 +105,12 @@ async fn handle(
     // 3b. Reconcile with the stored history; new messages are queued for writing, not awaited. A store failure
     //     only costs this turn its recording.
     let mark = reconcile(&state, session.as_ref(), &request).await;
+    // The session the store resolved: a request in another dialect than its session's has one of its own.
+    if let (Some(s), Some(m)) = (session.as_mut(), mark.as_ref()) {
+        if s.id != m.entry.id {
+            s.id.clone_from(&m.entry.id);
+        }
+    }
     // An operator's pin on the session wins over the header and the config.
     let strategy = mark
         .as_ref()

@@ -35,6 +35,10 @@ pub(super) async fn relayed(
         dialect,
         is_sse,
         state.upstream.timeout(),
+        relay::Cut {
+            token: state.cut_streams.clone(),
+            grace_secs: state.config.server.shutdown_grace_secs,
+        },
         state.tasks.clone(),
         finisher,
     )

@@ -248,7 +248,16 @@ impl Rounds {
             let mut upstream = resp.bytes_stream();
             let mut error = None;
             loop {
-                let chunk = match tokio::time::timeout(idle, upstream.next()).await {
+                let next = tokio::select! {
+                    biased;
+                    n = tokio::time::timeout(idle, upstream.next()) => n,
+                    () = self.state.cut_streams.cancelled() => {
+                        let grace_secs = self.state.config.server.shutdown_grace_secs;
+                        error = Some(GatewayError::ShuttingDown { grace_secs });
+                        break;
+                    }
+                };
+                let chunk = match next {
                     Ok(Some(Ok(c))) => c,
                     Ok(None) => break,
                     Ok(Some(Err(e))) => {

@@ -103,6 +103,13 @@ impl Connections {
         self.tracker.len()
     }
 
+    /// Waits until every connection has closed, or `within` is over: true when they all closed.
+    pub async fn closed_within(&self, within: Duration) -> bool {
+        tokio::time::timeout(within, self.tracker.wait())
+            .await
+            .is_ok()
+    }
+
     /// Waits until every connection has closed, or `grace` is over; then closes what is left (their responses
     /// are dropped: streams end, and their turns are recorded as partial). Returns how many were closed so.
     pub async fn finish_within(&self, grace: Duration) -> usize {

@@ -23,6 +23,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+/// How long streams get, once the shutdown grace is over, to send their error event before their connections close.
+const CUT_GRACE: Duration = Duration::from_secs(1);
+
 /// How long scrapes in progress on the separate metrics listener get once `run` is over.
 const METRICS_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
@@ -176,12 +179,18 @@ impl Server {
             grace_secs = grace.as_secs(),
             "shutting down: no new connections, waiting for in-flight requests"
         );
-        let closed = conns.finish_within(grace).await;
-        if closed > 0 {
+        if !conns.closed_within(grace).await {
+            // Streams still relayed end with their dialect's error event (the client learns why, and retries);
+            // then whatever is still open is closed.
+            let open = conns.open();
+            self.state.cut_streams.cancel();
+            let closed = conns.finish_within(CUT_GRACE).await;
             tracing::warn!(
+                open,
                 closed,
                 grace_secs = grace.as_secs(),
-                "grace period over: closed the remaining connections (their replies are recorded as partial)"
+                "grace period over (server.shutdown_grace_secs): ended the streams still open with an error \
+                 event and closed the remaining connections (their replies are recorded as partial)"
             );
         }
         self.state.drain_within(drain).await;

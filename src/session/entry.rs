@@ -124,14 +124,15 @@ impl SessionEntry {
     }
 
     pub(super) fn meta(&self, st: &EntryState) -> SessionMeta {
+        let (history_len, history_bytes) = st.tree.history_stats();
         SessionMeta {
             id: self.id.clone(),
             tenant: self.tenant.clone(),
             dialect: self.dialect.to_string(),
             created_at: self.created_at,
             last_active: st.last_active,
-            message_count: st.tree.len() as u64,
-            token_estimate: (st.tree.history_bytes() / 4) as u64,
+            message_count: history_len as u64,
+            token_estimate: (history_bytes / 4) as u64,
             head: st.tree.head().map(|h| h.to_string()),
             version: st.version,
             strategy: st.strategy.clone(),

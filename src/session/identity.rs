@@ -74,14 +74,7 @@ pub fn identify(
 ) -> Option<SessionIdentity> {
     let tenant = key.tenant(headers);
     let prefix = id_prefix(&tenant);
-    let header_value = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-            .map(str::to_string)
-    };
+    let header_value = |name: &str| headers.get(name).and_then(header_text);
     let named = |v: String, source: IdSource| SessionIdentity {
         id: scoped_id(prefix, &v),
         tenant: tenant.clone(),
@@ -118,6 +111,17 @@ pub fn identify(
         source: IdSource::Fingerprint,
         dialect,
     })
+}
+
+/// A session header's value as text, trimmed; `None` when blank. Values beyond visible ASCII are kept, not
+/// dropped: UTF-8 as it is (`client_id_part` hashes it into the id's safe form), other bytes by their hex, so that
+/// two different values always name two different sessions.
+fn header_text(v: &http::HeaderValue) -> Option<String> {
+    let text = match std::str::from_utf8(v.as_bytes()) {
+        Ok(s) => s.trim().to_string(),
+        Err(_) => format!("\u{0}bytes:{}", hex::encode(v.as_bytes())),
+    };
+    (!text.is_empty()).then_some(text)
 }
 
 /// The session id for the client's id `v`: `<prefix>-<id>`. An id that already carries this tenant's prefix (our
@@ -248,6 +252,59 @@ mod tests {
             );
         }
         h
+    }
+
+    #[test]
+    fn non_ascii_session_ids_are_kept_apart() {
+        let body = json!({"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]})
+            .as_object()
+            .cloned()
+            .unwrap();
+        let with = |name: &str, value: &[u8]| {
+            let mut h = headers(&[("authorization", "Bearer a")]);
+            h.insert(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                http::HeaderValue::from_bytes(value).unwrap(),
+            );
+            ident(&h, &body)
+        };
+        let one = with("x-session-id", "ä€😀-one".as_bytes());
+        let two = with("x-session-id", "ä€😀-two".as_bytes());
+        assert_eq!(one.source, IdSource::Header);
+        assert_ne!(one.id, two.id, "two different ids stay two sessions");
+        assert_eq!(one, with("x-session-id", "ä€😀-one".as_bytes()), "stable");
+        // Not UTF-8 at all: still a session of its own, by its bytes.
+        let raw_a = with("x-session-id", &[0xff, 0xfe, b'a']);
+        let raw_b = with("x-session-id", &[0xff, 0xfe, b'b']);
+        assert_eq!(raw_a.source, IdSource::Header);
+        assert_ne!(raw_a.id, raw_b.id);
+        // The id's safe form: plain ASCII, whatever was sent.
+        for i in [&one, &two, &raw_a] {
+            assert!(
+                i.id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'),
+                "{}",
+                i.id
+            );
+        }
+        // A client's own session header too (Codex's `session-id` in a Responses request).
+        let body = json!({"model":"gpt-5","input":"hi"})
+            .as_object()
+            .cloned()
+            .unwrap();
+        let key = TenantKey::from_bytes([9; 32]).unwrap();
+        let mut h = headers(&[("authorization", "Bearer a")]);
+        h.insert(
+            "session-id",
+            http::HeaderValue::from_bytes("ä€😀-one".as_bytes()).unwrap(),
+        );
+        let r1 = identify(&h, &cfg(), &key, Dialect::Responses, &body).unwrap();
+        h.insert(
+            "session-id",
+            http::HeaderValue::from_bytes("ä€😀-two".as_bytes()).unwrap(),
+        );
+        let r2 = identify(&h, &cfg(), &key, Dialect::Responses, &body).unwrap();
+        assert_eq!(r1.source, IdSource::AgentHeader);
+        assert_ne!(r1.id, r2.id);
     }
 
     #[test]

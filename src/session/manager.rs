@@ -249,6 +249,10 @@ fn apply_tail(entry: &SessionEntry, t: Tail) -> bool {
     grew
 }
 
+/// How many dialect-scoped ids (`<id>.<dialect>`) a request tries before it is proxied without history: a request
+/// in another dialect than its session's starts a session of its own rather than mixing message shapes.
+const DIALECT_SCOPES: usize = 3;
+
 /// Sessions: cache over store.
 pub struct Sessions {
     store: Arc<dyn Store>,
@@ -528,19 +532,34 @@ impl Sessions {
         })
     }
 
+    /// The session of `ident` as the store has it (loaded, or new). Its id may differ from `ident.id`: see
+    /// [`DIALECT_SCOPES`].
     async fn entry_for(
         &self,
         ident: &SessionIdentity,
         now: i64,
     ) -> Result<Arc<SessionEntry>, StoreError> {
-        let entry = match self.load_entry(&ident.id).await? {
-            Some(e) => e,
-            None => self.fresh_entry(ident, now),
-        };
-        if entry.tenant != ident.tenant {
-            return Err(StoreError::TenantMismatch);
+        // A session holds one dialect's messages: a request in another dialect under the same id starts a session
+        // of its own, `<id>.<dialect>` (the id the answer's `x-ctxgate-session` then names).
+        let mut ident = std::borrow::Cow::Borrowed(ident);
+        for _ in 0..DIALECT_SCOPES {
+            let entry = match self.load_entry(&ident.id).await? {
+                Some(e) => e,
+                None => self.fresh_entry(&ident, now),
+            };
+            if entry.tenant != ident.tenant {
+                return Err(StoreError::TenantMismatch);
+            }
+            if entry.dialect == ident.dialect.as_str() {
+                return Ok(entry);
+            }
+            let scoped = format!("{}.{}", ident.id, ident.dialect.as_str());
+            ident.to_mut().id = scoped;
         }
-        Ok(entry)
+        Err(StoreError::Backend {
+            backend: "session",
+            message: "the session id names sessions of other dialects".into(),
+        })
     }
 
     /// Reconciles a request's messages with the session and queues the new ones for writing (not awaited). A new

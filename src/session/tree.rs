@@ -296,8 +296,8 @@ impl Tree {
             }
             parent = Some(id);
         }
-        if parent.is_some() {
-            self.head = parent.clone();
+        if let Some(leaf) = &parent {
+            self.advance_head(leaf, !created.is_empty());
         }
         Appended {
             leaf: parent,
@@ -332,8 +332,50 @@ impl Tree {
                 created_at: now,
             });
         }
-        self.head = Some(id.clone());
+        self.advance_head(&id, new);
         (id, new)
+    }
+
+    /// Moves the head to `leaf` unless that would move it backwards: a request or reply that created nothing and
+    /// ends on the head's own path (an ancestor of the head, or the head itself) leaves the head where it is. So a
+    /// shorter request that finishes after a longer one of the same conversation (parallel or retried turns) never
+    /// rewinds the history; a new node, or an existing node on another branch, moves the head there.
+    fn advance_head(&mut self, leaf: &NodeId, created: bool) {
+        if !created && self.is_on_head_path(leaf) {
+            return;
+        }
+        self.head = Some(leaf.clone());
+    }
+
+    /// Whether `id` lies on the path to the head (the head included): a walk up from the head of at most the
+    /// difference in positions.
+    fn is_on_head_path(&self, id: &NodeId) -> bool {
+        let (Some(head), Some(node)) = (self.head.as_ref(), self.nodes.get(id)) else {
+            return false;
+        };
+        let mut cur = self.nodes.get(head);
+        // Bounded by the node count: a hand-written store may hold a parent cycle.
+        for _ in 0..=self.nodes.len() {
+            let Some(n) = cur else { break };
+            if n.id == *id {
+                return true;
+            }
+            if n.position <= node.position {
+                return false;
+            }
+            cur = n.parent.as_ref().and_then(|p| self.nodes.get(p));
+        }
+        false
+    }
+
+    /// The session's history in figures: its message count and approximate bytes (one walk to the head).
+    pub fn history_stats(&self) -> (usize, usize) {
+        let history = self.history();
+        let bytes = history
+            .iter()
+            .map(|n| self.sizes.get(&n.id).copied().unwrap_or(0))
+            .sum();
+        (history.len(), bytes)
     }
 
     /// The path from the first message to `leaf`.
@@ -355,10 +397,7 @@ impl Tree {
 
     /// Approximate bytes of the history (the path to the head).
     pub fn history_bytes(&self) -> usize {
-        self.history()
-            .iter()
-            .map(|n| self.sizes.get(&n.id).copied().unwrap_or(0))
-            .sum()
+        self.history_stats().1
     }
 
     /// Every leaf except the head's: the other branches, oldest first.
@@ -495,6 +534,38 @@ mod tests {
             assert_eq!(again.known, 4);
         }
         assert_eq!(t.len(), 4);
+        assert_eq!(contents(&t), ["s", "u1", "a1", "u2"]);
+    }
+
+    #[test]
+    fn a_shorter_request_finishing_late_never_moves_the_head_back() {
+        let mut t = Tree::new();
+        let mut long =
+            msgs(json!([{"role":"system","content":"s"},{"role":"user","content":"u1"}]));
+        long.push(json!({"role":"assistant","content":"a1"}));
+        long.push(json!({"role":"user","content":"u2"}));
+        let a = append(&mut t, &long);
+        t.append_reply(a.leaf, json!({"role":"assistant","content":"a2"}), false, 0);
+        assert_eq!(contents(&t), ["s", "u1", "a1", "u2", "a2"]);
+        // The prefix request (sent earlier, answered last): its path and its reply exist already.
+        let short = &long[..2];
+        let b = append(&mut t, short);
+        assert!(b.created.is_empty());
+        assert_eq!(t.history_stats().0, 5, "the head stays at the newest reply");
+        let (_, new) = t.append_reply(b.leaf, json!({"role":"assistant","content":"a1"}), false, 0);
+        assert!(!new);
+        assert_eq!(contents(&t), ["s", "u1", "a1", "u2", "a2"]);
+        // A different answer to the prefix is a new branch: the head follows it.
+        let b = append(&mut t, short);
+        t.append_reply(
+            b.leaf,
+            json!({"role":"assistant","content":"other"}),
+            false,
+            0,
+        );
+        assert_eq!(contents(&t), ["s", "u1", "other"]);
+        // Going back to the first branch as it stands (no new node, not on the head's path) moves the head there.
+        append(&mut t, &long);
         assert_eq!(contents(&t), ["s", "u1", "a1", "u2"]);
     }
 

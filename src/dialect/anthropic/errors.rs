@@ -13,7 +13,7 @@ pub fn error_type(e: &GatewayError) -> &'static str {
         }
         GatewayError::PayloadTooLarge { .. } => "request_too_large",
         GatewayError::RequestTimeout { .. } | GatewayError::UpstreamTimeout(_) => "timeout_error",
-        GatewayError::Overloaded { .. } => "overloaded_error",
+        GatewayError::Overloaded { .. } | GatewayError::ShuttingDown { .. } => "overloaded_error",
         GatewayError::Unauthorized => "authentication_error",
         GatewayError::Forbidden => "permission_error",
         GatewayError::NotFound(_) => "not_found_error",

@@ -12,8 +12,8 @@ use std::sync::LazyLock;
 
 /// Applies one session's ops of a batch (`ARGV[1]`: TTL in ms, 0 for none; then the ops, see
 /// `super::codec::write_args`). Nodes and records are only stored while the row exists; a row is replaced only by
-/// a higher `version` (without `create`: only the row of the same tenant and creation time); `message_count` is
-/// never below the nodes stored. With a seventh key (standalone Redis: no slots to respect) the activity index is
+/// a higher `version` (without `create`: only the row of the same tenant and creation time), so its `head` and
+/// `message_count` (the length of the history to that head) always come from one writer. With a seventh key (standalone Redis: no slots to respect) the activity index is
 /// updated here too. Returns the row's `last_active` (for the activity index), or nil when the session does not
 /// exist.
 pub(super) static WRITE: LazyLock<Script> = LazyLock::new(|| {
@@ -62,10 +62,6 @@ while i <= #ARGV do
   end
 end
 if not exists() then return false end
-local stored = redis.call('HLEN', KEYS[2])
-if stored > tonumber(redis.call('HGET', KEYS[1], 'message_count') or '0') then
-  redis.call('HSET', KEYS[1], 'message_count', stored)
-end
 if ttl > 0 then
   for k = 1, 6 do redis.call('PEXPIRE', KEYS[k], ttl) end
 end
