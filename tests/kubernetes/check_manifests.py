@@ -51,7 +51,8 @@ def container_env(container):
     env = {}
     for var in container.get("env", []):
         if "value" in var:
-            env[var["name"]] = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), var["value"])
+            refs = r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)"
+            env[var["name"]] = re.sub(refs, lambda m: env.get(m.group(1), m.group(0)), var["value"])
         else:
             ref = var["valueFrom"]["secretKeyRef"]
             env[var["name"]] = f"stand-in-for-{ref['key']}"
