@@ -351,3 +351,80 @@ fn a_database_with_a_damaged_page_refuses_start_up() {
     std::fs::write(&db, bytes).unwrap();
     assert_refused(&config, &db);
 }
+
+/// A rewritten request is visible per request: the answer carries `x-ctxgate-rewrite` (stages and tokens) and,
+/// after recall rounds, `x-ctxgate-recall`; the access-log line has `rewritten`, `stages`, `tokens_client`,
+/// `tokens_sent` and `recall_rounds`; a request that needs no rewrite carries neither header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewrite_is_visible_in_the_answer_and_the_access_log() {
+    let mock = MockUpstream::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(
+        dir.path(),
+        &mock.base_url(),
+        "[context]\ndefault_context_window = 4000\n",
+    );
+    let gw = start(&config);
+    let send = |session: &'static str, body: Value| {
+        let url = gw.url("/v1/chat/completions");
+        async move {
+            client()
+                .post(url)
+                .header("authorization", "Bearer sk-lifecycle")
+                .header("x-session-id", session)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    // Small: sent as it is.
+    let small = send(
+        "visible-0",
+        json!({"model":"mock-model","messages":[{"role":"user","content":"hi"}]}),
+    )
+    .await;
+    assert_eq!(small.status(), 200);
+    assert!(small.headers().get("x-ctxgate-rewrite").is_none());
+    assert!(small.headers().get("x-ctxgate-recall").is_none());
+    small.text().await.unwrap();
+    // Over the threshold: rewritten; the model recalls a cleared result once.
+    mock.push(MockReply::message(
+        json!({"role":"assistant","content":null,"tool_calls":[{"id":"r1","type":"function",
+            "function":{"name":"recall_tool_call","arguments":"{\"call_id\":\"call_0\"}"}}]}),
+        "tool_calls",
+    ));
+    mock.push(MockReply::completion("done"));
+    let big = send(
+        "visible-1",
+        json!({"model":"mock-model","messages":support_chat(8),
+               "tools":[{"type":"function","function":{"name":"lookup","parameters":{"type":"object"}}}]}),
+    )
+    .await;
+    assert_eq!(big.status(), 200);
+    let rewrite = big.headers()["x-ctxgate-rewrite"].to_str().unwrap().to_string();
+    let (stages, tokens) = rewrite.split_once("; tokens=").expect(&rewrite);
+    assert!(!stages.is_empty() && stages.split(',').all(|s| ["cleared", "pruned", "summarized", "truncated"].contains(&s)), "{rewrite}");
+    let (client_tokens, sent_tokens) = tokens.split_once("->").unwrap();
+    let (client_tokens, sent_tokens): (u64, u64) = (client_tokens.parse().unwrap(), sent_tokens.parse().unwrap());
+    assert!(sent_tokens < client_tokens, "{rewrite}");
+    assert_eq!(big.headers()["x-ctxgate-recall"], "1");
+    big.text().await.unwrap();
+    let (clean, logs) = gw.terminate();
+    assert!(clean);
+    let access: Vec<Value> = logs
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["target"] == "ctxgate::access" && v["fields"]["message"] == "conversation")
+        .collect();
+    assert_eq!(access.len(), 2, "{logs:#?}");
+    let (plain, rewritten) = (&access[0]["fields"], &access[1]["fields"]);
+    assert_eq!(plain["rewritten"], false);
+    assert_eq!(plain["stages"], "");
+    assert_eq!(plain["recall_rounds"], 0);
+    assert_eq!(rewritten["rewritten"], true);
+    assert_eq!(rewritten["stages"], stages);
+    assert_eq!(rewritten["tokens_client"], client_tokens);
+    assert_eq!(rewritten["tokens_sent"], sent_tokens);
+    assert_eq!(rewritten["recall_rounds"], 1);
+}

@@ -37,6 +37,10 @@ use std::time::Instant;
 
 /// Response header carrying the session id.
 pub const SESSION_HEADER: &str = "x-ctxgate-session";
+/// The response header saying what a rewrite did: `<stages>; tokens=<client>-><sent>`.
+pub const REWRITE_HEADER: &str = "x-ctxgate-rewrite";
+/// The response header counting the recall rounds ctxgate answered (answers whose head follows the rounds: JSON).
+pub const RECALL_HEADER: &str = "x-ctxgate-recall";
 
 /// Handles `POST /v1/chat/completions` (chat), `POST /v1/messages` (Anthropic) and `POST /v1/responses`
 /// (Responses).
@@ -213,7 +217,15 @@ async fn handle(
             rewritten_from: outgoing.rewrite.as_ref().map(|r| r.record.tokens_before),
             sent_estimate: outgoing.estimate,
         },
+        seen: Seen::of(&outgoing),
         draft,
+    };
+    let own = respond::Own {
+        session: session.as_ref(),
+        rewrite: outgoing
+            .rewrite
+            .as_ref()
+            .and_then(|r| respond::rewrite_header(&r.record)),
     };
     // 6b. The model may call the recall tools we offered: ctxgate answers them and asks again, within the same
     //     response. Anything but a successful first answer is relayed as it is.
@@ -243,7 +255,12 @@ async fn handle(
             messages_close: outgoing.messages_close,
             appended: Vec::new(),
             source,
-            on_round: record_round(&state, mark.clone(), turn.recall_calls()),
+            on_round: record_round(
+                &state,
+                mark.clone(),
+                turn.recall_calls(),
+                turn.seen.recall_rounds.clone(),
+            ),
             finisher: turn.finisher(None),
         };
         return respond::after_rounds(
@@ -252,7 +269,7 @@ async fn handle(
             resp,
             is_sse,
             &request.body,
-            session.as_ref(),
+            &own,
         )
         .await;
     }
@@ -261,7 +278,7 @@ async fn handle(
         dialect,
         resp,
         is_sse,
-        session.as_ref(),
+        &own,
         turn.finisher(outgoing.estimate),
     )
     .await
@@ -309,6 +326,40 @@ struct Turn {
     planned: measure::PlannedTokens,
     /// The turn's record of what was sent, completed when the turn ends (recorded sessions only).
     draft: Option<TurnDraft>,
+    /// What the access log tells of the rewrite and the recall rounds.
+    seen: Seen,
+}
+
+/// What the access-log line says of a turn beyond the exchange: the rewrite, the tokens and the recall rounds.
+struct Seen {
+    /// The stages of a rewrite, comma-separated (empty: not rewritten).
+    stages: String,
+    /// Estimated tokens of the client's request, when counted.
+    tokens_client: Option<u64>,
+    /// Estimated tokens of what was sent (before the recall tools), when counted.
+    tokens_sent: Option<u64>,
+    /// Recall rounds ctxgate answered.
+    recall_rounds: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl Seen {
+    fn of(outgoing: &Outgoing) -> Seen {
+        let recall_rounds = Arc::default();
+        match &outgoing.rewrite {
+            Some(rw) => Seen {
+                stages: rw.record.stages.join(","),
+                tokens_client: Some(rw.record.tokens_before),
+                tokens_sent: Some(rw.record.tokens_after),
+                recall_rounds,
+            },
+            None => Seen {
+                stages: String::new(),
+                tokens_client: outgoing.client_tokens,
+                tokens_sent: outgoing.client_tokens,
+                recall_rounds,
+            },
+        }
+    }
 }
 
 /// A turn's record before its answer: what was sent (its segments computed in the background while the upstream
@@ -482,6 +533,7 @@ impl Turn {
                     self.upstream_wait,
                     self.started,
                     &self.session_id,
+                    &self.seen,
                     &outcome,
                 );
                 drop(timer); // records the request: the turn is over
@@ -553,9 +605,11 @@ fn record_round(
     state: &Arc<AppState>,
     mark: Option<RequestMark>,
     calls: Option<Arc<parking_lot::Mutex<Vec<Value>>>>,
+    rounds: Arc<std::sync::atomic::AtomicU32>,
 ) -> Box<dyn Fn(Value) + Send + Sync> {
     let state = state.clone();
     Box::new(move |exchange: Value| {
+        rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Some(calls) = &calls {
             calls
                 .lock()
@@ -623,8 +677,12 @@ fn log_turn(
     upstream_wait: std::time::Duration,
     started: Instant,
     session_id: &str,
+    seen: &Seen,
     outcome: &RelayOutcome,
 ) {
+    let recall_rounds = seen
+        .recall_rounds
+        .load(std::sync::atomic::Ordering::Relaxed);
     tracing::info!(
         target: "ctxgate::access",
         method = "POST",
@@ -634,6 +692,11 @@ fn log_turn(
         model,
         stream,
         session = session_id,
+        rewritten = !seen.stages.is_empty(),
+        stages = seen.stages.as_str(),
+        tokens_client = seen.tokens_client,
+        tokens_sent = seen.tokens_sent,
+        recall_rounds,
         upstream_ms = upstream_wait.as_secs_f64() * 1000.0,
         total_ms = started.elapsed().as_secs_f64() * 1000.0,
         bytes = outcome.bytes,

@@ -2,7 +2,7 @@
 //! is the upstream's relayed through the tap, the answer after ctxgate's recall rounds, or our own error.
 
 use super::rounds::Rounds;
-use super::SESSION_HEADER;
+use super::{REWRITE_HEADER, SESSION_HEADER};
 use crate::app::AppState;
 use crate::dialect::Dialect;
 use crate::error::GatewayError;
@@ -26,10 +26,10 @@ pub(super) async fn relayed(
     dialect: Dialect,
     resp: crate::upstream::UpstreamResponse,
     is_sse: bool,
-    session: Option<&SessionIdentity>,
+    own: &Own<'_>,
     finisher: Finisher,
 ) -> Response {
-    let builder = head(resp.status(), resp.headers(), true, session);
+    let builder = head(resp.status(), resp.headers(), true, own);
     let mut body = relay::relay(
         resp.bytes_stream().boxed(),
         dialect,
@@ -84,10 +84,10 @@ pub(super) async fn after_rounds(
     first: crate::upstream::UpstreamResponse,
     is_sse: bool,
     client_body: &Map<String, Value>,
-    session: Option<&SessionIdentity>,
+    own: &Own<'_>,
 ) -> Response {
     if is_sse {
-        let builder = head(first.status(), first.headers(), false, session);
+        let builder = head(first.status(), first.headers(), false, own);
         return finish(
             builder,
             Body::from_stream(rounds.stream(first, client_body)),
@@ -98,7 +98,7 @@ pub(super) async fn after_rounds(
     let rounds_dialect = rounds.dialect;
     match state.tasks.spawn(rounds.json(first)).await {
         Ok((status, headers, bytes)) => {
-            finish(head(status, &headers, false, session), Body::from(bytes))
+            finish(head(status, &headers, false, own), Body::from(bytes))
         }
         Err(e) => error_response(
             rounds_dialect,
@@ -115,21 +115,48 @@ pub(super) fn is_event_stream(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
+/// The headers ctxgate adds to an answer: the session's id and, for a rewritten request, what the rewrite did.
+#[derive(Default)]
+pub(super) struct Own<'a> {
+    /// The session, when one is kept.
+    pub session: Option<&'a SessionIdentity>,
+    /// `x-ctxgate-rewrite`'s value, when the request was rewritten (see [`rewrite_header`]).
+    pub rewrite: Option<HeaderValue>,
+}
+
+/// `x-ctxgate-rewrite`'s value: the stages that changed something and the estimated tokens of the client's
+/// request and of what was sent, e.g. `cleared,pruned; tokens=5468->3048`.
+pub(super) fn rewrite_header(record: &crate::context::CompressionRecord) -> Option<HeaderValue> {
+    let stages = if record.stages.is_empty() {
+        "rewritten".to_string()
+    } else {
+        record.stages.join(",")
+    };
+    HeaderValue::from_str(&format!(
+        "{stages}; tokens={}->{}",
+        record.tokens_before, record.tokens_after
+    ))
+    .ok()
+}
+
 /// A response head with `status`, the end-to-end headers of `upstream` (its `content-length` only when
-/// `keep_length`) and the session header.
+/// `keep_length`) and ctxgate's own headers.
 fn head(
     status: StatusCode,
     upstream: &HeaderMap,
     keep_length: bool,
-    session: Option<&SessionIdentity>,
+    own: &Own<'_>,
 ) -> http::response::Builder {
     let mut builder = Response::builder().status(status);
     if let Some(h) = builder.headers_mut() {
         *h = end_to_end(upstream, |k| {
             keep_length || k != http::header::CONTENT_LENGTH
         });
+        if let Some(v) = &own.rewrite {
+            h.insert(REWRITE_HEADER, v.clone());
+        }
     }
-    match session.map(|s| HeaderValue::from_str(&s.id)) {
+    match own.session.map(|s| HeaderValue::from_str(&s.id)) {
         Some(Ok(v)) => builder.header(SESSION_HEADER, v),
         _ => builder,
     }

@@ -206,6 +206,9 @@ impl Rounds {
             .finalize_answer(final_value, &names, usage, first_id);
         let raw = Bytes::from(serde_json::to_vec(&out).unwrap_or_default());
         self.finish(&raw, round_usage).await;
+        if round > 0 {
+            headers.insert(super::RECALL_HEADER, http::HeaderValue::from(round));
+        }
         (http::StatusCode::OK, headers, raw)
     }
 
