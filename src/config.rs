@@ -46,7 +46,8 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
-    /// Address and port to listen on.
+    /// Address and port to listen on: an IP address and port (`127.0.0.1:8787`, `[::1]:8787`, `0.0.0.0:8787`) or
+    /// `localhost:PORT`.
     pub listen: String,
     /// Largest request body accepted, in bytes; larger bodies get 413.
     pub max_body_bytes: u64,
@@ -633,9 +634,9 @@ impl Config {
     /// Semantic checks; reports every problem at once.
     pub fn validate(&self) -> Result<(), ConfigErrors> {
         let mut e = Vec::new();
-        if self.server.listen.parse::<SocketAddr>().is_err() {
+        if parse_listen(&self.server.listen).is_none() {
             e.push(format!(
-                "server.listen: {:?} is not an address like 127.0.0.1:8787",
+                "server.listen: {:?} is not an address like 127.0.0.1:8787, [::1]:8787 or localhost:8787",
                 self.server.listen
             ));
         }
@@ -706,9 +707,9 @@ impl Config {
             self.store.check_redis(&mut e);
         }
         if let Some(l) = &self.metrics.listen {
-            if l.parse::<SocketAddr>().is_err() {
+            if parse_listen(l).is_none() {
                 e.push(format!(
-                    "metrics.listen: {l:?} is not an address like 127.0.0.1:9187"
+                    "metrics.listen: {l:?} is not an address like 127.0.0.1:9187 or localhost:9187"
                 ));
             }
         }
@@ -847,7 +848,7 @@ impl Config {
 
     /// The listen address (validated by [`Config::validate`]).
     pub fn listen_addr(&self) -> Result<SocketAddr, ConfigErrors> {
-        self.server.listen.parse().map_err(|_| {
+        parse_listen(&self.server.listen).ok_or_else(|| {
             ConfigErrors(vec![format!(
                 "server.listen: {:?} is not an address",
                 self.server.listen
@@ -859,10 +860,7 @@ impl Config {
     /// unset, whether `server.listen` is a loopback address.
     pub fn admin_loopback_without_token(&self) -> bool {
         self.admin.allow_loopback_without_token.unwrap_or_else(|| {
-            self.server
-                .listen
-                .parse::<SocketAddr>()
-                .is_ok_and(|a| a.ip().is_loopback())
+            parse_listen(&self.server.listen).is_some_and(|a| a.ip().is_loopback())
         })
     }
 
@@ -972,9 +970,36 @@ fn check_each_key(table: &toml::Table, errors: &mut Vec<String>) {
     }
 }
 
+/// A listen address: an IP address and port (`127.0.0.1:8787`, `[::1]:8787`, `0.0.0.0:8787`), or `localhost:PORT`
+/// (the IPv4 loopback, 127.0.0.1). No other names: a listener's address is never left to a DNS lookup.
+pub fn parse_listen(s: &str) -> Option<SocketAddr> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Some(a);
+    }
+    let (host, port) = s.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    host.eq_ignore_ascii_case("localhost")
+        .then(|| SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listen_takes_addresses_and_localhost() {
+        assert_eq!(parse_listen("127.0.0.1:8787"), Some(SocketAddr::from(([127, 0, 0, 1], 8787))));
+        assert_eq!(parse_listen("localhost:8787"), Some(SocketAddr::from(([127, 0, 0, 1], 8787))));
+        assert_eq!(parse_listen("LOCALHOST:0"), Some(SocketAddr::from(([127, 0, 0, 1], 0))));
+        assert!(parse_listen("[::1]:8787").is_some_and(|a| a.ip().is_loopback()));
+        for bad in ["localhost", "example.com:80", "localhost:99999", ":8787", "127.0.0.1"] {
+            assert_eq!(parse_listen(bad), None, "{bad}");
+        }
+        let c = load("[server]\nlisten = \"localhost:8787\"\n", &[]).unwrap();
+        assert!(c.admin_loopback_without_token(), "localhost is loopback");
+        let e = load("[server]\nlisten = \"example.com:8787\"\n", &[]).unwrap_err();
+        assert!(e.to_string().contains("localhost:8787"), "{e}");
+    }
 
     fn load(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigErrors> {
         let dir = tempfile::tempdir().unwrap();

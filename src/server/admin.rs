@@ -75,11 +75,8 @@ fn log_exposure(config: &crate::config::Config) {
         tracing::info!("admin API on: bearer [admin] token required");
         return;
     }
-    let listen_loopback = config
-        .server
-        .listen
-        .parse::<SocketAddr>()
-        .is_ok_and(|a| a.ip().is_loopback());
+    let listen_loopback =
+        crate::config::parse_listen(&config.server.listen).is_some_and(|a| a.ip().is_loopback());
     match (config.admin_loopback_without_token(), listen_loopback) {
         (true, true) => {
             tracing::info!("admin API on for loopback peers only (no [admin] token set)")

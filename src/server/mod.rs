@@ -112,7 +112,7 @@ impl Server {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let metrics_listener = match &state.config.metrics.listen {
             Some(a) => {
-                let a: SocketAddr = a.parse().map_err(|_| {
+                let a: SocketAddr = crate::config::parse_listen(a).ok_or_else(|| {
                     std::io::Error::new(
                         std::io::ErrorKind::InvalidInput,
                         format!("metrics.listen: {a:?} is not an address"),
