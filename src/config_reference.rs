@@ -118,6 +118,17 @@ fn type_of(p: &Value, root: &Value) -> String {
     if !choices.is_empty() {
         return format!("one of {}", choices.join(", "));
     }
+    // Alternatives (`anyOf`: e.g. `true`, `false` or a list of names) are named one by one.
+    if let Some(alts) = def.get("anyOf").and_then(Value::as_array) {
+        let named: Vec<String> = alts
+            .iter()
+            .filter(|a| a.get("type") != Some(&Value::from("null")))
+            .map(|a| type_of(a, root))
+            .collect();
+        if !named.is_empty() {
+            return named.join(" or ");
+        }
+    }
     let types: Vec<&str> = match def.get("type") {
         Some(Value::String(t)) => vec![t.as_str()],
         Some(Value::Array(ts)) => ts
@@ -130,11 +141,15 @@ fn type_of(p: &Value, root: &Value) -> String {
     let t = types
         .iter()
         .map(|t| match *t {
-            "integer" => "integer",
-            "number" => "number",
-            "boolean" => "boolean",
-            "object" => "table",
-            _ => "string",
+            "integer" => "integer".to_string(),
+            "number" => "number".to_string(),
+            "boolean" => "boolean".to_string(),
+            "object" => "table".to_string(),
+            "array" => match def.get("items") {
+                Some(items) => format!("array of {}", plural(&type_of(items, root))),
+                None => "array".to_string(),
+            },
+            _ => "string".to_string(),
         })
         .collect::<Vec<_>>()
         .join(" or ");
@@ -142,6 +157,14 @@ fn type_of(p: &Value, root: &Value) -> String {
         "string".into()
     } else {
         t
+    }
+}
+
+/// `string` → `strings`, for "array of strings".
+fn plural(t: &str) -> String {
+    match t {
+        "string" | "integer" | "number" | "boolean" | "table" => format!("{t}s"),
+        other => other.to_string(),
     }
 }
 
@@ -156,6 +179,20 @@ mod tests {
             committed == now,
             "docs/configuration.md is stale: run `cargo run -- config-reference > docs/configuration.md`"
         );
+    }
+
+    #[test]
+    fn types_are_the_real_types() {
+        let r = super::render();
+        for needle in [
+            "| `redis_cluster_nodes` | array of strings |",
+            "| `exclude_tools` | array of strings |",
+            "| `clear_tool_inputs` | boolean or array of strings |",
+            "| `listen` | string |",
+            "| `keep_recent` | integer |",
+        ] {
+            assert!(r.contains(needle), "missing {needle}");
+        }
     }
 
     #[test]
