@@ -988,11 +988,26 @@ mod tests {
 
     #[test]
     fn listen_takes_addresses_and_localhost() {
-        assert_eq!(parse_listen("127.0.0.1:8787"), Some(SocketAddr::from(([127, 0, 0, 1], 8787))));
-        assert_eq!(parse_listen("localhost:8787"), Some(SocketAddr::from(([127, 0, 0, 1], 8787))));
-        assert_eq!(parse_listen("LOCALHOST:0"), Some(SocketAddr::from(([127, 0, 0, 1], 0))));
+        assert_eq!(
+            parse_listen("127.0.0.1:8787"),
+            Some(SocketAddr::from(([127, 0, 0, 1], 8787)))
+        );
+        assert_eq!(
+            parse_listen("localhost:8787"),
+            Some(SocketAddr::from(([127, 0, 0, 1], 8787)))
+        );
+        assert_eq!(
+            parse_listen("LOCALHOST:0"),
+            Some(SocketAddr::from(([127, 0, 0, 1], 0)))
+        );
         assert!(parse_listen("[::1]:8787").is_some_and(|a| a.ip().is_loopback()));
-        for bad in ["localhost", "example.com:80", "localhost:99999", ":8787", "127.0.0.1"] {
+        for bad in [
+            "localhost",
+            "example.com:80",
+            "localhost:99999",
+            ":8787",
+            "127.0.0.1",
+        ] {
             assert_eq!(parse_listen(bad), None, "{bad}");
         }
         let c = load("[server]\nlisten = \"localhost:8787\"\n", &[]).unwrap();

@@ -15,9 +15,12 @@ use serde::Serialize;
 use std::io::Write;
 use std::path::PathBuf;
 
-/// ctxgate — a transparent OpenAI-compatible gateway that gives any AI agent a long memory.
+/// ctxgate — a transparent gateway that gives any AI agent a long memory.
 ///
-/// Point your agent's base URL at it (OPENAI_BASE_URL=http://127.0.0.1:8787/v1) and change nothing else.
+/// It speaks OpenAI chat completions (/v1/chat/completions), Anthropic Messages (/v1/messages) and the OpenAI
+/// Responses API (/v1/responses); every other /v1/* request passes through. Point your agent's base URL at it
+/// (OPENAI_BASE_URL=http://127.0.0.1:8787/v1, ANTHROPIC_BASE_URL=http://127.0.0.1:8787) and change nothing else.
+/// While it runs: the session inspector at http://127.0.0.1:8787/ui/, Prometheus metrics at /metrics.
 /// Config keys can be overridden from the environment as CTXGATE_<SECTION>__<KEY>.
 #[derive(Parser, Debug)]
 #[command(name = "ctxgate", version, about, long_about)]
@@ -477,7 +480,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let server = ctxgate::server::Server::bind(state, addr)
                 .await
                 .with_context(|| format!("cannot listen on {addr}"))?;
-            tracing::info!(listen = %server.local_addr()?, upstream = %upstream_url, "ctxgate listening");
+            let bound = server.local_addr()?;
+            tracing::info!(listen = %bound, upstream = %upstream_url, "ctxgate listening");
+            tracing::info!("inspector: http://{bound}/ui/");
+            match server.metrics_addr() {
+                Some(m) => {
+                    tracing::info!("metrics: http://{bound}/metrics (and http://{m}/metrics)")
+                }
+                None => tracing::info!("metrics: http://{bound}/metrics"),
+            }
             // The first SIGTERM/SIGINT starts the shutdown (grace, then drain) and `run` returns once it is done;
             // a second one exits at once, giving up what is still being drained.
             let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();

@@ -30,7 +30,9 @@
 //! `…/responses/input_tokens`; for `…/responses/compact` a `response.compaction` (the input's user messages and
 //! one `compaction` item); a 404 in OpenAI's error shape, at once, for `GET …/responses` (Codex's WebSocket
 //! upgrade, with or without its `Upgrade` header, which a proxy may drop as hop-by-hop); otherwise a chat completion saying `mock reply` (as JSON, or as an SSE stream
-//! when the request says `"stream": true`, with a usage chunk when it asks for `stream_options.include_usage`).
+//! when the request says `"stream": true`, with a usage chunk when it asks for `stream_options.include_usage`),
+//! whose `usage.prompt_tokens` is [`estimate_tokens`] of the request. A conversation request without a string
+//! `model` gets a 400 in its API's shape instead, as the real APIs answer it.
 //! Multi-turn tool-using runs are scripted turn by turn.
 
 mod anthropic;
@@ -162,13 +164,19 @@ impl MockReply {
 
     /// An SSE stream that says `pieces` one content delta at a time, with a usage chunk when `usage` is set.
     pub fn sse_text(pieces: &[&str], usage: bool) -> Self {
+        Self::sse_text_with_prompt(pieces, usage.then_some(10))
+    }
+
+    /// [`MockReply::sse_text`] whose usage chunk (when `prompt_tokens` is given) reports `prompt_tokens`.
+    pub fn sse_text_with_prompt(pieces: &[&str], prompt_tokens: Option<u64>) -> Self {
         let mut chunks = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
         chunks.extend(pieces.iter().map(|p| chunk(json!({"content": p}), None)));
         chunks.push(chunk(json!({}), Some("stop")));
-        if usage {
+        if let Some(prompt) = prompt_tokens {
+            let completion = pieces.len() as u64;
             chunks.push(json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 1_700_000_000,
                 "model": "mock-model", "choices": [],
-                "usage": {"prompt_tokens": 10, "completion_tokens": pieces.len(), "total_tokens": 10 + pieces.len()}}));
+                "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}));
         }
         Self::sse_chunks(&chunks, Duration::ZERO)
     }
@@ -510,6 +518,9 @@ fn default_reply(rec: &RecordedRequest) -> MockReply {
     if rec.is_websocket() || (rec.method == Method::GET && rec.path().ends_with("/responses")) {
         return responses::no_websocket();
     }
+    if let Some(missing) = missing_model(rec, &v) {
+        return missing;
+    }
     match rec.path() {
         p if p.ends_with("/messages/count_tokens") => return anthropic::count_tokens(&v),
         p if p.ends_with("/messages") => return AnthropicReply::text("mock reply").render(&v),
@@ -531,15 +542,54 @@ fn default_reply(rec: &RecordedRequest) -> MockReply {
             json!({"object": "list", "data": [{"id": "mock-model", "object": "model", "created": 0, "owned_by": "mock"}]}),
         );
     }
+    // The prompt's tokens estimated as for the other dialects (a quarter of its serialized messages and tools).
+    let prompt_tokens = estimate_tokens(&v);
     if v.get("stream").and_then(Value::as_bool) == Some(true) {
         let usage = v
             .pointer("/stream_options/include_usage")
             .and_then(Value::as_bool)
             == Some(true);
-        MockReply::sse_text(&["mock ", "reply"], usage)
+        MockReply::sse_text_with_prompt(&["mock ", "reply"], usage.then_some(prompt_tokens))
     } else {
-        MockReply::completion("mock reply")
+        let mut reply = MockReply::completion("mock reply");
+        if let MockReply::Json { body, .. } = &mut reply {
+            if let Ok(mut b) = serde_json::from_slice::<Value>(body) {
+                b["usage"] = json!({"prompt_tokens": prompt_tokens, "completion_tokens": 2,
+                                    "total_tokens": prompt_tokens + 2});
+                *body = Bytes::from(b.to_string());
+            }
+        }
+        reply
     }
+}
+
+/// A conversation request (chat completions, Messages, Responses, and their token counts) without a string
+/// `model`: answered 400 in the API's own shape and words, as the real APIs answer it.
+fn missing_model(rec: &RecordedRequest, v: &Value) -> Option<MockReply> {
+    if rec.method != Method::POST || v.get("model").is_some_and(Value::is_string) {
+        return None;
+    }
+    let path = rec.path();
+    if path.ends_with("/messages") || path.ends_with("/messages/count_tokens") {
+        return Some(MockReply::json(
+            400,
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "model: Field required"}}),
+        ));
+    }
+    let openai = |message: &str| {
+        Some(MockReply::json(
+            400,
+            json!({"error": {"message": message, "type": "invalid_request_error", "param": "model",
+                             "code": "missing_required_parameter"}}),
+        ))
+    };
+    if path.ends_with("/chat/completions") {
+        return openai("you must provide a model parameter");
+    }
+    if path.ends_with("/responses") || path.ends_with("/responses/input_tokens") {
+        return openai("Missing required parameter: 'model'.");
+    }
+    None
 }
 
 struct DropFlag(Arc<MockState>, bool);

@@ -402,11 +402,21 @@ async fn a_rewrite_is_visible_in_the_answer_and_the_access_log() {
     )
     .await;
     assert_eq!(big.status(), 200);
-    let rewrite = big.headers()["x-ctxgate-rewrite"].to_str().unwrap().to_string();
+    let rewrite = big.headers()["x-ctxgate-rewrite"]
+        .to_str()
+        .unwrap()
+        .to_string();
     let (stages, tokens) = rewrite.split_once("; tokens=").expect(&rewrite);
-    assert!(!stages.is_empty() && stages.split(',').all(|s| ["cleared", "pruned", "summarized", "truncated"].contains(&s)), "{rewrite}");
+    assert!(
+        !stages.is_empty()
+            && stages
+                .split(',')
+                .all(|s| ["cleared", "pruned", "summarized", "truncated"].contains(&s)),
+        "{rewrite}"
+    );
     let (client_tokens, sent_tokens) = tokens.split_once("->").unwrap();
-    let (client_tokens, sent_tokens): (u64, u64) = (client_tokens.parse().unwrap(), sent_tokens.parse().unwrap());
+    let (client_tokens, sent_tokens): (u64, u64) =
+        (client_tokens.parse().unwrap(), sent_tokens.parse().unwrap());
     assert!(sent_tokens < client_tokens, "{rewrite}");
     assert_eq!(big.headers()["x-ctxgate-recall"], "1");
     big.text().await.unwrap();
@@ -427,4 +437,42 @@ async fn a_rewrite_is_visible_in_the_answer_and_the_access_log() {
     assert_eq!(rewritten["tokens_client"], client_tokens);
     assert_eq!(rewritten["tokens_sent"], sent_tokens);
     assert_eq!(rewritten["recall_rounds"], 1);
+    // Where to look, said at start-up.
+    let messages: Vec<String> = logs
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v["fields"]["message"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.starts_with("inspector: http://127.0.0.1:") && m.ends_with("/ui/")),
+        "{messages:?}"
+    );
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.starts_with("metrics: http://127.0.0.1:") && m.ends_with("/metrics")),
+        "{messages:?}"
+    );
+}
+
+/// `--help` names the three APIs and where the inspector and the metrics are.
+#[test]
+fn help_names_the_apis_the_inspector_and_the_metrics() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxgate"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "/v1/chat/completions",
+        "/v1/messages",
+        "/v1/responses",
+        "/ui/",
+        "/metrics",
+    ] {
+        assert!(text.contains(needle), "--help lacks {needle}: {text}");
+    }
 }

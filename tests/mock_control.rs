@@ -118,3 +118,70 @@ async fn bad_specs_are_refused_and_nothing_is_queued() {
         "a refused list queues nothing"
     );
 }
+
+/// The mock's default answers behave like the real APIs: a chat completion reports an estimated `prompt_tokens`
+/// (a quarter of the serialized messages and tools, as for the other dialects), and a request without `model`
+/// gets a 400 in its API's shape.
+#[tokio::test]
+async fn default_answers_estimate_prompt_tokens_and_refuse_a_missing_model() {
+    let h = Harness::start().await;
+    let base = format!("http://{}", h.mock.addr);
+    let post = |path: &str, body: Value| h.client.post(format!("{base}{path}")).json(&body).send();
+    let short = json!({"model":"m","messages":[{"role":"user","content":"hi"}]});
+    let long = json!({"model":"m","messages":[{"role":"user","content":"word ".repeat(400)}]});
+    let tokens = |v: &Value| v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let a: Value = post("/v1/chat/completions", short.clone())
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let b: Value = post("/v1/chat/completions", long.clone())
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(tokens(&a), ctxgate::mock::estimate_tokens(&short));
+    assert_eq!(tokens(&b), ctxgate::mock::estimate_tokens(&long));
+    assert!(tokens(&b) > 400, "{b}");
+    assert_eq!(b["usage"]["total_tokens"], tokens(&b) + 2);
+    // The stream's usage chunk says the same.
+    let mut streamed = long.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let text = post("/v1/chat/completions", streamed)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains(&format!("\"prompt_tokens\":{}", tokens(&b))),
+        "{text}"
+    );
+    for (path, body, shape) in [
+        (
+            "/v1/chat/completions",
+            json!({"messages":[{"role":"user","content":"hi"}]}),
+            "openai",
+        ),
+        ("/v1/responses", json!({"input":"hi"}), "openai"),
+        (
+            "/v1/messages",
+            json!({"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}),
+            "anthropic",
+        ),
+    ] {
+        let resp = post(path, body).await.unwrap();
+        assert_eq!(resp.status(), 400, "{path}");
+        let v: Value = resp.json().await.unwrap();
+        if shape == "anthropic" {
+            assert_eq!(v["type"], "error");
+            assert_eq!(v["error"]["type"], "invalid_request_error");
+        } else {
+            assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+            assert_eq!(v["error"]["param"], "model");
+        }
+    }
+}

@@ -263,15 +263,7 @@ async fn handle(
             ),
             finisher: turn.finisher(None),
         };
-        return respond::after_rounds(
-            &state,
-            rounds,
-            resp,
-            is_sse,
-            &request.body,
-            &own,
-        )
-        .await;
+        return respond::after_rounds(&state, rounds, resp, is_sse, &request.body, &own).await;
     }
     respond::relayed(
         &state,
