@@ -603,15 +603,27 @@ impl Config {
         };
         let mut errors = Vec::new();
         apply_env(&mut table, env, &mut errors);
-        check_each_key(&table, &mut errors);
-        if !errors.is_empty() {
-            return Err(ConfigErrors(errors));
+        Self::from_table(table, errors)
+    }
+
+    /// The config of a parsed file (environment applied), checked in one pass: every key's type and name, then —
+    /// with the keys found wrong left at their defaults — every value and cross-field rule, so that one message
+    /// lists every problem. `errors`: problems found before (the environment's).
+    fn from_table(mut table: toml::Table, mut errors: Vec<String>) -> Result<Config, ConfigErrors> {
+        let set = set_keys(&table);
+        for (section, key) in check_each_key(&table, &mut errors) {
+            remove_key(&mut table, &section, key.as_deref());
         }
-        let config: Config = toml::Value::Table(table)
-            .try_into()
-            .map_err(|e: toml::de::Error| ConfigErrors(vec![e.message().to_string()]))?;
-        config.validate()?;
-        Ok(config)
+        match toml::Value::Table(table).try_into::<Config>() {
+            Ok(config) => {
+                errors.extend(config.problems(&|k: &str| set.contains(k)));
+                if errors.is_empty() {
+                    return Ok(config);
+                }
+            }
+            Err(e) => errors.push(e.message().to_string()),
+        }
+        Err(ConfigErrors(errors))
     }
 
     /// Parses a config from TOML text (no environment overrides).
@@ -619,20 +631,23 @@ impl Config {
         let table = text
             .parse::<toml::Table>()
             .map_err(|e| ConfigErrors(vec![e.to_string().trim().to_string()]))?;
-        let mut errors = Vec::new();
-        check_each_key(&table, &mut errors);
-        if !errors.is_empty() {
-            return Err(ConfigErrors(errors));
-        }
-        let config: Config = toml::Value::Table(table)
-            .try_into()
-            .map_err(|e: toml::de::Error| ConfigErrors(vec![e.message().to_string()]))?;
-        config.validate()?;
-        Ok(config)
+        Self::from_table(table, Vec::new())
     }
 
     /// Semantic checks; reports every problem at once.
     pub fn validate(&self) -> Result<(), ConfigErrors> {
+        let e = self.problems(&|_: &str| true);
+        if e.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigErrors(e))
+        }
+    }
+
+    /// Every semantic problem, each naming its key path. `set(path)`: whether the file (or the environment) set
+    /// that key; a rule between two keys names the one that was set, and a value already wrong on its own is not
+    /// compared with others (no derived complaints).
+    fn problems(&self, set: &dyn Fn(&str) -> bool) -> Vec<String> {
         let mut e = Vec::new();
         if parse_listen(&self.server.listen).is_none() {
             e.push(format!(
@@ -719,27 +734,37 @@ impl Config {
             }
         }
         let c = &self.context;
+        let fraction = |v: f64| v > 0.0 && v <= 1.0;
         for (name, v) in [
             ("threshold", c.threshold),
             ("target", c.target),
             ("hard_limit", c.hard_limit),
         ] {
-            if !(v > 0.0 && v <= 1.0) {
+            if !fraction(v) {
                 e.push(format!("context.{name}: {v} must be a fraction in (0, 1]"));
             }
         }
-        if c.target > c.threshold {
-            e.push(format!(
-                "context.target: {} must not exceed context.threshold ({})",
-                c.target, c.threshold
-            ));
-        }
-        if c.hard_limit < c.threshold {
-            e.push(format!(
-                "context.hard_limit: {} must not be below context.threshold ({})",
-                c.hard_limit, c.threshold
-            ));
-        }
+        // `low` must not exceed `high`: said of the key the file set (the other may be a default).
+        let mut ordered = |(low, lv): (&str, f64), (high, hv): (&str, f64)| {
+            if !(fraction(lv) && fraction(hv) && lv > hv) {
+                return;
+            }
+            let (low_key, high_key) = (format!("context.{low}"), format!("context.{high}"));
+            let default = |k: &str| if set(k) { "" } else { ", the default" };
+            if set(&low_key) || !set(&high_key) {
+                e.push(format!(
+                    "{low_key}: {lv} must not exceed {high_key} ({hv}{})",
+                    default(&high_key)
+                ));
+            } else {
+                e.push(format!(
+                    "{high_key}: {hv} must not be below {low_key} ({lv}{})",
+                    default(&low_key)
+                ));
+            }
+        };
+        ordered(("target", c.target), ("threshold", c.threshold));
+        ordered(("threshold", c.threshold), ("hard_limit", c.hard_limit));
         e.extend(c.clear_at_least.problem("context.clear_at_least"));
         if c.max_messages.is_some_and(|m| m < 4) {
             e.push("context.max_messages: must be at least 4 messages".into());
@@ -839,11 +864,7 @@ impl Config {
             }
         }
         self.hooks.problems(&mut e);
-        if e.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigErrors(e))
-        }
+        e
     }
 
     /// The listen address (validated by [`Config::validate`]).
@@ -936,38 +957,85 @@ fn apply_env(
 }
 
 /// Checks every key on its own against the schema, so that all unknown keys and bad values are reported together.
-fn check_each_key(table: &toml::Table, errors: &mut Vec<String>) {
+/// Checks every key of `table` on its own (its name and type), pushing one problem per wrong key with its full
+/// path (`models."gpt-4o".context_window` for a model's field). Returns the wrong keys — `(section, key)`,
+/// `(section, None)` for a whole section — so that the rest can still be checked.
+fn check_each_key(table: &toml::Table, errors: &mut Vec<String>) -> Vec<(String, Option<String>)> {
+    let fits = |section: &str, value: toml::Value| {
+        let mut one = toml::Table::new();
+        one.insert(section.to_string(), value);
+        toml::Value::Table(one).try_into::<Config>().err()
+    };
+    let mut wrong = Vec::new();
     for (section, value) in table {
-        let toml::Value::Table(keys) = value else {
-            let mut one = toml::Table::new();
-            one.insert(section.clone(), value.clone());
-            if let Err(e) = toml::Value::Table(one).try_into::<Config>() {
-                errors.push(format!("{section}: {}", e.message()));
+        let keys = match value {
+            toml::Value::Table(keys) if !keys.is_empty() => keys,
+            other => {
+                if let Some(e) = fits(section, other.clone()) {
+                    errors.push(format!("{section}: {}", e.message()));
+                    wrong.push((section.clone(), None));
+                }
+                continue;
             }
-            continue;
         };
-        if keys.is_empty() {
-            let mut one = toml::Table::new();
-            one.insert(section.clone(), value.clone());
-            if let Err(e) = toml::Value::Table(one).try_into::<Config>() {
-                errors.push(format!("{section}: {}", e.message()));
-            }
-        }
         for (key, v) in keys {
             let mut inner = toml::Table::new();
             inner.insert(key.clone(), v.clone());
-            let mut one = toml::Table::new();
-            one.insert(section.clone(), toml::Value::Table(inner));
-            if let Err(e) = toml::Value::Table(one).try_into::<Config>() {
-                let path = if section == "models" {
-                    format!("models.\"{key}\"")
-                } else {
-                    format!("{section}.{key}")
-                };
-                errors.push(format!("{path}: {}", e.message()));
+            let Some(e) = fits(section, toml::Value::Table(inner)) else {
+                continue;
+            };
+            wrong.push((section.clone(), Some(key.clone())));
+            if section != "models" {
+                errors.push(format!("{section}.{key}: {}", e.message()));
+                continue;
+            }
+            // A model's entry: name the field that is wrong.
+            let path = format!("models.\"{key}\"");
+            let fields = match v {
+                toml::Value::Table(fields) if !fields.is_empty() => fields,
+                _ => {
+                    errors.push(format!("{path}: {}", e.message()));
+                    continue;
+                }
+            };
+            for (field, fv) in fields {
+                let mut entry = toml::Table::new();
+                entry.insert(field.clone(), fv.clone());
+                let mut inner = toml::Table::new();
+                inner.insert(key.clone(), toml::Value::Table(entry));
+                if let Some(e) = fits(section, toml::Value::Table(inner)) {
+                    errors.push(format!("{path}.{field}: {}", e.message()));
+                }
             }
         }
     }
+    wrong
+}
+
+/// Removes `section.key` (or the whole section) from `table`.
+fn remove_key(table: &mut toml::Table, section: &str, key: Option<&str>) {
+    match key {
+        None => {
+            table.remove(section);
+        }
+        Some(k) => {
+            if let Some(toml::Value::Table(keys)) = table.get_mut(section) {
+                keys.remove(k);
+            }
+        }
+    }
+}
+
+/// The `section.key` paths a parsed file (with the environment applied) sets.
+fn set_keys(table: &toml::Table) -> std::collections::HashSet<String> {
+    let mut set = std::collections::HashSet::new();
+    for (section, value) in table {
+        set.insert(section.clone());
+        if let toml::Value::Table(keys) = value {
+            set.extend(keys.keys().map(|k| format!("{section}.{k}")));
+        }
+    }
+    set
 }
 
 /// A listen address: an IP address and port (`127.0.0.1:8787`, `[::1]:8787`, `0.0.0.0:8787`), or `localhost:PORT`
@@ -1052,7 +1120,40 @@ mod tests {
         let all = err.0.join("\n");
         assert!(all.contains("server.listen"), "{all}");
         assert!(all.contains("context.threshold"), "{all}");
-        assert_eq!(err.0.len(), 3, "{all}"); // listen, threshold, and hard_limit < threshold
+        assert_eq!(err.0.len(), 2, "{all}"); // listen, threshold: no derived complaint about hard_limit
+        assert!(!all.contains("hard_limit"), "{all}");
+    }
+
+    #[test]
+    fn one_pass_reports_names_types_values_and_rules_together() {
+        let err = load(
+            "[server]\nlisten = \"nowhere\"\n[context]\nstrategy = \"summarise\"\nthreshold = 1.5\n\
+             [models.\"gpt-4o-mini\"]\ncontext_window = \"big\"\n",
+            &[("CTXGATE_STORE__TIMEOUT_MS", "0")],
+        )
+        .unwrap_err();
+        let all = err.0.join("\n");
+        for needle in [
+            "context.strategy: unknown variant `summarise`",
+            "models.\"gpt-4o-mini\".context_window: invalid type",
+            "server.listen: \"nowhere\"",
+            "context.threshold: 1.5 must be a fraction",
+            "store.timeout_ms: must be greater than 0",
+        ] {
+            assert!(all.contains(needle), "missing {needle}: {all}");
+        }
+        assert_eq!(err.0.len(), 5, "{all}");
+        // A rule between two keys names the one the file set, the other being a default.
+        let err = load("[context]\nthreshold = 0.97\n", &[]).unwrap_err();
+        assert_eq!(
+            err.0,
+            ["context.threshold: 0.97 must not exceed context.hard_limit (0.95, the default)"]
+        );
+        let err = load("[context]\nhard_limit = 0.5\n", &[]).unwrap_err();
+        assert_eq!(
+            err.0,
+            ["context.hard_limit: 0.5 must not be below context.threshold (0.8, the default)"]
+        );
     }
 
     #[test]
