@@ -273,10 +273,10 @@ pub struct AdminConfig {
     /// Without a token, serve `/admin/*` to loopback peers. Unset: true only when `server.listen` is a loopback
     /// address (a same-host reverse proxy or sidecar would otherwise make the admin API public).
     pub allow_loopback_without_token: Option<bool>,
-    /// Host names (as in the `Host` header, port optional: `ctxgate.internal` or `ctxgate.internal:8443`) under
-    /// which `/admin/*` and the inspector are served without a token, beyond the loopback names `localhost`,
+    /// Host names (`["ctxgate.internal", "gw.example:8443"]`: as in the `Host` header, port optional) under which
+    /// `/admin/*` (what the inspector shows) is served without a token, beyond the loopback names `localhost`,
     /// `127.0.0.1` and `[::1]`; a page on one of these names may also call the admin API. For operators who front
-    /// the gateway with a name; any other `Host` is refused (a DNS-rebinding guard).
+    /// the gateway with a name; without a token any other `Host` is refused (a DNS-rebinding guard).
     pub allowed_hosts: Vec<String>,
 }
 
