@@ -142,8 +142,37 @@ async fn get_on_new_connection(h: &Harness, path: &str, within: Duration) -> (St
     read_until_closed(&mut tcp, within).await
 }
 
+/// What was logged, shared with the subscriber that writes it.
+#[derive(Clone, Default)]
+struct Logged(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logged {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logged {
+    type Writer = Logged;
+    fn make_writer(&'a self) -> Logged {
+        self.clone()
+    }
+}
+
 #[tokio::test]
 async fn beyond_max_connections_only_the_probes_are_answered_until_one_closes() {
+    let logged = Logged::default();
+    // The test runtime has one thread: the server's tasks log here too.
+    let _log = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_writer(logged.clone())
+            .with_ansi(false)
+            .finish(),
+    );
     let h = Harness::start_with(|c| {
         c.server.max_connections = 1;
         c.server.header_read_timeout_secs = 30;
@@ -163,6 +192,13 @@ async fn beyond_max_connections_only_the_probes_are_answered_until_one_closes() 
     assert!(text.contains("retry-after: 1"), "{text}");
     assert!(text.contains("server.max_connections"), "{text}");
     assert!(h.mock.requests().is_empty());
+    // The operator is told, once.
+    let log = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();
+    let warnings = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("server.max_connections reached"))
+        .count();
+    assert_eq!(warnings, 1, "{log}");
     // Once the first connection closes, a new one is served in full.
     drop(first);
     let mut served = String::new();

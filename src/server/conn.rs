@@ -26,6 +26,8 @@ pub const PROBE_RESERVE: usize = 128;
 const PROBE_HEAD_DEADLINE: Duration = Duration::from_secs(1);
 /// How long a connection of the reserve may stay open in all (`/readyz` waits at most for the store's timeout).
 const PROBE_CONN_DEADLINE: Duration = Duration::from_secs(15);
+/// At most one warning per this long that `max_connections` was reached.
+const FULL_WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// What a connection was accepted under.
 enum Slot {
@@ -80,6 +82,7 @@ impl Connections {
             false,
         ));
         let mut stop = std::pin::pin!(stop);
+        let mut warned_full: Option<std::time::Instant> = None;
         loop {
             // A free slot first, else one of the reserve: beyond both, connections wait in the kernel's listen
             // queue (the reserve turns over within seconds).
@@ -136,7 +139,15 @@ impl Connections {
             };
             match probes.as_ref().filter(|_| probes_only) {
                 Some(probes) => {
-                    tracing::debug!(%peer, "server.max_connections reached: serving the probes only on this connection");
+                    if warned_full.is_none_or(|t| t.elapsed() >= FULL_WARN_EVERY) {
+                        warned_full = Some(std::time::Instant::now());
+                        tracing::warn!(
+                            max_connections = limits.max_connections,
+                            "server.max_connections reached: further connections get only /healthz and /readyz \
+                             (503 otherwise) until some close; raise it, or find the clients holding idle \
+                             connections (at most one such warning a minute)"
+                        );
+                    }
                     let (builder, router) = (probe_builder.clone(), probes.clone());
                     let head = limits.header_read_timeout.min(PROBE_HEAD_DEADLINE);
                     conns.tracker.spawn(async move {
