@@ -274,6 +274,11 @@ pub struct AdminConfig {
     /// Without a token, serve `/admin/*` to loopback peers. Unset: true only when `server.listen` is a loopback
     /// address (a same-host reverse proxy or sidecar would otherwise make the admin API public).
     pub allow_loopback_without_token: Option<bool>,
+    /// Host names (`["ctxgate.internal", "gw.example:8443"]`: as in the `Host` header, port optional) under which
+    /// `/admin/*` (what the inspector shows) is served without a token, beyond the loopback names `localhost`,
+    /// `127.0.0.1` and `[::1]`; a page on one of these names may also call the admin API. For operators who front
+    /// the gateway with a name; without a token any other `Host` is refused (a DNS-rebinding guard).
+    pub allowed_hosts: Vec<String>,
 }
 
 /// `[metrics]`
@@ -733,6 +738,11 @@ impl Config {
                 e.push("admin.token: must be at least 8 characters".into());
             }
         }
+        for h in &self.admin.allowed_hosts {
+            if let Err(why) = check_host_name(h) {
+                e.push(format!("admin.allowed_hosts: {h:?} {why}"));
+            }
+        }
         let c = &self.context;
         let fraction = |v: f64| v > 0.0 && v <= 1.0;
         for (name, v) in [
@@ -914,6 +924,40 @@ impl Config {
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
     }
+}
+
+/// Whether `h` is a host as a `Host` header carries it: a name or an IP address (IPv6 in brackets), with an
+/// optional port; no scheme, path or wildcard.
+fn check_host_name(h: &str) -> Result<(), &'static str> {
+    let (name, port) = match h.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((ip, "")) if ip.parse::<std::net::Ipv6Addr>().is_ok() => (ip, None),
+            Some((ip, tail))
+                if ip.parse::<std::net::Ipv6Addr>().is_ok() && tail.starts_with(':') =>
+            {
+                (ip, tail.get(1..))
+            }
+            _ => return Err("is not a bracketed IPv6 address like [::1]"),
+        },
+        None => match h.split_once(':') {
+            Some((name, port)) => (name, Some(port)),
+            None => (h, None),
+        },
+    };
+    if name.is_empty() {
+        return Err("is empty: expected a host name like ctxgate.internal");
+    }
+    if !h.starts_with('[')
+        && !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
+    {
+        return Err("is not a host name: expected letters, digits, '-' and '.' (no scheme, path or wildcard)");
+    }
+    if port.is_some_and(|p| p.parse::<u16>().is_err()) {
+        return Err("has a port that is not a number from 0 to 65535");
+    }
+    Ok(())
 }
 
 /// Overlays `CTXGATE_<SECTION>__<KEY>=value` variables onto the table. Values are read as TOML values when they
@@ -1098,6 +1142,32 @@ mod tests {
     fn shipped_default_file_equals_embedded_defaults() {
         let text = include_str!("../config/ctxgate.toml");
         assert_eq!(Config::from_toml_str(text).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn allowed_hosts_are_host_names_with_an_optional_port() {
+        let c = load(
+            "[admin]\nallowed_hosts = [\"ctxgate.internal\", \"gw:8443\", \"[fd00::1]:80\", \"10.0.0.7\"]\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.admin.allowed_hosts.len(), 4);
+        for bad in [
+            "",
+            "http://gw",
+            "gw/admin",
+            "*.example",
+            "gw:99999",
+            "[::1]x",
+            "[nope]",
+            "a b",
+        ] {
+            let err = load(&format!("[admin]\nallowed_hosts = [{bad:?}]\n"), &[]).unwrap_err();
+            assert!(
+                err.0.join("\n").contains("admin.allowed_hosts"),
+                "{bad}: {err:?}"
+            );
+        }
     }
 
     #[test]

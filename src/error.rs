@@ -35,6 +35,13 @@ pub enum GatewayError {
         /// Seconds the client is told to wait (`retry-after`).
         retry_after_secs: u64,
     },
+    /// `server.max_connections` connections are open: a connection of the probes' reserve asked for anything
+    /// but `/healthz` or `/readyz`.
+    #[error("the gateway has its limit of {limit} connections open (server.max_connections); beyond it only /healthz and /readyz are answered; retry after 1 s")]
+    ConnectionsFull {
+        /// The configured limit.
+        limit: usize,
+    },
     /// Even the hard limit cannot make the request fit the model's window.
     #[error("{message}")]
     ContextLengthExceeded {
@@ -54,6 +61,13 @@ pub enum GatewayError {
          [admin] allow_loopback_without_token allows it"
     )]
     Forbidden,
+    /// An admin request that a browser may have forged (a foreign `Host`, `Origin` or `Sec-Fetch-Site`): refused
+    /// whatever the credentials.
+    #[error("admin API: {0}")]
+    ForeignRequest(String),
+    /// A state-changing admin request whose body is not JSON or JSON Lines.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     /// An unknown resource (admin API).
     #[error("{0}")]
     NotFound(String),
@@ -92,12 +106,15 @@ impl GatewayError {
             GatewayError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            GatewayError::Overloaded { .. } | GatewayError::ShuttingDown { .. } => {
+            GatewayError::Overloaded { .. }
+            | GatewayError::ShuttingDown { .. }
+            | GatewayError::ConnectionsFull { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             GatewayError::ContextLengthExceeded { .. } => StatusCode::BAD_REQUEST,
             GatewayError::Unauthorized => StatusCode::UNAUTHORIZED,
-            GatewayError::Forbidden => StatusCode::FORBIDDEN,
+            GatewayError::Forbidden | GatewayError::ForeignRequest(_) => StatusCode::FORBIDDEN,
+            GatewayError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
             GatewayError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
             GatewayError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -111,14 +128,18 @@ impl GatewayError {
             GatewayError::BadRequest { .. }
             | GatewayError::PayloadTooLarge { .. }
             | GatewayError::RequestTimeout { .. }
-            | GatewayError::ContextLengthExceeded { .. } => "invalid_request_error",
-            GatewayError::Unauthorized | GatewayError::Forbidden => "authentication_error",
+            | GatewayError::ContextLengthExceeded { .. }
+            | GatewayError::UnsupportedMediaType(_) => "invalid_request_error",
+            GatewayError::Unauthorized
+            | GatewayError::Forbidden
+            | GatewayError::ForeignRequest(_) => "authentication_error",
             GatewayError::NotFound(_) => "not_found_error",
             GatewayError::UpstreamUnreachable(_) | GatewayError::UpstreamTimeout(_) => {
                 "upstream_error"
             }
             GatewayError::Overloaded { .. }
             | GatewayError::ShuttingDown { .. }
+            | GatewayError::ConnectionsFull { .. }
             | GatewayError::Internal(_) => "server_error",
         }
     }
@@ -129,11 +150,15 @@ impl GatewayError {
             GatewayError::BadRequest { .. } => None,
             GatewayError::PayloadTooLarge { .. } => Some("request_too_large"),
             GatewayError::RequestTimeout { .. } => Some("request_timeout"),
-            GatewayError::Overloaded { .. } => Some("overloaded"),
+            GatewayError::Overloaded { .. } | GatewayError::ConnectionsFull { .. } => {
+                Some("overloaded")
+            }
             GatewayError::ShuttingDown { .. } => Some("shutting_down"),
             GatewayError::ContextLengthExceeded { .. } => Some("context_length_exceeded"),
             GatewayError::Unauthorized => Some("invalid_api_key"),
             GatewayError::Forbidden => Some("forbidden"),
+            GatewayError::ForeignRequest(_) => Some("foreign_request"),
+            GatewayError::UnsupportedMediaType(_) => Some("unsupported_media_type"),
             GatewayError::NotFound(_) => Some("not_found"),
             GatewayError::UpstreamUnreachable(_) => Some("upstream_unreachable"),
             GatewayError::UpstreamTimeout(_) => Some("upstream_timeout"),
@@ -160,14 +185,16 @@ impl GatewayError {
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
         let mut resp = (self.status(), axum::Json(self.body())).into_response();
-        if let GatewayError::Overloaded {
-            retry_after_secs, ..
-        } = self
-        {
-            resp.headers_mut().insert(
-                http::header::RETRY_AFTER,
-                http::HeaderValue::from(retry_after_secs),
-            );
+        let retry_after = match self {
+            GatewayError::Overloaded {
+                retry_after_secs, ..
+            } => Some(retry_after_secs),
+            GatewayError::ConnectionsFull { .. } => Some(1),
+            _ => None,
+        };
+        if let Some(secs) = retry_after {
+            resp.headers_mut()
+                .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
         }
         resp
     }
@@ -193,6 +220,9 @@ mod tests {
             (GatewayError::UpstreamUnreachable("refused".into()), 502),
             (GatewayError::UpstreamTimeout(5), 504),
             (GatewayError::Internal("x".into()), 500),
+            (GatewayError::ForeignRequest("x".into()), 403),
+            (GatewayError::ConnectionsFull { limit: 1 }, 503),
+            (GatewayError::UnsupportedMediaType("x".into()), 415),
         ];
         for (e, code) in cases {
             assert_eq!(e.status().as_u16(), code);

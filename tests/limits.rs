@@ -132,22 +132,116 @@ async fn beyond_max_in_flight_requests_get_503_with_retry_after_until_a_stream_e
     assert!(again.is_some(), "the slot is released when the stream ends");
 }
 
+/// `GET path` on a new connection (keep-alive asked for): what came back, and whether the gateway closed it
+/// within `within`.
+async fn get_on_new_connection(h: &Harness, path: &str, within: Duration) -> (String, bool) {
+    let mut tcp = TcpStream::connect(h.addr).await.unwrap();
+    tcp.write_all(format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    read_until_closed(&mut tcp, within).await
+}
+
+/// What was logged, shared with the subscriber that writes it.
+#[derive(Clone, Default)]
+struct Logged(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logged {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logged {
+    type Writer = Logged;
+    fn make_writer(&'a self) -> Logged {
+        self.clone()
+    }
+}
+
 #[tokio::test]
-async fn beyond_max_connections_a_connection_waits_until_one_closes() {
-    let h = Harness::start_with(|c| c.server.max_connections = 1).await;
+async fn beyond_max_connections_only_the_probes_are_answered_until_one_closes() {
+    let logged = Logged::default();
+    // The test runtime has one thread: the server's tasks log here too.
+    let _log = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_writer(logged.clone())
+            .with_ansi(false)
+            .finish(),
+    );
+    let h = Harness::start_with(|c| {
+        c.server.max_connections = 1;
+        c.server.header_read_timeout_secs = 30;
+    })
+    .await;
     let first = TcpStream::connect(h.addr).await.unwrap();
     // give the accept loop time to take the first connection
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut second = TcpStream::connect(h.addr).await.unwrap();
-    second
-        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let (text, _) = read_until_closed(&mut second, Duration::from_millis(700)).await;
-    assert!(text.is_empty(), "answered beyond the limit: {text}");
+    // The probes are answered at once on a connection beyond the limit, which is then closed.
+    for path in ["/healthz", "/readyz"] {
+        let (text, closed) = get_on_new_connection(&h, path, Duration::from_secs(3)).await;
+        assert!(closed && text.starts_with("HTTP/1.1 200"), "{path}: {text}");
+    }
+    // Anything else: 503 with retry-after, at once; nothing reaches the upstream.
+    let (text, closed) = get_on_new_connection(&h, "/v1/models", Duration::from_secs(3)).await;
+    assert!(closed && text.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(text.contains("retry-after: 1"), "{text}");
+    assert!(text.contains("server.max_connections"), "{text}");
+    assert!(h.mock.requests().is_empty());
+    // The operator is told, once.
+    let log = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();
+    let warnings = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("server.max_connections reached"))
+        .count();
+    assert_eq!(warnings, 1, "{log}");
+    // Once the first connection closes, a new one is served in full.
     drop(first);
-    let (text, closed) = read_until_closed(&mut second, Duration::from_secs(5)).await;
-    assert!(closed && text.starts_with("HTTP/1.1 200"), "{text}");
+    let mut served = String::new();
+    for _ in 0..50 {
+        let (text, _) = get_on_new_connection(&h, "/v1/models", Duration::from_secs(3)).await;
+        if text.starts_with("HTTP/1.1 200") {
+            served = text;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!served.is_empty(), "the slot is free again");
+    assert_eq!(h.mock.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_flood_of_idle_connections_does_not_delay_the_probes() {
+    let h = Harness::start_with(|c| {
+        c.server.max_connections = 4;
+        c.server.header_read_timeout_secs = 60;
+    })
+    .await;
+    // Idle connections (nothing sent) beyond the limit and beyond the probes' reserve.
+    let flood = 4 + ctxgate::server::PROBE_RESERVE + 150;
+    let mut idle = Vec::with_capacity(flood);
+    for _ in 0..flood {
+        idle.push(TcpStream::connect(h.addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    for path in ["/healthz", "/readyz"] {
+        let (text, closed) = get_on_new_connection(&h, path, Duration::from_secs(15)).await;
+        assert!(
+            closed && text.starts_with("HTTP/1.1 200"),
+            "{path}: {text:?}"
+        );
+    }
+    let took = started.elapsed();
+    println!("{flood} idle connections over max_connections = 4: /healthz and /readyz in {took:?}");
+    // The reserve turns over every second (a connection of it must send its request within 1 s): far below the
+    // 60 s header deadline the idle connections would otherwise hold their place for.
+    assert!(took < Duration::from_secs(6), "{took:?}");
+    drop(idle);
 }
 
 #[tokio::test]

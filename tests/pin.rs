@@ -153,10 +153,21 @@ async fn patching_needs_the_admin_token() {
         .await
         .unwrap();
     assert_eq!(wrong.status(), 401);
+    // With the token, the body must still say it is JSON.
+    let untyped = h
+        .client
+        .patch(&url)
+        .bearer_auth("admin-secret")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(untyped.status(), 415);
     let right = h
         .client
         .patch(&url)
         .bearer_auth("admin-secret")
+        .header("content-type", "application/json")
         .body(body)
         .send()
         .await

@@ -507,3 +507,374 @@ async fn every_admin_route_follows_the_loopback_rule_and_the_inspector_page_hold
         200
     );
 }
+
+/// One HTTP/1.1 request written byte for byte (the `Host` and every header as given, `connection: close`):
+/// the status and the body.
+async fn raw(addr: std::net::SocketAddr, head: &str, body: &[u8]) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut req = format!(
+        "{head}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(body);
+    s.write_all(&req).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+/// A session the attacker wants to overwrite, and its export rewritten to say something else.
+async fn victim(h: &Harness) -> (String, Vec<u8>) {
+    let (id, _) = chat(h, &[("x-session-id", "victim")], &user("the real history")).await;
+    let id = id.unwrap();
+    h.state.drain().await;
+    let export = h
+        .client
+        .get(h.url(&format!("/admin/sessions/{id}/export")))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let forged = String::from_utf8(export.to_vec())
+        .unwrap()
+        .replace("the real history", "FORGED");
+    assert!(forged.contains("FORGED"));
+    (id, forged.into_bytes())
+}
+
+fn code(body: &str) -> Value {
+    serde_json::from_str::<Value>(body).unwrap_or(Value::Null)["error"]["code"].clone()
+}
+
+#[tokio::test]
+async fn admin_requests_a_web_page_could_forge_are_refused() {
+    let h = Harness::start().await;
+    let buf = LogBuffer::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(buf.clone())
+        .with_ansi(false)
+        .finish();
+    // The test runtime has one thread: the server's tasks log here too.
+    let _log = tracing::subscriber::set_default(subscriber);
+    let (addr, port) = (h.addr, h.addr.port());
+    let (id, forged) = victim(&h).await;
+    let import = "POST /admin/sessions/import?replace=true HTTP/1.1";
+
+    // DNS rebinding: a page whose own name now points at 127.0.0.1 sends that name as the Host.
+    for host in [
+        "evil.example".to_string(),
+        format!("evil.example:{port}"),
+        format!("localhost.evil.example:{port}"),
+    ] {
+        let (status, body) = raw(
+            addr,
+            &format!("GET /admin/sessions HTTP/1.1\r\nhost: {host}"),
+            b"",
+        )
+        .await;
+        assert_eq!(status, 403, "{host}: {body}");
+        assert_eq!(code(&body), "foreign_request", "{body}");
+        assert!(
+            body.contains("allowed_hosts") && !body.contains(&id),
+            "{body}"
+        );
+    }
+    // Loopback names, any port, are the gateway's own.
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        format!("[::1]:{port}"),
+        "localhost".into(),
+    ] {
+        let (status, body) = raw(
+            addr,
+            &format!("GET /admin/sessions HTTP/1.1\r\nhost: {host}"),
+            b"",
+        )
+        .await;
+        assert_eq!(status, 200, "{host}: {body}");
+    }
+
+    // A page on another origin posting a text/plain import (what fetch(…, {mode: "no-cors"}) sends).
+    let own = format!("host: 127.0.0.1:{port}");
+    for (headers, want, why) in [
+        (
+            "origin: http://evil.example\r\ncontent-type: text/plain",
+            403,
+            "foreign_request",
+        ),
+        (
+            &format!(
+                "origin: http://127.0.0.1:{}\r\ncontent-type: text/plain",
+                port + 1
+            ) as &str,
+            403,
+            "foreign_request",
+        ),
+        (
+            "origin: null\r\ncontent-type: application/x-ndjson",
+            403,
+            "foreign_request",
+        ),
+        (
+            "sec-fetch-site: cross-site\r\ncontent-type: application/x-ndjson",
+            403,
+            "foreign_request",
+        ),
+        (
+            "sec-fetch-site: same-site\r\ncontent-type: application/x-ndjson",
+            403,
+            "foreign_request",
+        ),
+        // no Origin (curl) but a type a page can send anywhere: 415
+        ("content-type: text/plain", 415, "unsupported_media_type"),
+        (
+            "content-type: application/x-www-form-urlencoded",
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            "content-type: multipart/form-data; boundary=x",
+            415,
+            "unsupported_media_type",
+        ),
+        ("x-nothing: 1", 415, "unsupported_media_type"),
+    ] {
+        let (status, body) = raw(addr, &format!("{import}\r\n{own}\r\n{headers}"), &forged).await;
+        assert_eq!(
+            (status, code(&body)),
+            (want, json!(why)),
+            "{headers}: {body}"
+        );
+        assert!(
+            history(&h, &id).await.contains("the real history"),
+            "{headers}: overwritten"
+        );
+    }
+    // Body-less requests that change something: the Origin and Sec-Fetch-Site checks cover them.
+    for (head, headers) in [
+        (
+            format!("DELETE /admin/sessions/{id} HTTP/1.1"),
+            "origin: http://evil.example",
+        ),
+        (
+            format!("POST /admin/sessions/{id}/compress HTTP/1.1"),
+            "origin: http://evil.example",
+        ),
+        (
+            "POST /admin/config/reload HTTP/1.1".to_string(),
+            "sec-fetch-site: cross-site",
+        ),
+    ] {
+        let (status, body) = raw(addr, &format!("{head}\r\n{own}\r\n{headers}"), b"").await;
+        assert_eq!(status, 403, "{head}: {body}");
+    }
+    assert!(
+        h.state.sessions.view(&id).await.unwrap().is_some(),
+        "not deleted"
+    );
+
+    // The inspector's own requests, and curl's: served.
+    let inspector = format!("{own}\r\norigin: http://127.0.0.1:{port}\r\nsec-fetch-site: same-origin\r\ncontent-type: application/x-ndjson");
+    let (status, body) = raw(addr, &format!("{import}\r\n{inspector}"), &forged).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(history(&h, &id).await.contains("FORGED"));
+    let (status, _) = raw(
+        addr,
+        &format!("GET /admin/sessions HTTP/1.1\r\n{own}\r\nsec-fetch-site: none"),
+        b"",
+    )
+    .await;
+    assert_eq!(status, 200);
+
+    let log = String::from_utf8(buf.0.lock().clone()).unwrap();
+    let warned = log
+        .lines()
+        .filter(|l| {
+            l.contains("WARN") && l.contains("refused a request that a web page may have sent")
+        })
+        .count();
+    assert!(warned >= 3, "{log}");
+    assert!(
+        log.contains("evil.example") && log.contains("path=/admin/sessions"),
+        "{log}"
+    );
+}
+
+#[tokio::test]
+async fn allowed_hosts_let_an_operators_name_in() {
+    let h = Harness::start_with(|c| {
+        c.admin.allowed_hosts = vec!["ctxgate.internal".into(), "gw.example:8443".into()]
+    })
+    .await;
+    let (addr, port) = (h.addr, h.addr.port());
+    let get = |headers: String| async move {
+        raw(
+            addr,
+            &format!("GET /admin/sessions HTTP/1.1\r\n{headers}"),
+            b"",
+        )
+        .await
+        .0
+    };
+    assert_eq!(get("host: ctxgate.internal".into()).await, 200);
+    assert_eq!(get("host: CTXGATE.internal:8787".into()).await, 200);
+    assert_eq!(get("host: gw.example:8443".into()).await, 200);
+    assert_eq!(get("host: gw.example:8444".into()).await, 403);
+    assert_eq!(get("host: other.internal".into()).await, 403);
+    // a page served under the allowed name, through a proxy that rewrites Host
+    assert_eq!(
+        get(format!(
+            "host: 127.0.0.1:{port}\r\norigin: https://ctxgate.internal"
+        ))
+        .await,
+        200
+    );
+    assert_eq!(
+        get(format!(
+            "host: 127.0.0.1:{port}\r\norigin: https://evil.example"
+        ))
+        .await,
+        403
+    );
+}
+
+#[tokio::test]
+async fn with_a_token_any_host_is_served_but_never_another_origin() {
+    let h = Harness::start_with(|c| c.admin.token = Some("admin-secret-1".into())).await;
+    let (addr, port) = (h.addr, h.addr.port());
+    let get = |headers: &str| {
+        let headers = headers.to_string();
+        async move {
+            raw(
+                addr,
+                &format!("GET /admin/sessions HTTP/1.1\r\n{headers}"),
+                b"",
+            )
+            .await
+            .0
+        }
+    };
+    let token = "authorization: Bearer admin-secret-1";
+    assert_eq!(get(&format!("host: gw.example\r\n{token}")).await, 200);
+    assert_eq!(
+        get(&format!("host: 127.0.0.1:{port}\r\n{token}")).await,
+        200
+    );
+    assert_eq!(
+        get("host: gw.example\r\nauthorization: Bearer nope").await,
+        401
+    );
+    assert_eq!(
+        get(&format!(
+            "host: gw.example\r\n{token}\r\norigin: http://evil.example"
+        ))
+        .await,
+        403
+    );
+    assert_eq!(
+        get(&format!(
+            "host: gw.example\r\n{token}\r\nsec-fetch-site: cross-site"
+        ))
+        .await,
+        403
+    );
+    assert_eq!(
+        get(&format!(
+            "host: gw.example\r\n{token}\r\norigin: http://gw.example"
+        ))
+        .await,
+        200
+    );
+    let (status, body) = raw(
+        addr,
+        &format!("POST /admin/sessions/import HTTP/1.1\r\nhost: gw.example\r\n{token}\r\ncontent-type: text/plain"),
+        b"{}",
+    )
+    .await;
+    assert_eq!(
+        (status, code(&body)),
+        (415, json!("unsupported_media_type")),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn huge_offsets_and_limits_are_400_not_the_first_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ctx.db");
+    let h = Harness::start_with(move |c| {
+        c.store.backend = StoreBackend::Sqlite;
+        c.store.path = path;
+    })
+    .await;
+    let (id, _) = chat(&h, &[("x-session-id", "paged")], &user("hello")).await;
+    let id = id.unwrap();
+    h.state.drain().await;
+    let get = |path: String| {
+        let client = h.client.clone();
+        let url = h.url(&path);
+        async move {
+            let r = client.get(url).send().await.unwrap();
+            (
+                r.status().as_u16(),
+                r.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
+    for (query, param) in [
+        ("offset=9223372036854775808", "offset"),
+        ("offset=18446744073709551615", "offset"),
+        ("offset=18446744073709551616", "offset"),
+        ("offset=-1", "offset"),
+        ("limit=100000", "limit"),
+        ("limit=4294967296", "limit"),
+        ("limit=0", "limit"),
+    ] {
+        for path in [
+            "/admin/sessions".to_string(),
+            format!("/admin/sessions/{id}/turns"),
+        ] {
+            let (status, v) = get(format!("{path}?{query}")).await;
+            assert_eq!(status, 400, "{path}?{query}: {v}");
+            assert_eq!(v["error"]["param"], param, "{v}");
+            assert!(
+                v["error"]["message"].as_str().unwrap().starts_with(param),
+                "{v}"
+            );
+        }
+    }
+    let (status, v) = get("/admin/sessions?messages=maybe&offset=x".into()).await;
+    assert_eq!(
+        (status, &v["error"]["type"]),
+        (400, &json!("invalid_request_error")),
+        "{v}"
+    );
+    // the largest offset the stores can seek to: an empty page, not the first one
+    let (status, v) = get("/admin/sessions?offset=9223372036854775807".into()).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["sessions"], json!([]), "{v}");
+    assert_eq!(v["total"], 1);
+    let (status, v) = get(format!(
+        "/admin/sessions/{id}/turns?offset=9223372036854775807&limit=500"
+    ))
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["turns"], json!([]), "{v}");
+    let (_, v) = get("/admin/sessions?limit=1000".into()).await;
+    assert_eq!(v["sessions"][0]["id"], id);
+}

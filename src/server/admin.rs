@@ -1,9 +1,11 @@
 //! The admin API under `/admin`: sessions listed, shown whole (and turn by turn: what each sent) and deleted. Bearer `[admin] token`; without a
 //! token it is off, unless `[admin] allow_loopback_without_token` (by default: when `server.listen` is a loopback
-//! address) serves loopback peers.
+//! address) serves loopback peers, addressed by a loopback name or one of `[admin] allowed_hosts`. Requests a web
+//! page could forge are refused whatever the credentials (`guard`).
 
 use crate::app::AppState;
 use crate::error::GatewayError;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -13,6 +15,9 @@ use serde::Deserialize;
 use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::Arc;
+
+mod guard;
+mod paging;
 
 /// The `/admin` routes, authenticated. Logs at start-up who may reach them.
 pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
@@ -39,8 +44,14 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route_layer(axum::middleware::from_fn_with_state(state, authenticate))
 }
 
+/// Checks, in order: that no page of another origin sent the request (always), the token (or, without one, a
+/// loopback peer and a loopback or allowed `Host`), and that a state-changing body is JSON.
 async fn authenticate(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let allowed = match &state.config.admin.token {
+    let admin = &state.config.admin;
+    if let Err(r) = guard::check_origin(req.headers(), req.uri(), &admin.allowed_hosts) {
+        return refuse(&req, &r);
+    }
+    let allowed = match &admin.token {
         Some(token) => {
             let given = req
                 .headers()
@@ -65,7 +76,34 @@ async fn authenticate(State(state): State<Arc<AppState>>, req: Request, next: Ne
     if !allowed {
         return GatewayError::Forbidden.into_response();
     }
+    if admin.token.is_none() {
+        if let Err(r) = guard::check_host(req.headers(), req.uri(), &admin.allowed_hosts) {
+            return refuse(&req, &r);
+        }
+    }
+    let has_body = {
+        use http_body::Body as _;
+        let body = req.body();
+        !body.is_end_stream() && body.size_hint().exact() != Some(0)
+    };
+    if let Err(r) = guard::check_body_type(req.method(), req.headers(), has_body) {
+        return GatewayError::UnsupportedMediaType(r.to_string()).into_response();
+    }
     next.run(req).await
+}
+
+/// 403 for a request a browser may have forged, with a warning an operator can act on (what was refused and
+/// why; never a credential).
+fn refuse(req: &Request, r: &guard::Refusal) -> Response {
+    tracing::warn!(
+        target: "ctxgate::admin",
+        method = %req.method(),
+        path = %req.uri().path(),
+        reason = %r,
+        "admin: refused a request that a web page may have sent; if it was yours, call the API on a loopback name \
+         (or a name in [admin] allowed_hosts) without a browser, or open /ui/ on the gateway itself"
+    );
+    GatewayError::ForeignRequest(r.to_string()).into_response()
 }
 
 /// Says at start-up how the admin API is reachable, with a warning when it is disabled or open to loopback peers
@@ -107,8 +145,8 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 #[derive(Deserialize)]
 struct Page {
-    limit: Option<u32>,
-    offset: Option<u64>,
+    limit: Option<String>,
+    offset: Option<String>,
     /// Only sessions whose id contains it.
     q: Option<String>,
 }
@@ -119,10 +157,10 @@ fn store_error(e: crate::store::StoreError) -> GatewayError {
 
 async fn list(
     State(state): State<Arc<AppState>>,
-    Query(p): Query<Page>,
+    p: Result<Query<Page>, QueryRejection>,
 ) -> Result<Response, GatewayError> {
-    let limit = p.limit.unwrap_or(50).clamp(1, 1000);
-    let offset = p.offset.unwrap_or(0);
+    let Query(p) = p.map_err(|e| paging::bad_query(&e))?;
+    let (limit, offset) = paging::page(p.limit.as_deref(), p.offset.as_deref(), 1000)?;
     let (sessions, total) = match p.q.as_deref().filter(|q| !q.is_empty()) {
         Some(q) => state.sessions.find(q, limit, offset).await,
         None => state.sessions.list(limit, offset).await,
@@ -146,8 +184,8 @@ async fn show(
 
 #[derive(Deserialize)]
 struct TurnsQuery {
-    limit: Option<u32>,
-    offset: Option<u64>,
+    limit: Option<String>,
+    offset: Option<String>,
     messages: Option<bool>,
 }
 
@@ -155,10 +193,10 @@ struct TurnsQuery {
 async fn turns(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-    Query(q): Query<TurnsQuery>,
+    q: Result<Query<TurnsQuery>, QueryRejection>,
 ) -> Result<Response, GatewayError> {
-    let limit = q.limit.unwrap_or(50).clamp(1, 500);
-    let offset = q.offset.unwrap_or(0);
+    let Query(q) = q.map_err(|e| paging::bad_query(&e))?;
+    let (limit, offset) = paging::page(q.limit.as_deref(), q.offset.as_deref(), 500)?;
     match state
         .sessions
         .turns(&id, offset, limit, q.messages.unwrap_or(true))
@@ -253,9 +291,10 @@ struct ImportQuery {
 /// Writes an exported session (the body: JSON Lines); 409 when it exists, unless `?replace=true`.
 async fn import(
     State(state): State<Arc<AppState>>,
-    Query(q): Query<ImportQuery>,
+    q: Result<Query<ImportQuery>, QueryRejection>,
     body: axum::body::Bytes,
 ) -> Result<Response, GatewayError> {
+    let Query(q) = q.map_err(|e| paging::bad_query(&e))?;
     use crate::session::export::{self, ImportError};
     let parsed = export::parse(&body).map_err(|e| GatewayError::bad_request(e.to_string()))?;
     match export::import(&state.sessions, parsed, q.replace.unwrap_or(false)).await {

@@ -10,6 +10,8 @@ mod ready;
 mod responses_ws;
 mod ui;
 
+pub use conn::PROBE_RESERVE;
+
 use crate::app::AppState;
 use crate::dialect::Dialect;
 use crate::error::GatewayError;
@@ -70,6 +72,17 @@ pub fn router(state: Arc<AppState>) -> Router {
             )),
         )
         .fallback(not_found)
+        .with_state(state)
+}
+
+/// What a connection beyond `server.max_connections` is served: the probes, and 503 with `retry-after` for
+/// anything else.
+fn probe_router(state: Arc<AppState>) -> Router {
+    let limit = state.config.server.max_connections;
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready::handle))
+        .fallback(move || async move { GatewayError::ConnectionsFull { limit }.into_response() })
         .with_state(state)
 }
 
@@ -167,13 +180,16 @@ impl Server {
             let app = metrics::router(self.state.clone());
             let stop = metrics_stop.clone().cancelled_owned();
             let task = tokio::spawn(async move {
-                let conns = conn::Connections::accept_until(l, app, limits, stop).await;
+                let conns = conn::Connections::accept_until(l, app, None, limits, stop).await;
                 conns.finish_within(METRICS_CLOSE_GRACE).await;
             });
             (AbortOnDrop(task.abort_handle()), task)
         });
         let app = router(self.state.clone());
-        let conns = conn::Connections::accept_until(self.listener, app, limits, shutdown).await;
+        let probes = probe_router(self.state.clone());
+        let conns =
+            conn::Connections::accept_until(self.listener, app, Some(probes), limits, shutdown)
+                .await;
         tracing::info!(
             open_connections = conns.open(),
             grace_secs = grace.as_secs(),

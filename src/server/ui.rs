@@ -1,6 +1,7 @@
 //! The session inspector at `/ui/`: a static page (HTML, CSS, JS embedded in the binary, no external resources)
-//! that reads everything from the `/admin` API with the operator's token. The page itself holds no data, so it is
-//! served to anyone who can reach the gateway; what it shows needs the admin API's authentication.
+//! that reads everything from the `/admin` API on its own origin (with the operator's token when one is needed). The
+//! page itself holds no data, so it is served to anyone who can reach the gateway; what it shows needs the admin
+//! API's authentication and its checks against other web pages.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};

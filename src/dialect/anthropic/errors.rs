@@ -13,9 +13,12 @@ pub fn error_type(e: &GatewayError) -> &'static str {
         }
         GatewayError::PayloadTooLarge { .. } => "request_too_large",
         GatewayError::RequestTimeout { .. } | GatewayError::UpstreamTimeout(_) => "timeout_error",
-        GatewayError::Overloaded { .. } | GatewayError::ShuttingDown { .. } => "overloaded_error",
+        GatewayError::Overloaded { .. }
+        | GatewayError::ShuttingDown { .. }
+        | GatewayError::ConnectionsFull { .. } => "overloaded_error",
         GatewayError::Unauthorized => "authentication_error",
-        GatewayError::Forbidden => "permission_error",
+        GatewayError::Forbidden | GatewayError::ForeignRequest(_) => "permission_error",
+        GatewayError::UnsupportedMediaType(_) => "invalid_request_error",
         GatewayError::NotFound(_) => "not_found_error",
         GatewayError::UpstreamUnreachable(_) | GatewayError::Internal(_) => "api_error",
     }

@@ -1,6 +1,7 @@
-// The session inspector: reads the /admin API with the operator's token (kept in sessionStorage for this tab) and
-// renders everything with textContent (message text is never parsed as HTML). Lists are paged, long histories are
-// rendered a window at a time.
+// The session inspector: reads the /admin API — without a token when the gateway lets it (the token form appears
+// only when the API answers 401; a token is kept in sessionStorage for this tab) — and renders everything with
+// textContent (message text is never parsed as HTML). Every session has an address (#/s/<id>); lists are paged,
+// long histories are rendered a window at a time.
 "use strict";
 
 const TOKEN_KEY = "ctxgate-admin-token";
@@ -23,6 +24,7 @@ function el(tag, attrs, ...children) {
   return e;
 }
 
+/// The admin API wants a token (401): the only case that shows the token form.
 class AuthError extends Error {}
 
 async function api(path, init) {
@@ -30,19 +32,19 @@ async function api(path, init) {
   const token = sessionStorage.getItem(TOKEN_KEY);
   if (token) headers["authorization"] = "Bearer " + token;
   const r = await fetch(path, Object.assign({}, init, { headers }));
-  if (r.status === 401 || r.status === 403) {
-    let msg = r.status === 401 ? "The token was refused." : "The admin API is not open to this client.";
-    try { const v = await r.json(); if (v.error && v.error.message) msg += " (" + v.error.message + ")"; } catch (_) {}
-    throw new AuthError(msg);
-  }
   const body = await r.json().catch(() => null);
-  if (!r.ok) throw new Error((body && body.error && body.error.message) || ("HTTP " + r.status));
+  const said = (body && body.error && body.error.message) || "";
+  if (r.status === 401) {
+    throw new AuthError((token ? "The token was refused." : "The admin API needs its token.") + (said ? ` (${said})` : ""));
+  }
+  if (r.status === 403) throw new Error("The admin API is not open to this page." + (said ? ` (${said})` : ""));
+  if (!r.ok) throw new Error(said || ("HTTP " + r.status));
   return body;
 }
 
 function show(section) {
   for (const id of ["login", "list", "session"]) $(id).hidden = id !== section;
-  $("logout").hidden = section === "login";
+  $("logout").hidden = section === "login" || !sessionStorage.getItem(TOKEN_KEY);
 }
 
 function fail(e) {
@@ -64,10 +66,15 @@ async function loadList() {
   const body = $("sessions");
   body.replaceChildren();
   for (const s of v.sessions) {
+    // The id is a real link (open in a new tab, copy its address); a click elsewhere on the row follows it too.
+    const href = "#/s/" + encodeURIComponent(s.id);
     const tr = el("tr", { class: "session", dataset: { id: s.id } },
-      el("td", { class: "id" }, s.id), el("td", {}, s.dialect), el("td", {}, s.message_count),
+      el("td", { class: "id" }, el("a", { href }, s.id)), el("td", {}, s.dialect), el("td", {}, s.message_count),
       el("td", {}, s.token_estimate), el("td", {}, when(s.last_active)), el("td", {}, s.strategy || ""));
-    tr.addEventListener("click", () => { location.hash = "#/s/" + encodeURIComponent(s.id); });
+    tr.addEventListener("click", (ev) => {
+      if (ev.target.closest("a") || ev.ctrlKey || ev.metaKey || ev.shiftKey || ev.button !== 0) return;
+      location.hash = href;
+    });
     body.append(tr);
   }
   const last = Math.min(v.total, state.offset + v.sessions.length);
@@ -152,6 +159,16 @@ async function openSession(id) {
   state.turnsTotal = page.total;
   renderTurns();
   tab("turns");
+  // The newest rewritten turn, side by side with the history (the last page of turns when there are more).
+  let newest = state.turns;
+  if (page.total > page.turns.length) {
+    const from = Math.max(0, page.total - TURNS_PAGE);
+    newest = (await api(`/admin/sessions/${encodeURIComponent(id)}/turns?messages=false&limit=${TURNS_PAGE}&offset=${from}`)).turns;
+  }
+  const rewritten = newest.concat(state.turns).filter((t) => t.rewritten);
+  if (rewritten.length && state.session === s) {
+    await openTurn(Math.max(...rewritten.map((t) => t.turn)));
+  }
 }
 
 function renderMore() {
@@ -225,9 +242,14 @@ async function moreTurns() {
   renderTurns();
 }
 
+let turnAsked = 0;
+
 async function openTurn(n) {
   const s = state.session;
+  const asked = ++turnAsked;
   const page = await api(`/admin/sessions/${encodeURIComponent(s.id)}/turns?offset=${n}&limit=1`);
+  // A turn asked for later (or another session) wins.
+  if (asked !== turnAsked || state.session !== s) return;
   const t = page.turns[0];
   for (const tr of $("turns").children) tr.classList.toggle("selected", tr.dataset.turn === String(n));
   $("turn-title").textContent = `Turn ${t.turn} · ${t.model} · ${t.strategy}` +
@@ -340,7 +362,6 @@ async function pin() {
 
 async function route() {
   $("error").textContent = "";
-  if (sessionStorage.getItem(TOKEN_KEY) === null) { show("login"); return; }
   const m = location.hash.match(/^#\/s\/(.+)$/);
   try {
     if (m) await openSession(decodeURIComponent(m[1]));
@@ -351,7 +372,8 @@ async function route() {
 document.addEventListener("DOMContentLoaded", () => {
   $("login-form").addEventListener("submit", (ev) => {
     ev.preventDefault();
-    sessionStorage.setItem(TOKEN_KEY, $("token").value);
+    if ($("token").value) sessionStorage.setItem(TOKEN_KEY, $("token").value);
+    else sessionStorage.removeItem(TOKEN_KEY);
     $("login-error").textContent = "";
     route();
   });

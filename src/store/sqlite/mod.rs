@@ -397,7 +397,10 @@ fn list(
         "SELECT {META_COLS} FROM sessions ORDER BY last_active DESC, id LIMIT ?1 OFFSET ?2"
     ))?;
     let rows = stmt
-        .query_map(params![limit, offset as i64], meta_from_row)?
+        .query_map(
+            params![limit, i64::try_from(offset).unwrap_or(i64::MAX)],
+            meta_from_row,
+        )?
         .collect::<Result<Vec<_>, _>>()?;
     Ok((rows, total as u64))
 }
@@ -415,7 +418,10 @@ fn turns(
         "SELECT turn FROM turns WHERE session_id = ?1 ORDER BY seq LIMIT ?2 OFFSET ?3",
     )?;
     let rows = stmt
-        .query_map(params![id, limit, offset as i64], |r| r.get::<_, String>(0))?
+        .query_map(
+            params![id, limit, i64::try_from(offset).unwrap_or(i64::MAX)],
+            |r| r.get::<_, String>(0),
+        )?
         .collect::<Result<Vec<_>, _>>()?;
     Ok((rows, total as u64))
 }

@@ -1,15 +1,20 @@
 """The session inspector (`/ui/`) in a real browser: Debian's chromium, headless, driven by Playwright (its own
 browsers are never downloaded: `executable_path`). Logs in with the admin token, opens a rewritten session, checks
 that what each turn sent is shown beside the history (placeholders and the summary marked), opens the timeline,
-saves a screenshot (target/ui-inspector.png), and measures how long a 2,000-message session takes to show."""
+saves a screenshot (target/ui-inspector.png), and measures how long a 2,000-message session takes to show. Without
+a token (the default loopback install) the page opens on the sessions, each with its own address; and a page of
+another origin, or one whose name was rebound to 127.0.0.1, cannot drive the admin API from the same browser."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -117,6 +122,7 @@ def test_the_inspector_shows_what_each_turn_sent(inspector: str):
 
         # Turn 1: the cleared results are marked, on both sides.
         page.click("tr.turn[data-turn='1']")
+        page.wait_for_selector("#turn-title:has-text('Turn 1 ·')")
         page.wait_for_selector("#turn-sent .msg.kind-cleared")
         cleared = page.locator("#turn-sent .msg.kind-cleared")
         assert cleared.count() >= 1
@@ -130,6 +136,7 @@ def test_the_inspector_shows_what_each_turn_sent(inspector: str):
 
         # Turn 2: the summary, its text shown, standing for the history it replaced.
         page.click("tr.turn[data-turn='2']")
+        page.wait_for_selector("#turn-title:has-text('Turn 2 ·')")
         page.wait_for_selector("#turn-sent .msg.kind-summary")
         summary = page.locator("#turn-sent .msg.kind-summary").first.text_content()
         assert "Summary of the earlier conversation" in summary
@@ -189,3 +196,169 @@ def test_a_2000_message_session_opens_without_freezing(inspector: str):
         f"2000-message session: opened in {loaded * 1000:.0f} ms; its one turn side by side in {turn * 1000:.0f} ms\n"
     )
     print(f"\n2000-message session: opened in {loaded * 1000:.0f} ms, turn view {turn * 1000:.0f} ms")
+
+
+# --- without a token: the default loopback install ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def open_inspector(upstream: Upstream):
+    """A gateway without an admin token (loopback: the admin API serves loopback callers) and a small window;
+    with the path of its log."""
+    if CHROMIUM is None:
+        if os.environ.get("CTXGATE_REQUIRE_EXTERNAL"):
+            pytest.fail("no chromium: apt-get install chromium")
+        pytest.skip("no chromium (apt-get install chromium)")
+    proc, listen = upstream.gateway("[context]\ndefault_context_window = 6000\n", name="inspector-open")
+    try:
+        yield f"http://{listen}", upstream.tmp / "inspector-open.log"
+    finally:
+        _stop(proc)
+
+
+def open_admin(base: str, path: str) -> dict:
+    with httpx.Client(trust_env=False, timeout=30) as c:
+        r = c.get(f"{base}{path}")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def launch(p, *args: str):
+    return p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", *args])
+
+
+def test_without_a_token_the_inspector_opens_on_the_sessions_and_each_has_an_address(open_inspector):
+    base, _ = open_inspector
+    sid = chat(base, "ui-open-agent", history(1, 20))  # turn 0: as sent
+    chat(base, "ui-open-agent", history(8, 200))  # turn 1: rewritten
+    m = history(8, 200) + [{"role": "assistant", "content": "mock reply"}, {"role": "user", "content": "Go on."}]
+    chat(base, "ui-open-agent", m, strategy="off")  # turn 2: as sent
+    quoted = quote(sid, safe="")
+    turns = open_admin(base, f"/admin/sessions/{quoted}/turns?messages=false")["turns"]
+    assert [t["rewritten"] for t in turns] == [False, True, False]
+    href = "#/s/" + quoted
+
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{base}/ui/")
+        # Straight to the sessions: no token form, no token to forget.
+        link = page.locator(f"tr.session[data-id='{sid}'] td.id a")
+        expect(link).to_have_attribute("href", href)
+        assert link.text_content() == sid
+        assert not page.is_visible("#login")
+        assert not page.is_visible("#logout")
+        # A real link: its address opens the session in a new tab, with the newest rewritten turn side by side.
+        second = browser.new_page(viewport={"width": 1400, "height": 1000})
+        second.on("pageerror", lambda e: errors.append(str(e)))
+        second.goto(f"{base}/ui/{link.get_attribute('href')}")
+        second.wait_for_selector("#turn-view:not([hidden])")
+        assert second.text_content("#session-id") == sid
+        assert second.text_content("#turn-title").startswith("Turn 1 ·")
+        expect(second.locator("tr.turn.selected")).to_have_attribute("data-turn", "1")
+        t1 = open_admin(base, f"/admin/sessions/{quoted}/turns?offset=1&limit=1")["turns"][0]
+        expect(second.locator("#turn-sent .msg")).to_have_count(len(t1["messages_sent"]))
+        assert second.locator("#turn-history .msg.state-replaced").count() >= 1
+        assert not second.is_visible("#login")
+        # Following the link in the first tab does the same.
+        link.click()
+        page.wait_for_selector("#turn-title:has-text('Turn 1 ·')")
+        assert page.url.endswith(href)
+        assert errors == [], errors
+        browser.close()
+
+
+class _AttackerSite(http.server.BaseHTTPRequestHandler):
+    """Serves `page` (set on the class) at every path: the attacker's site, on another loopback origin."""
+
+    page = b""
+
+    def do_GET(self):  # noqa: N802 (the standard library's name)
+        self.send_response(200)
+        self.send_header("content-type", "text/html; charset=utf-8")
+        self.send_header("content-length", str(len(self.page)))
+        self.end_headers()
+        self.wfile.write(self.page)
+
+    def log_message(self, *args):
+        pass
+
+
+REFUSED = "refused a request that a web page may have sent"
+
+
+def test_a_page_of_another_origin_cannot_drive_the_admin_api(open_inspector):
+    base, log = open_inspector
+    sid = chat(base, "ui-open-victim", [{"role": "user", "content": "the real history"}])
+    quoted = quote(sid, safe="")
+    with httpx.Client(trust_env=False, timeout=30) as c:
+        export = c.get(f"{base}/admin/sessions/{quoted}/export").text
+    forged = export.replace("the real history", "FORGED BY A WEB PAGE")
+    assert forged != export
+    # The attacker's page: a no-cors text/plain import over the victim (the request is sent, only the answer is
+    # opaque) and a body-less compress; then it says it is done.
+    _AttackerSite.page = f"""<!doctype html><title>attack</title><script>
+      const gw = {json.dumps(base)};
+      (async () => {{
+        let sent = 0;
+        for (const [path, init] of [
+          ["/admin/sessions/import?replace=true", {{method: "POST", mode: "no-cors", body: {json.dumps(forged)},
+                                                   headers: {{"content-type": "text/plain"}}}}],
+          ["/admin/sessions/{quoted}/compress", {{method: "POST", mode: "no-cors"}}],
+        ]) {{
+          try {{ await fetch(gw + path, init); sent += 1; }} catch (e) {{ document.body.append(String(e)); }}
+        }}
+        document.title = "done " + sent;
+      }})();
+    </script>""".encode()
+    attacker = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _AttackerSite)
+    threading.Thread(target=attacker.serve_forever, daemon=True).start()
+    port = attacker.server_address[1]
+    refused_before = log.read_text(errors="replace").count(REFUSED)
+    try:
+        with playwright_api.sync_playwright() as p:
+            browser = launch(p)
+            page = browser.new_page()
+            # Another site (localhost, not 127.0.0.1), and the same site on another port: both other origins.
+            for origin in (f"http://localhost:{port}", f"http://127.0.0.1:{port}"):
+                page.goto(f"{origin}/attack.html")
+                page.wait_for_function("document.title === 'done 2'")
+            browser.close()
+    finally:
+        attacker.shutdown()
+    text = json.dumps(open_admin(base, f"/admin/sessions/{quoted}")["messages"])
+    assert "the real history" in text and "FORGED" not in text, text
+    # The four requests reached the gateway, and each was refused with a warning.
+    deadline = time.monotonic() + 5
+    refused = 0
+    while time.monotonic() < deadline:
+        refused = log.read_text(errors="replace").count(REFUSED) - refused_before
+        if refused >= 4:
+            break
+        time.sleep(0.1)
+    assert refused == 4, log.read_text(errors="replace")[-3000:]
+
+
+def test_a_page_whose_name_was_rebound_to_loopback_cannot_read_the_sessions(open_inspector):
+    base, _ = open_inspector
+    sid = chat(base, "ui-open-rebound", [{"role": "user", "content": "secret history"}])
+    port = base.rsplit(":", 1)[1]
+    with playwright_api.sync_playwright() as p:
+        # DNS rebinding: the attacker's name now resolves to 127.0.0.1, so its page and the gateway share an origin
+        # and the browser sends the attacker's name as the Host.
+        browser = launch(p, "--host-resolver-rules=MAP rebound.test 127.0.0.1")
+        page = browser.new_page()
+        page.goto(f"http://rebound.test:{port}/ui/")
+        page.wait_for_selector("#error:has-text('not open to this page')")
+        assert not page.is_visible("#login")
+        status, body = page.evaluate(
+            "async () => { const r = await fetch('/admin/sessions'); return [r.status, await r.text()]; }"
+        )
+        assert status == 403, body
+        assert sid not in body and "rebound.test" in body, body
+        # The same browser on the gateway's own loopback name is served.
+        page.goto(f"{base}/ui/")
+        page.wait_for_selector(f"tr.session[data-id='{sid}']")
+        browser.close()
