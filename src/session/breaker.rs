@@ -229,7 +229,7 @@ mod tests {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
         let b = breaker(&store);
         let r: Result<(), _> = b
-            .guarded(StoreOp::Load, || futures_util::future::pending())
+            .guarded(StoreOp::Load, futures_util::future::pending)
             .await;
         assert!(matches!(r, Err(StoreError::Timeout(50))));
         assert!(b.is_open());
