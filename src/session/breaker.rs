@@ -125,25 +125,25 @@ impl Breaker {
             // No runtime to probe from: staying closed is the only state that can recover.
             return;
         };
-        if self
-            .0
-            .open
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return;
-        }
         let reason = format!("{} failed: {e}", op.as_str());
+        {
+            // The details first, under their lock (one opening at a time): whoever sees the flag finds them.
+            let mut opened = self.0.opened.lock();
+            if opened.is_some() {
+                return;
+            }
+            *opened = Some(Opened {
+                reason: reason.clone(),
+                since: Instant::now(),
+                failed_probes: 0,
+            });
+            self.0.open.store(true, Ordering::Release);
+        }
         tracing::warn!(
             reason = %reason,
             "store: circuit open; requests stop waiting on the store (cold sessions are proxied without history, \
              writes stay queued) until a background probe finds it healthy"
         );
-        *self.0.opened.lock() = Some(Opened {
-            reason,
-            since: Instant::now(),
-            failed_probes: 0,
-        });
         rt.spawn(self.clone().probe());
     }
 
@@ -159,8 +159,11 @@ impl Breaker {
             };
             match self.probe_once(&*store, &mut barrier).await {
                 Ok(()) => {
-                    let opened = self.0.opened.lock().take();
-                    self.0.open.store(false, Ordering::Release);
+                    let opened = {
+                        let mut opened = self.0.opened.lock();
+                        self.0.open.store(false, Ordering::Release);
+                        opened.take()
+                    };
                     let open_ms = opened.map_or(0, |o| o.since.elapsed().as_millis());
                     tracing::info!(
                         open_ms = u64::try_from(open_ms).unwrap_or(u64::MAX),
