@@ -42,9 +42,9 @@ USER 10001:10001
 WORKDIR /var/lib/ctxgate
 VOLUME ["/var/lib/ctxgate"]
 EXPOSE 8787
-# Liveness only (/healthz): the process answers. Readiness is /readyz (503 with a JSON reason while the store —
-# e.g. Redis — does not answer): for load balancers and Kubernetes readinessProbe, not for this check, since a
-# gateway whose store is down still serves every request (as plain proxying) and must not be restarted for it.
+# Liveness only (/healthz): the process answers. Readiness is /readyz (200; its JSON says "degraded" while the
+# store — e.g. Redis — does not answer): for load balancers and Kubernetes readinessProbe, not for this check, since
+# a gateway whose store is down still serves every request (as plain proxying) and must not be restarted for it.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
     CMD ["curl", "--fail", "--silent", "--show-error", "--max-time", "2", "http://127.0.0.1:8787/healthz"]
 # SIGTERM (docker stop; the default stop signal) gives in-flight streams server.shutdown_grace_secs (30 s), then

@@ -263,6 +263,8 @@ label_enum! {
         Delete => "delete",
         /// Purging idle sessions.
         Purge => "purge",
+        /// A health check: `/readyz`'s ping, or the circuit breaker's probe while the store is considered down.
+        Probe => "probe",
     }
 }
 

@@ -75,6 +75,7 @@ pub struct Metrics {
     session_lookups: Arc<Vec<IntCounter>>,
     store_duration: HistogramVec,
     store_errors: IntCounterVec,
+    store_circuit_open: IntGauge,
     /// route × dialect × class.
     upstream_errors: Vec<IntCounter>,
 }
@@ -395,6 +396,11 @@ impl Metrics {
                 "Failed store operations by backend and operation.",
                 &["backend", "operation"],
             )?,
+            store_circuit_open: gauge(
+                &r,
+                STORE_CIRCUIT_OPEN,
+                "1 while the store's circuit breaker is open (requests do not wait on the store until a probe finds it healthy).",
+            )?,
             upstream_errors: resolve(&[&routes, &dialects, &up_classes], |l| {
                 upstream_errors.with_label_values(l)
             }),
@@ -600,6 +606,11 @@ impl Metrics {
             .set(i64::try_from(sessions).unwrap_or(i64::MAX));
         self.session_cache_bytes
             .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    /// Sets the store's circuit breaker gauge (at scrape time).
+    pub fn set_store_circuit_open(&self, open: bool) {
+        self.store_circuit_open.set(i64::from(open));
     }
 
     /// Sets the calibration gauges from the token counter's per-model ratios (at scrape time); models sharing a

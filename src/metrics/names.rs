@@ -59,6 +59,9 @@ pub const SESSION_CACHE_LOOKUPS_TOTAL: &str = "ctxgate_session_cache_lookups_tot
 pub const STORE_OPERATION_DURATION_SECONDS: &str = "ctxgate_store_operation_duration_seconds";
 /// Counter: failed store operations by `backend` and `operation`.
 pub const STORE_ERRORS_TOTAL: &str = "ctxgate_store_errors_total";
+/// Gauge: 1 while the store's circuit breaker is open — a store operation timed out or failed and the background
+/// probe has not found the store healthy yet, so requests do not wait on the store —, else 0.
+pub const STORE_CIRCUIT_OPEN: &str = "ctxgate_store_circuit_open";
 /// Counter: upstream failures by `route` and `class` (4xx, 5xx, unreachable, timeout, interrupted).
 pub const UPSTREAM_ERRORS_TOTAL: &str = "ctxgate_upstream_errors_total";
 /// Counter: config reloads (SIGHUP, `POST /admin/config/reload`) by `outcome` (applied, rejected).
@@ -102,6 +105,7 @@ pub const ALL: &[&str] = &[
     SESSION_CACHE_LOOKUPS_TOTAL,
     STORE_OPERATION_DURATION_SECONDS,
     STORE_ERRORS_TOTAL,
+    STORE_CIRCUIT_OPEN,
     UPSTREAM_ERRORS_TOTAL,
     BUILD_INFO,
 ];

@@ -27,7 +27,7 @@ use crate::session::manager::now_secs;
 use crate::session::tree::raw_item_hashes;
 use crate::session::{identify, RequestMark, SessionIdentity};
 use crate::store::records::RewriteRecord;
-use crate::store::{Compression, Record};
+use crate::store::{Compression, Record, StoreError};
 use axum::extract::Request;
 use axum::response::Response;
 use http::Method;
@@ -294,6 +294,8 @@ async fn reconcile(
         .await
     {
         Ok(m) => Some(m),
+        // The store's circuit is open: said once when it opened, not for every request.
+        Err(StoreError::Unavailable) => None,
         Err(e) => {
             tracing::warn!(error = %e, session = %session.id, "session: could not record the request; proxying without history");
             None
@@ -648,7 +650,7 @@ async fn record_reply(
         }
         return;
     }
-    if let Err(e) = state
+    match state
         .sessions
         .record_replies(
             mark,
@@ -658,7 +660,11 @@ async fn record_reply(
         )
         .await
     {
-        tracing::warn!(error = %e, session = %mark.entry.id, "session: could not record the reply");
+        // Queued, not waited for: the store's circuit is open (said once when it opened).
+        Ok(()) | Err(StoreError::Unavailable) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, session = %mark.entry.id, "session: could not record the reply")
+        }
     }
 }
 

@@ -11,11 +11,14 @@ use axum::Router;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Answers a scrape: gauges read at scrape time (session cache, calibration) are refreshed, then everything is
-/// encoded.
+/// Answers a scrape: gauges read at scrape time (session cache, the store's circuit breaker, calibration) are
+/// refreshed, then everything is encoded.
 pub async fn handle(State(state): State<Arc<AppState>>) -> Response {
     let (sessions, bytes) = state.sessions.cache_stats_now().await;
     state.metrics.set_session_cache(sessions, bytes);
+    state
+        .metrics
+        .set_store_circuit_open(state.sessions.breaker().is_open());
     state.metrics.set_calibration(&state.counter.ratios());
     (
         [(http::header::CONTENT_TYPE, metrics::CONTENT_TYPE)],

@@ -4,8 +4,10 @@
 //!
 //! A session has one entry in memory at a time, whatever races for it ([`Registry`]). A new session lives outside
 //! the cache and the store until the upstream accepts its first request ([`Sessions::admit`]); waiting on the
-//! store (cold loads, a turn's commit) is bounded by `store.timeout_ms`; writes are queued under the session's
-//! lock, so a session's rows are queued in the order they were built. A write the store refused (full queue)
+//! store (cold loads, a turn's commit) is bounded by `store.timeout_ms`, and once a wait times out or fails the
+//! store's circuit breaker ([`Breaker`]) spares the following requests any wait until a probe finds the store
+//! healthy; writes are queued under the session's lock, so a session's rows are queued in the order they were
+//! built. A write the store refused (full queue)
 //! marks the session for a whole rewrite and keeps it in memory, evicted from the cache or not, until the
 //! rewrite is queued: on its next write, once another write is accepted, or on flush.
 //!
@@ -14,6 +16,7 @@
 //! instance serves a turn from a stale entry; a session gone from the store (deleted or expired elsewhere) starts
 //! afresh.
 
+use super::breaker::Breaker;
 use super::entry::EntryState;
 pub use super::entry::SessionEntry;
 use super::identity::SessionIdentity;
@@ -175,28 +178,6 @@ pub struct BranchView {
     pub messages: Vec<Value>,
 }
 
-/// Waits for `fut` at most `timeout`; past it, counts `op` as a failed store operation.
-async fn bounded<T>(
-    timeout: Duration,
-    metrics: &StoreMetrics,
-    op: StoreOp,
-    fut: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(timeout, fut).await {
-        Ok(r) => r,
-        Err(_) => {
-            metrics.error(op);
-            let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-            tracing::warn!(
-                operation = op.as_str(),
-                timeout_ms = ms,
-                "store: no answer within the timeout; going on without it"
-            );
-            Err(StoreError::Timeout(ms))
-        }
-    }
-}
-
 /// The entry of a session loaded from the store.
 fn entry_from_stored(s: StoredSession) -> SessionEntry {
     let head = s.meta.head.clone().map(NodeId::from);
@@ -261,6 +242,8 @@ pub struct Sessions {
     store_metrics: StoreMetrics,
     /// How long a request waits for the store.
     timeout: Duration,
+    /// Bounds every wait on the store; open after a timeout or failure, so that requests stop waiting on it.
+    breaker: Breaker,
     /// Every entry in memory (new sessions the upstream has not accepted yet are never in the cache), and the
     /// sessions waiting for a rewrite.
     registry: Arc<Registry>,
@@ -279,12 +262,14 @@ impl Sessions {
             .max_capacity(cache_max_bytes)
             .weigher(|_k: &String, v: &Arc<SessionEntry>| v.weight.load(Ordering::Relaxed))
             .build();
+        let breaker = Breaker::new(&store, DEFAULT_TIMEOUT, StoreMetrics::default());
         Self {
             store,
             cache,
             metrics: SessionMetrics::default(),
             store_metrics: StoreMetrics::default(),
             timeout: DEFAULT_TIMEOUT,
+            breaker,
             registry: Arc::new(Registry::new()),
         }
     }
@@ -298,14 +283,22 @@ impl Sessions {
     /// Counts store operations given up on after the timeout in `metrics` (`ctxgate_store_errors_total`).
     pub fn with_store_metrics(mut self, metrics: StoreMetrics) -> Self {
         self.store_metrics = metrics;
+        self.breaker = Breaker::new(&self.store, self.timeout, self.store_metrics.clone());
         self
     }
 
     /// Waits at most `timeout` for the store (cold loads, a turn's commit, records); past it the caller goes on
-    /// without history and the write, still queued, completes when the store recovers.
+    /// without history and the write, still queued, completes when the store recovers. Such a timeout (or a
+    /// failure) opens the circuit breaker: later requests do not wait at all until a probe finds the store healthy.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self.breaker = Breaker::new(&self.store, self.timeout, self.store_metrics.clone());
         self
+    }
+
+    /// The store's circuit breaker (open: requests do not wait on the store).
+    pub fn breaker(&self) -> &Breaker {
+        &self.breaker
     }
 
     /// The durable store.
@@ -324,13 +317,23 @@ impl Sessions {
         self.cache_stats()
     }
 
-    /// Waits for the store at most the configured timeout; past it, counts the operation as failed.
+    /// Waits for the store at most the configured timeout, whatever the breaker's state (admin reads); past it,
+    /// counts the operation as failed. A timeout or failure opens the breaker.
     async fn bounded<T>(
         &self,
         op: StoreOp,
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        bounded(self.timeout, &self.store_metrics, op, fut).await
+        self.breaker.wait(op, fut).await
+    }
+
+    /// [`Sessions::bounded`] on the request path: while the breaker is open, the store is not asked (`start` is not
+    /// called; a write it waits for stays queued) and [`StoreError::Unavailable`] comes back at once.
+    async fn guarded<T, F>(&self, op: StoreOp, start: impl FnOnce() -> F) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
+        self.breaker.guarded(op, start).await
     }
 
     /// Queues `ops` (under the session's lock, so a session's writes are queued in the order they were built).
@@ -443,9 +446,15 @@ impl Sessions {
         }
         let e = entry.clone();
         let have = Box::new(move |id: &str| e.state.lock().tree.get(id).is_some());
-        let fresh = self
-            .bounded(StoreOp::Load, self.store.tail(&entry.id, since, have))
-            .await?;
+        let fresh = match self
+            .guarded(StoreOp::Load, || self.store.tail(&entry.id, since, have))
+            .await
+        {
+            // The store is down: the cached entry as it is (what other instances appended meanwhile is not there
+            // to read either).
+            Err(StoreError::Unavailable) => return Ok(true),
+            other => other?,
+        };
         match fresh {
             Fresh::Local => Ok(true),
             Fresh::Gone => {
@@ -486,7 +495,7 @@ impl Sessions {
         self.metrics.lookup(CacheResult::Miss);
         let store = self.store.clone();
         let registry = self.registry.clone();
-        let (timeout, metrics) = (self.timeout, self.store_metrics.clone());
+        let breaker = self.breaker.clone();
         let key = id.to_string();
         let loaded = self
             .cache
@@ -495,7 +504,7 @@ impl Sessions {
                 if let Some(e) = registry.admitted(&key) {
                     return Ok(e);
                 }
-                let stored = bounded(timeout, &metrics, StoreOp::Load, store.load(&key)).await?;
+                let stored = breaker.guarded(StoreOp::Load, || store.load(&key)).await?;
                 // An entry registered while the store answered (a racing first request) wins over the row.
                 match registry.get_or_register(&key, || stored.map(entry_from_stored)) {
                     Some(e) if e.state.lock().admitted => Ok(e),
@@ -707,7 +716,7 @@ impl Sessions {
         if new {
             self.reweigh_cached(entry).await;
         }
-        self.bounded(StoreOp::Write, committed(rx)).await?;
+        self.guarded(StoreOp::Write, || committed(rx)).await?;
         entry.state.lock().in_store = true;
         Ok(())
     }
@@ -747,7 +756,7 @@ impl Sessions {
             };
             self.queue(entry, &mut st, vec![op], now)
         };
-        self.bounded(StoreOp::Write, committed(rx)).await
+        self.guarded(StoreOp::Write, || committed(rx)).await
     }
 
     /// Appends a record (compression or internal exchange) to a session and waits (at most the store timeout)
@@ -779,7 +788,7 @@ impl Sessions {
             self.queue(entry, &mut st, vec![op], now)
         };
         self.reweigh_cached(entry).await;
-        self.bounded(StoreOp::Write, committed(rx)).await
+        self.guarded(StoreOp::Write, || committed(rx)).await
     }
 
     /// Pins `strategy` for session `id` (`None`: unpins it) and waits until the row is durable; returns the
@@ -838,7 +847,7 @@ impl Sessions {
             };
             (self.queue(&entry, &mut st, vec![op], now), meta)
         };
-        self.bounded(StoreOp::Write, committed(rx)).await?;
+        self.guarded(StoreOp::Write, || committed(rx)).await?;
         Ok(Some(meta))
     }
 

@@ -1,6 +1,7 @@
 //! Conversations: who a request belongs to, its history as a message tree, and the cache over the store.
 
 pub mod anthropic_id;
+pub mod breaker;
 mod entry;
 pub mod export;
 pub mod identity;

@@ -61,6 +61,10 @@ pub enum StoreError {
     /// The write queue holds `store.queue_capacity` batches: the batch was refused at once.
     #[error("store write queue is full")]
     QueueFull,
+    /// The store's circuit breaker is open (an earlier operation timed out or failed and the background probe has
+    /// not found the store healthy yet): not asked, or not waited for (a write stays queued).
+    #[error("store unavailable (circuit open until a background probe finds it healthy); not waited for")]
+    Unavailable,
 }
 
 /// A session's row: everything but its messages.
