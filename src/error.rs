@@ -108,9 +108,7 @@ impl GatewayError {
             GatewayError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             GatewayError::Overloaded { .. }
             | GatewayError::ShuttingDown { .. }
-            | GatewayError::ConnectionsFull { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            | GatewayError::ConnectionsFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::ContextLengthExceeded { .. } => StatusCode::BAD_REQUEST,
             GatewayError::Unauthorized => StatusCode::UNAUTHORIZED,
             GatewayError::Forbidden | GatewayError::ForeignRequest(_) => StatusCode::FORBIDDEN,

@@ -543,3 +543,52 @@ async fn one_id_in_three_dialects_keeps_three_sessions() {
         .unwrap();
     assert_eq!(id(&again), a);
 }
+
+/// The admin API takes the id a client sent: exactly one session with that raw id (any tenant) is found by it;
+/// several are listed in the 404; none points at `?q=`.
+#[tokio::test]
+async fn the_admin_api_finds_a_session_by_the_id_the_client_sent() {
+    let h = Harness::start().await;
+    let msgs = json!([{"role":"user","content":"hello"}]);
+    let (solo, _) = chat(&h, "sk-a", Some("solo"), &msgs, false).await;
+    assert!(solo.ends_with("-solo") && solo != "solo", "{solo}");
+    let (twin_a, _) = chat(&h, "sk-a", Some("twin"), &msgs, false).await;
+    let (twin_b, _) = chat(&h, "sk-b", Some("twin"), &msgs, false).await;
+    h.state.sessions.flush().await.unwrap();
+    let v: Value = admin(&h, "/admin/sessions/solo")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["id"], solo);
+    assert_eq!(admin(&h, "/admin/sessions/solo/turns").await.status(), 200);
+    assert_eq!(admin(&h, "/admin/sessions/solo/export").await.status(), 200);
+    let many = admin(&h, "/admin/sessions/twin").await;
+    assert_eq!(many.status(), 404);
+    let text = many.text().await.unwrap();
+    assert!(
+        text.contains("2 sessions") && text.contains(&twin_a) && text.contains(&twin_b),
+        "{text}"
+    );
+    let none = admin(&h, "/admin/sessions/nobody").await;
+    assert_eq!(none.status(), 404);
+    assert!(none.text().await.unwrap().contains("?q=nobody"));
+    // The full id still works, and a delete by the raw id removes the one session.
+    assert_eq!(
+        admin(&h, &format!("/admin/sessions/{twin_a}"))
+            .await
+            .status(),
+        200
+    );
+    let del = h
+        .client
+        .delete(h.url("/admin/sessions/solo"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(del.status(), 200);
+    assert_eq!(
+        admin(&h, &format!("/admin/sessions/{solo}")).await.status(),
+        404
+    );
+}

@@ -17,6 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 mod guard;
+mod lookup;
 mod paging;
 
 /// The `/admin` routes, authenticated. Logs at start-up who may reach them.
@@ -176,6 +177,7 @@ async fn show(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Response, GatewayError> {
+    let id = lookup::resolve(&state, id).await?;
     match state.sessions.view(&id).await.map_err(store_error)? {
         Some(v) => Ok(Json(v).into_response()),
         None => Err(GatewayError::NotFound(format!("no session {id:?}"))),
@@ -195,6 +197,7 @@ async fn turns(
     Path(id): Path<String>,
     q: Result<Query<TurnsQuery>, QueryRejection>,
 ) -> Result<Response, GatewayError> {
+    let id = lookup::resolve(&state, id).await?;
     let Query(q) = q.map_err(|e| paging::bad_query(&e))?;
     let (limit, offset) = paging::page(q.limit.as_deref(), q.offset.as_deref(), 500)?;
     match state
@@ -215,6 +218,7 @@ async fn patch(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Response, GatewayError> {
+    let id = lookup::resolve(&state, id).await?;
     use crate::config::Strategy;
     let bad = || {
         GatewayError::bad_request(
@@ -272,6 +276,7 @@ async fn export(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Response, GatewayError> {
+    let id = lookup::resolve(&state, id).await?;
     match crate::session::export::export_session(&state.sessions, &id)
         .await
         .map_err(store_error)?
@@ -316,6 +321,7 @@ async fn delete(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Response, GatewayError> {
+    let id = lookup::resolve(&state, id).await?;
     if state.sessions.delete(&id).await.map_err(store_error)? {
         tracing::info!(target: "ctxgate::admin", session = %id, "admin: session deleted");
         Ok(Json(json!({"id": id, "deleted": true})).into_response())
@@ -330,6 +336,7 @@ async fn compress(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Response, GatewayError> {
+    let id = lookup::resolve(&state, id).await?;
     let live = state.live();
     let Some(summarizer) = &live.summarizer else {
         return Err(GatewayError::bad_request(

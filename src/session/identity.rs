@@ -136,7 +136,7 @@ fn scoped_id(prefix: &str, v: &str) -> String {
 }
 
 /// The client's id as used in ours: kept as is when short and plain, hashed otherwise.
-fn client_id_part(v: &str) -> String {
+pub fn client_id_part(v: &str) -> String {
     let plain = v.len() <= 96
         && v.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
