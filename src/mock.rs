@@ -554,8 +554,8 @@ fn default_reply(rec: &RecordedRequest) -> MockReply {
         let mut reply = MockReply::completion("mock reply");
         if let MockReply::Json { body, .. } = &mut reply {
             if let Ok(mut b) = serde_json::from_slice::<Value>(body) {
-                b["usage"] = json!({"prompt_tokens": prompt_tokens, "completion_tokens": 2,
-                                    "total_tokens": prompt_tokens + 2});
+                b["usage"]["prompt_tokens"] = json!(prompt_tokens);
+                b["usage"]["total_tokens"] = json!(prompt_tokens + 5);
                 *body = Bytes::from(b.to_string());
             }
         }

@@ -163,7 +163,7 @@ async fn get(h: &Harness, path: &str) -> u16 {
 /// upstream, invalid, passthrough and admin. The mock's replies are queued right before the request they answer.
 async fn script(h: &Harness) {
     let small = json!({"model":MODEL,"messages":[{"role":"user","content":"hi"}]});
-    // plain: the mock's default completion (usage 10 prompt + 5 completion)
+    // plain: the mock's default completion (usage: its estimate of the prompt + 5 completion)
     let (s, _) = chat(h, "plain", small.to_string()).await;
     assert_eq!(s, 200);
     // the same session again, streamed (usage 10 + 2)
@@ -366,12 +366,16 @@ async fn scripted_traffic_moves_every_family() {
             &[("route", "chat")]
         )
     );
-    // tokens: the upstream's counts (10 prompt per call; 5 completion per JSON call, 2 for the stream); the
+    // tokens: the upstream's counts (the mock's estimate of the small request's prompt for its default answers, 10
+    // prompt per scripted call; 5 completion per JSON call, 2 for the stream); the
     // rewritten request counts the client's estimate, and its two rounds' usage
     let model = [("model", LABEL)];
+    let small_prompt = ctxgate::mock::estimate_tokens(
+        &json!({"model":MODEL,"messages":[{"role":"user","content":"hi"}]}),
+    ) as f64;
     assert_eq!(
         sum(&m, names::UPSTREAM_PROMPT_TOKENS_TOTAL, &model),
-        10.0 + 10.0 + 900.0 + 20.0
+        2.0 * small_prompt + 900.0 + 20.0
     );
     assert_eq!(
         sum(&m, names::UPSTREAM_COMPLETION_TOKENS_TOTAL, &model),

@@ -145,7 +145,7 @@ async fn default_answers_estimate_prompt_tokens_and_refuse_a_missing_model() {
     assert_eq!(tokens(&a), ctxgate::mock::estimate_tokens(&short));
     assert_eq!(tokens(&b), ctxgate::mock::estimate_tokens(&long));
     assert!(tokens(&b) > 400, "{b}");
-    assert_eq!(b["usage"]["total_tokens"], tokens(&b) + 2);
+    assert_eq!(b["usage"]["total_tokens"], tokens(&b) + 5);
     // The stream's usage chunk says the same.
     let mut streamed = long.clone();
     streamed["stream"] = json!(true);
