@@ -578,6 +578,9 @@ impl fmt::Display for ConfigErrors {
 
 impl std::error::Error for ConfigErrors {}
 
+/// The size of a typical tool result (a file read, a command's output), in tokens, for [`Config::warnings`].
+pub const TYPICAL_RESULT_TOKENS: u64 = 1_000;
+
 /// Prefix of environment variables that override config keys.
 pub const ENV_PREFIX: &str = "CTXGATE_";
 
@@ -895,6 +898,37 @@ impl Config {
         })
     }
 
+    /// Settings that are valid but will not do what an operator likely expects, one sentence each: a model's
+    /// window so small that the tool results kept whole (`prune.keep_tool_results` of a typical
+    /// [`TYPICAL_RESULT_TOKENS`]) already fill the rewrite's target, so clearing cannot act and a rewrite can
+    /// only truncate.
+    pub fn warnings(&self) -> Vec<String> {
+        let kept = self.prune.keep_tool_results as u64 * TYPICAL_RESULT_TOKENS;
+        let windows = std::iter::once((
+            "context.default_context_window".to_string(),
+            self.context.default_context_window,
+        ))
+        .chain(
+            self.models
+                .iter()
+                .map(|(p, m)| (format!("models.\"{p}\".context_window"), m.context_window)),
+        );
+        windows
+            .filter_map(|(key, window)| {
+                let target = (window as f64 * self.context.target) as u64;
+                (target < kept).then(|| {
+                    format!(
+                        "{key} = {window}: the rewrite's target ({target} tokens, context.target {}) is smaller than \
+                         the {} newest tool results kept whole (prune.keep_tool_results; ~{TYPICAL_RESULT_TOKENS} \
+                         tokens each is typical), so clearing cannot bring a request down and rewrites will mostly \
+                         truncate; lower prune.keep_tool_results or give the model a larger window",
+                        self.context.target, self.prune.keep_tool_results
+                    )
+                })
+            })
+            .collect()
+    }
+
     /// A copy with every secret replaced by `***`, safe to print or log.
     pub fn masked(&self) -> Config {
         let mut c = self.clone();
@@ -1192,6 +1226,26 @@ mod tests {
         assert!(all.contains("context.threshold"), "{all}");
         assert_eq!(err.0.len(), 2, "{all}"); // listen, threshold: no derived complaint about hard_limit
         assert!(!all.contains("hard_limit"), "{all}");
+    }
+
+    #[test]
+    fn a_window_too_small_for_clearing_is_warned_about() {
+        let c = load("[models.\"tiny\"]\ncontext_window = 3000\n", &[]).unwrap();
+        let w = c.warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with(
+                "models.\"tiny\".context_window = 3000: the rewrite's target (1200 tokens"
+            ),
+            "{w:?}"
+        );
+        let c = load(
+            "[models.\"tiny\"]\ncontext_window = 3000\n[prune]\nkeep_tool_results = 1\n",
+            &[],
+        )
+        .unwrap();
+        assert!(c.warnings().is_empty(), "one kept result fits");
+        assert!(Config::default().warnings().is_empty());
     }
 
     #[test]

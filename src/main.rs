@@ -468,6 +468,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(f) = log_format {
                 cfg.server.log_format = f;
             }
+            let warnings = cfg.warnings();
             cfg.validate()?;
             let _log = init_logging(cfg.server.log_format)?;
             let addr = cfg.listen_addr()?;
@@ -480,6 +481,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let server = ctxgate::server::Server::bind(state, addr)
                 .await
                 .with_context(|| format!("cannot listen on {addr}"))?;
+            for w in warnings {
+                tracing::warn!("config: {w}");
+            }
             let bound = server.local_addr()?;
             tracing::info!(listen = %bound, upstream = %upstream_url, "ctxgate listening");
             tracing::info!("inspector: http://{bound}/ui/");
@@ -521,6 +525,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 "# {}: valid. Effective configuration (secrets masked):",
                 path.display()
             )?;
+            for w in cfg.warnings() {
+                writeln!(out, "# warning: {w}")?;
+            }
             write!(out, "{}", cfg.masked().to_toml())?;
             Ok(())
         }
