@@ -468,9 +468,25 @@ async fn an_id_a_client_cannot_have_is_refused() {
 
 /// A store written by hand or by an older version: parents that loop and a turn range of 10^12. The admin API
 /// and the chat path answer (in time, and without running out of memory); the view shows what is reachable, the
-/// turn names its problem.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stored_cycle_or_range_beyond_the_history_degrades_instead_of_hanging() {
+/// turn names its problem. The gateway runs on a runtime of its own thread: one that loops holds its workers
+/// forever, and the test fails instead of waiting for them.
+#[test]
+fn a_stored_cycle_or_range_beyond_the_history_degrades_instead_of_hanging() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(stored_cycle_and_range());
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the admin API and the chat path answered (see the panic above, if any)");
+}
+
+async fn stored_cycle_and_range() {
     use ctxgate::store::{committed, NodeKind, NodeRow, SessionMeta, WriteOp};
     use std::sync::Arc;
     let h = Harness::start().await;
