@@ -460,7 +460,11 @@ async fn an_id_a_client_cannot_have_is_refused() {
         assert!(said.starts_with("line 1: session.id "), "{id:?}: {said}");
     }
     // The gateway's own forms are kept.
-    for id in ["0123456789abcdef-h0123456789abcdef01234567", "anonymous-fp0123456789abcdef01234567", "t-a.b_c:d"] {
+    for id in [
+        "0123456789abcdef-h0123456789abcdef01234567",
+        "anonymous-fp0123456789abcdef01234567",
+        "t-a.b_c:d",
+    ] {
         let lines = edited(0, "/session/id", |v| *v = json!(id));
         assert_eq!(refused(&h, &lines).await.0, 200, "{id:?}");
     }
@@ -524,7 +528,9 @@ async fn stored_cycle_and_range() {
                 .to_string(),
         },
     ];
-    committed(h.state.sessions.store().write(ops)).await.unwrap();
+    committed(h.state.sessions.store().write(ops))
+        .await
+        .unwrap();
     let in_time = |path: String| {
         let h = &h;
         async move {
@@ -534,7 +540,10 @@ async fn stored_cycle_and_range() {
         }
     };
     let view = in_time(format!("/admin/sessions/{id}")).await;
-    assert_eq!(view["messages"], json!([{"role": "user", "content": "looping"}]));
+    assert_eq!(
+        view["messages"],
+        json!([{"role": "user", "content": "looping"}])
+    );
     let turns = in_time(format!("/admin/sessions/{id}/turns")).await;
     let turn = &turns["turns"][0];
     assert_eq!(turn["sent_from"], json!([{"node": "n0"}]));

@@ -146,7 +146,10 @@ fn file(b: &Built) -> Vec<u8> {
         );
     }
     for at in &b.records {
-        lines.push(json!({"record": {"kind": "internal", "value": {"by": "ctxgate", "at": stamp(*at)}}}).to_string());
+        lines.push(
+            json!({"record": {"kind": "internal", "value": {"by": "ctxgate", "at": stamp(*at)}}})
+                .to_string(),
+        );
     }
     for t in &b.turns {
         lines.push(format!("{{\"turn\":{}}}", turn_json(t)));
@@ -217,7 +220,10 @@ fn check_walks(tree: &Tree, turns: &[String]) {
             .flatten()
             .filter(|f| f.get("kind").is_some() || f.get("node").is_some_and(|v| v.is_null()))
             .count();
-        assert!(sent <= path + literals + count_resent(t), "{sent} > {path} + {literals}");
+        assert!(
+            sent <= path + literals + count_resent(t),
+            "{sent} > {path} + {literals}"
+        );
     }
 }
 
@@ -248,7 +254,11 @@ fn check_accepted(p: &Parsed) {
             assert!(steps <= s.nodes.len(), "a parent cycle accepted");
             cur = match &n.parent {
                 None => None,
-                Some(q) => Some(by_id.get(&**q).expect("a parent missing from the file accepted")),
+                Some(q) => Some(
+                    by_id
+                        .get(&**q)
+                        .expect("a parent missing from the file accepted"),
+                ),
             };
         }
         steps
@@ -258,7 +268,10 @@ fn check_accepted(p: &Parsed) {
         depth(&n.id);
     }
     if let Some(h) = &s.meta.head {
-        assert!(by_id.contains_key(h.as_str()), "a head outside the file accepted");
+        assert!(
+            by_id.contains_key(h.as_str()),
+            "a head outside the file accepted"
+        );
     }
     for t in &turns {
         let v: Value = serde_json::from_str(t).expect("a turn is JSON");

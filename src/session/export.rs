@@ -368,11 +368,13 @@ fn check_turn(v: &Value, length_of: &dyn Fn(&str) -> Option<usize>) -> Result<()
         Some(Value::Array(a)) => a,
         Some(_) => return Err("turn.sent must be an array".into()),
     };
-    let position = |k: usize, name: &str, p: &Value| match p.as_u64() {
+    let position = |k: usize, name: &str, p: &Value| {
+        match p.as_u64() {
         Some(p) if p < len => Ok(()),
         _ => Err(format!(
             "turn.sent[{k}].{name} {p} is not a position of the history ({len} messages to turn.head)"
         )),
+    }
     };
     let mut referenced = 0u64;
     for (k, s) in segments.iter().enumerate() {
@@ -510,7 +512,9 @@ fn record(v: &Value) -> Result<Record, String> {
         _ => return Err("record.kind must be compression or internal".into()),
     };
     let at = match &r {
-        Record::Compression(c) => serde_json::to_value(c).ok().and_then(|c| c.get("at").cloned()),
+        Record::Compression(c) => serde_json::to_value(c)
+            .ok()
+            .and_then(|c| c.get("at").cloned()),
         Record::Internal(v) => v.get("at").cloned(),
     };
     if let Some(at) = at {

@@ -706,14 +706,22 @@ mod tests {
         assert_eq!((leaves, d), (0, Some(3)));
         // A well-formed tree has none.
         let mut t = Tree::new();
-        append(&mut t, &msgs(json!([{"role":"user","content":"q"},{"role":"user","content":"r"}])));
+        append(
+            &mut t,
+            &msgs(json!([{"role":"user","content":"q"},{"role":"user","content":"r"}])),
+        );
         assert_eq!(t.cyclic_nodes(), 0);
     }
 
     #[test]
     fn a_reply_under_the_deepest_position_does_not_overflow() {
         let mut t = Tree::from_rows(vec![row("p", None, u32::MAX)], Some(Arc::from("p")));
-        let (id, _) = t.append_reply(Some(Arc::from("p")), json!({"role":"assistant","content":"a"}), false, 0);
+        let (id, _) = t.append_reply(
+            Some(Arc::from("p")),
+            json!({"role":"assistant","content":"a"}),
+            false,
+            0,
+        );
         assert_eq!(t.get(&id).map(|n| n.position), Some(u32::MAX));
     }
 

@@ -76,12 +76,7 @@ pub fn show_turn(session: &str, stored: &str, number: u64, tree: &Tree) -> Value
 /// Bounded by the stored history: a range is resolved only as far as the path to the turn's head reaches, and a
 /// turn never shows more of the history's messages than the path holds (ranges a store written by hand or by an
 /// older version may overstate); what is cut is named in an `error` field, and logged (without content).
-fn resolve(
-    session: &str,
-    stored: Value,
-    number: u64,
-    tree: Option<(&Tree, &mut Paths)>,
-) -> Value {
+fn resolve(session: &str, stored: Value, number: u64, tree: Option<(&Tree, &mut Paths)>) -> Value {
     let Value::Object(mut fields) = stored else {
         return json!({"turn": number, "unreadable": true});
     };

@@ -263,7 +263,19 @@ mod tests {
     fn every_id_gets_a_non_empty_hash_tag_shared_by_all_its_keys_and_no_two_ids_share_a_key() {
         let k = Keys::new("ctxgate:");
         let ids = [
-            "t1-abc", "}", "}x", "}}", "", "{", "{}", "a}b", "x{}y", "}{", "~", "ä€😀", "anonymous-h0123",
+            "t1-abc",
+            "}",
+            "}x",
+            "}}",
+            "",
+            "{",
+            "{}",
+            "a}b",
+            "x{}y",
+            "}{",
+            "~",
+            "ä€😀",
+            "anonymous-h0123",
         ];
         let mut seen = std::collections::HashSet::new();
         for id in ids {
