@@ -275,3 +275,304 @@ async fn the_cli_exports_and_imports_between_stores() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("exists"));
     cli(&cb, &["import", file.to_str().unwrap(), "--replace"]);
 }
+
+// --- imports checked as a whole (issue 26, findings 1, 2, 4, 5) -------------------------------------------------
+
+/// A small export written by hand: `anonymous-hand` with nodes n0 ← n1 ← n2, head n2, one turn sending all three.
+fn hand_made() -> Vec<Value> {
+    let node = |id: &str, parent: Option<&str>, position: u32| {
+        json!({"node": {"id": id, "parent": parent, "position": position, "kind": "client", "partial": false,
+            "created_at": 1_700_000_000, "message": {"role": "user", "content": id}}})
+    };
+    vec![
+        json!({"ctxgate_export": 1, "exported_at": 1_700_000_100,
+            "session": {"id": "anonymous-hand", "tenant": "anonymous", "dialect": "chat", "created_at": 1_700_000_000,
+                "last_active": 1_700_000_050, "message_count": 3, "token_estimate": 3, "head": "n2", "version": 1,
+                "strategy": null, "idle_notified": null},
+            "counts": {"nodes": 3, "records": 1, "turns": 1}}),
+        node("n0", None, 0),
+        node("n1", Some("n0"), 1),
+        node("n2", Some("n1"), 2),
+        json!({"record": {"kind": "internal", "value": {"by": "ctxgate", "round": 1, "at": 1_700_000_010}}}),
+        json!({"turn": {"at": 1_700_000_020, "head": "n2", "status": 200, "sent": [{"from": 0, "to": 3}]}}),
+    ]
+}
+
+fn body(lines: &[Value]) -> Vec<u8> {
+    let mut out = String::new();
+    for l in lines {
+        out.push_str(&l.to_string());
+        out.push('\n');
+    }
+    out.into_bytes()
+}
+
+/// `lines` with `f` applied to the JSON at `path` (a pointer) of line `k` (from 0).
+fn edited(k: usize, path: &str, f: impl FnOnce(&mut Value)) -> Vec<Value> {
+    let mut lines = hand_made();
+    f(lines[k].pointer_mut(path).unwrap());
+    lines
+}
+
+/// The answer to importing `lines`: the status and the error's message.
+async fn refused(h: &Harness, lines: &[Value]) -> (u16, String) {
+    let r = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        import(h, body(lines), "?replace=true"),
+    )
+    .await
+    .expect("answered in time");
+    let status = r.status().as_u16();
+    let v: Value = r.json().await.unwrap_or(Value::Null);
+    (
+        status,
+        v["error"]["message"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_is_checked_whole_and_a_bad_one_writes_nothing() {
+    let h = Harness::start().await;
+    let gone = |h: &Harness| {
+        let h = h.client.get(h.url("/admin/sessions/anonymous-hand"));
+        async move { h.send().await.unwrap().status() == 404 }
+    };
+    let node = |id: &str, parent: &str| {
+        json!({"node": {"id": id, "parent": parent, "position": 3, "kind": "reply", "partial": false,
+            "created_at": 1_700_000_000, "message": {"role": "assistant", "content": "other"}}})
+    };
+    let with_node = |k: usize, line: Value| {
+        let mut lines = hand_made();
+        lines[k] = line;
+        lines
+    };
+    let cases: Vec<(&str, Vec<Value>, &str)> = vec![
+        (
+            "a repeated id with other content",
+            with_node(3, node("n1", "n1")),
+            "line 4: node id \"n1\" is already on line 3: every node is exported once",
+        ),
+        (
+            "a repeated id, identical",
+            with_node(3, hand_made()[2].clone()),
+            "line 4: node id \"n1\" is already on line 3: every node is exported once",
+        ),
+        (
+            "a parent missing from the file",
+            edited(2, "/node/parent", |p| *p = json!("elsewhere")),
+            "line 3: node \"n1\": its parent \"elsewhere\" is not in the file",
+        ),
+        (
+            "a node that is its own parent",
+            edited(1, "/node/parent", |p| *p = json!("n0")),
+            "line 2: node \"n0\" is its own ancestor: its parents loop",
+        ),
+        (
+            "a three-node cycle",
+            edited(1, "/node/parent", |p| *p = json!("n2")),
+            "line 2: node \"n0\" is its own ancestor: its parents loop",
+        ),
+        (
+            "a head not in the file",
+            edited(0, "/session/head", |h| *h = json!("n9")),
+            "line 1: session.head \"n9\" is not a node of the file",
+        ),
+        (
+            "a turn whose head is not in the file",
+            edited(5, "/turn/head", |h| *h = json!("n9")),
+            "line 6: turn.head \"n9\" is not a node of the file",
+        ),
+        (
+            "a turn range of 10^12 messages",
+            edited(5, "/turn/sent/0/to", |t| *t = json!(1_000_000_000_000u64)),
+            "line 6: turn.sent[0]: range 0..1000000000000 reaches beyond the history (3 messages to turn.head)",
+        ),
+        (
+            "a range past the turn's own head",
+            edited(5, "/turn/head", |h| *h = json!("n0")),
+            "line 6: turn.sent[0]: range 0..3 reaches beyond the history (1 messages to turn.head)",
+        ),
+        (
+            "a range backwards",
+            edited(5, "/turn/sent/0", |r| *r = json!({"from": 2, "to": 1})),
+            "line 6: turn.sent[0]: range 2..1 runs backwards",
+        ),
+        (
+            "ranges sending the history twice",
+            edited(5, "/turn/sent", |s| *s = json!([{"from": 0, "to": 3}, {"from": 1, "to": 2}])),
+            "line 6: turn.sent[1]: range 1..2 sends messages of the history (3) a second time",
+        ),
+        (
+            "a literal standing for a message outside the history",
+            edited(5, "/turn/sent", |s| {
+                *s = json!([{"literal": {"role": "user", "content": "x"}, "kind": "cleared", "replaces": [7]}])
+            }),
+            "line 6: turn.sent[0].replaces 7 is not a position of the history (3 messages to turn.head)",
+        ),
+        (
+            "a turn whose at is not a number",
+            edited(5, "/turn/at", |a| *a = json!("yesterday")),
+            "line 6: turn.at must be a timestamp (whole Unix seconds, 0 to 253402300799)",
+        ),
+        (
+            "a record whose at is not a number",
+            edited(4, "/record/value/at", |a| *a = json!("noon")),
+            "line 5: record.value.at must be a timestamp (whole Unix seconds, 0 to 253402300799)",
+        ),
+        (
+            "a node whose created_at is out of range",
+            edited(2, "/node/created_at", |a| *a = json!(1e300)),
+            "line 3: node.created_at must be a timestamp (whole Unix seconds, 0 to 253402300799)",
+        ),
+        (
+            "a session whose created_at is negative",
+            edited(0, "/session/created_at", |a| *a = json!(-1)),
+            "line 1: session.created_at must be a timestamp (whole Unix seconds, 0 to 253402300799)",
+        ),
+        (
+            "counts that do not match",
+            edited(0, "/counts/records", |c| *c = json!(2)),
+            "line 6: the header counts Some(2) records, the file has 1: is it cut short?",
+        ),
+    ];
+    assert_eq!(refused(&h, &hand_made()).await.0, 200, "the base is valid");
+    assert!(h
+        .client
+        .delete(h.url("/admin/sessions/anonymous-hand"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .is_success());
+    for (what, lines, said) in cases {
+        assert_eq!(refused(&h, &lines).await, (400, said.to_string()), "{what}");
+        assert!(gone(&h).await, "{what}: nothing written");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_a_client_cannot_have_is_refused() {
+    let h = Harness::start().await;
+    for id in ["}x", "}", "a{b}", "with space", "ä€😀", &"x".repeat(129)] {
+        let lines = edited(0, "/session/id", |v| *v = json!(id));
+        let (status, said) = refused(&h, &lines).await;
+        assert_eq!(status, 400, "{id:?}");
+        assert!(said.starts_with("line 1: session.id "), "{id:?}: {said}");
+    }
+    // The gateway's own forms are kept.
+    for id in [
+        "0123456789abcdef-h0123456789abcdef01234567",
+        "anonymous-fp0123456789abcdef01234567",
+        "t-a.b_c:d",
+    ] {
+        let lines = edited(0, "/session/id", |v| *v = json!(id));
+        assert_eq!(refused(&h, &lines).await.0, 200, "{id:?}");
+    }
+}
+
+/// A store written by hand or by an older version: parents that loop and a turn range of 10^12. The admin API
+/// and the chat path answer (in time, and without running out of memory); the view shows what is reachable, the
+/// turn names its problem. The gateway runs on a runtime of its own thread: one that loops holds its workers
+/// forever, and the test fails instead of waiting for them.
+#[test]
+fn a_stored_cycle_or_range_beyond_the_history_degrades_instead_of_hanging() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(stored_cycle_and_range());
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the admin API and the chat path answered (see the panic above, if any)");
+}
+
+async fn stored_cycle_and_range() {
+    use ctxgate::store::{committed, NodeKind, NodeRow, SessionMeta, WriteOp};
+    use std::sync::Arc;
+    let h = Harness::start().await;
+    let id = "anonymous-cyc";
+    let meta = SessionMeta {
+        id: id.into(),
+        tenant: "anonymous".into(),
+        dialect: "chat".into(),
+        created_at: 1_700_000_000,
+        last_active: 1_700_000_000,
+        message_count: 1,
+        token_estimate: 1,
+        head: Some("n0".into()),
+        version: 1,
+        strategy: None,
+        idle_notified: None,
+    };
+    let ops = vec![
+        WriteOp::Session { meta, create: true },
+        WriteOp::Node {
+            session: id.into(),
+            node: NodeRow {
+                id: Arc::from("n0"),
+                parent: Some(Arc::from("n0")),
+                position: 0,
+                kind: NodeKind::Client,
+                partial: false,
+                created_at: 1_700_000_000,
+                message: Arc::new(json!({"role": "user", "content": "looping"})),
+            },
+        },
+        WriteOp::Turn {
+            session: id.into(),
+            turn: json!({"at": 1_700_000_000, "head": "n0", "sent": [{"from": 0, "to": 1_000_000_000_000u64}]})
+                .to_string(),
+        },
+    ];
+    committed(h.state.sessions.store().write(ops))
+        .await
+        .unwrap();
+    let in_time = |path: String| {
+        let h = &h;
+        async move {
+            tokio::time::timeout(std::time::Duration::from_secs(10), h.get_json(&path))
+                .await
+                .expect("answered in time")
+        }
+    };
+    let view = in_time(format!("/admin/sessions/{id}")).await;
+    assert_eq!(
+        view["messages"],
+        json!([{"role": "user", "content": "looping"}])
+    );
+    let turns = in_time(format!("/admin/sessions/{id}/turns")).await;
+    let turn = &turns["turns"][0];
+    assert_eq!(turn["sent_from"], json!([{"node": "n0"}]));
+    assert_eq!(
+        turn["error"],
+        "range 0..1000000000000 reaches beyond the history (1 messages)"
+    );
+    let export = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        h.client
+            .get(h.url(&format!("/admin/sessions/{id}/export")))
+            .send(),
+    )
+    .await
+    .expect("answered in time")
+    .unwrap();
+    assert_eq!(export.status(), 200);
+    // The chat path: the session's caller goes on.
+    let chat = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        h.client
+            .post(h.url("/v1/chat/completions"))
+            .header("x-session-id", "cyc")
+            .json(&json!({"model": "mock-model", "messages": [{"role": "user", "content": "looping"}]}))
+            .send(),
+    )
+    .await
+    .expect("answered in time")
+    .unwrap();
+    assert_eq!(chat.status(), 200);
+    assert_eq!(chat.headers()["x-ctxgate-session"], id);
+}

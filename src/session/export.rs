@@ -8,6 +8,7 @@ use crate::store::{
     WriteOp,
 };
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The format's version, in the header's `ctxgate_export`.
@@ -108,6 +109,31 @@ pub struct Parsed {
     turns: Vec<String>,
 }
 
+impl Parsed {
+    /// The session's row.
+    pub fn meta(&self) -> &SessionMeta {
+        &self.meta
+    }
+
+    /// The session as a store returns it, and its turns (stored JSON text): what [`render`] exports.
+    pub fn to_stored(&self) -> (StoredSession, Vec<String>) {
+        let (mut compressions, mut internal) = (Vec::new(), Vec::new());
+        for r in &self.records {
+            match r {
+                Record::Compression(c) => compressions.push((**c).clone()),
+                Record::Internal(v) => internal.push(v.clone()),
+            }
+        }
+        let s = StoredSession {
+            meta: self.meta.clone(),
+            nodes: self.nodes.clone(),
+            compressions,
+            internal,
+        };
+        (s, self.turns.clone())
+    }
+}
+
 fn invalid(line: usize, message: impl Into<String>) -> ImportError {
     ImportError::Invalid {
         line,
@@ -115,30 +141,83 @@ fn invalid(line: usize, message: impl Into<String>) -> ImportError {
     }
 }
 
-/// Parses and checks an export: the header first, every line of a known kind with the fields it needs, and as
-/// many nodes, records and turns as the header counts.
+/// The latest Unix seconds a timestamp may hold: the end of year 9999 (what a date can show).
+pub const MAX_TIMESTAMP: i64 = 253_402_300_799;
+
+/// The longest session id accepted (the gateway's own are at most 113 bytes: a 16-digit tenant prefix, `-`, and a
+/// client's id of up to 96 bytes).
+pub const MAX_ID_BYTES: usize = 128;
+
+/// Why `id` is not a session id the gateway could have made, if it is not: 1 to [`MAX_ID_BYTES`] bytes of ASCII
+/// letters, digits, `-`, `_`, `.` and `:` (a client's own id is kept only in that form, and hashed otherwise). So
+/// it never holds the `{` `}` of a Redis Cluster hash tag, nor anything a URL path or a log line would need to
+/// escape.
+pub fn session_id_problem(id: &str) -> Option<String> {
+    if id.is_empty() {
+        Some("session.id is empty".into())
+    } else if id.len() > MAX_ID_BYTES {
+        Some(format!(
+            "session.id is {} bytes long; at most {MAX_ID_BYTES}",
+            id.len()
+        ))
+    } else if !id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+    {
+        Some(format!(
+            "session.id {id:?} is not an id a client can have: only ASCII letters, digits, `-`, `_`, `.` and `:`"
+        ))
+    } else {
+        None
+    }
+}
+
+/// A timestamp field: Unix seconds, a whole number from 0 to [`MAX_TIMESTAMP`].
+fn timestamp(v: Option<&Value>, name: &str) -> Result<i64, String> {
+    v.and_then(Value::as_i64)
+        .filter(|t| (0..=MAX_TIMESTAMP).contains(t))
+        .ok_or_else(|| {
+            format!("{name} must be a timestamp (whole Unix seconds, 0 to {MAX_TIMESTAMP})")
+        })
+}
+
+/// Line numbers (from 1) of what was parsed, for the checks on the whole file.
+#[derive(Default)]
+struct Lines {
+    nodes: Vec<usize>,
+    turns: Vec<usize>,
+}
+
+/// Parses and checks an export, as a whole, before anything is written: the header first, every line of a known
+/// kind with the fields it needs (timestamps as whole Unix seconds), as many nodes, records and turns as the
+/// header counts; then the history: node ids unique (a repeated id is refused, even with the same content), every
+/// parent in the file, no parent cycle, the header's head a node of the file, and every turn's head a node of the
+/// file (or empty) with its ranges inside the path to it. The session id must be one a client could have (see
+/// [`session_id_problem`]).
 pub fn parse(text: &[u8]) -> Result<Parsed, ImportError> {
     let text = std::str::from_utf8(text).map_err(|e| invalid(0, format!("not UTF-8: {e}")))?;
     let mut lines = text
         .lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty());
-    let (_, first) = lines.next().ok_or_else(|| invalid(1, "empty file"))?;
+    let (first_index, first) = lines.next().ok_or_else(|| invalid(1, "empty file"))?;
+    let header_line = first_index + 1;
     let header: Value =
-        serde_json::from_str(first).map_err(|e| invalid(1, format!("not JSON: {e}")))?;
+        serde_json::from_str(first).map_err(|e| invalid(header_line, format!("not JSON: {e}")))?;
     if header.get("ctxgate_export").and_then(Value::as_u64) != Some(FORMAT) {
         return Err(invalid(
-            1,
+            header_line,
             format!("not a ctxgate export (format {FORMAT}): the header must come first"),
         ));
     }
-    let meta = header_meta(&header["session"]).map_err(|m| invalid(1, m))?;
+    let meta = header_meta(&header["session"]).map_err(|m| invalid(header_line, m))?;
     let mut p = Parsed {
         meta,
         nodes: Vec::new(),
         records: Vec::new(),
         turns: Vec::new(),
     };
+    let mut at = Lines::default();
     for (i, l) in lines {
         let n = i + 1;
         let v: Value = serde_json::from_str(l).map_err(|e| invalid(n, format!("not JSON: {e}")))?;
@@ -153,9 +232,16 @@ pub fn parse(text: &[u8]) -> Result<Parsed, ImportError> {
             ));
         };
         match kind.as_str() {
-            "node" => p.nodes.push(node(body).map_err(|m| invalid(n, m))?),
+            "node" => {
+                p.nodes.push(node(body).map_err(|m| invalid(n, m))?);
+                at.nodes.push(n);
+            }
             "record" => p.records.push(record(body).map_err(|m| invalid(n, m))?),
-            "turn" if body.is_object() => p.turns.push(body.to_string()),
+            "turn" if body.is_object() => {
+                timestamp(body.get("at"), "turn.at").map_err(|m| invalid(n, m))?;
+                p.turns.push(body.to_string());
+                at.turns.push(n);
+            }
             "turn" => return Err(invalid(n, "a turn must be an object")),
             other => return Err(invalid(n, format!("unknown line kind {other:?}"))),
         }
@@ -174,7 +260,163 @@ pub fn parse(text: &[u8]) -> Result<Parsed, ImportError> {
             ));
         }
     }
+    check_history(&p, &at, header_line)?;
     Ok(p)
+}
+
+/// The checks on the file as a whole (see [`parse`]).
+fn check_history(p: &Parsed, at: &Lines, header_line: usize) -> Result<(), ImportError> {
+    // Each node's index, by id; a repeated id is refused.
+    let mut index: HashMap<&str, usize> = HashMap::with_capacity(p.nodes.len());
+    for (k, n) in p.nodes.iter().enumerate() {
+        if let Some(first) = index.insert(&n.id, k) {
+            return Err(invalid(
+                at.nodes[k],
+                format!(
+                    "node id {:?} is already on line {}: every node is exported once",
+                    n.id, at.nodes[first]
+                ),
+            ));
+        }
+    }
+    for (k, n) in p.nodes.iter().enumerate() {
+        if let Some(parent) = n.parent.as_deref().filter(|q| !index.contains_key(q)) {
+            return Err(invalid(
+                at.nodes[k],
+                format!("node {:?}: its parent {parent:?} is not in the file", n.id),
+            ));
+        }
+    }
+    let lengths = path_lengths(&p.nodes, &index).map_err(|k| {
+        invalid(
+            at.nodes[k],
+            format!(
+                "node {:?} is its own ancestor: its parents loop",
+                p.nodes[k].id
+            ),
+        )
+    })?;
+    let length_of = |id: &str| index.get(id).map(|&k| lengths[k]);
+    if let Some(head) = &p.meta.head {
+        if length_of(head).is_none() {
+            return Err(invalid(
+                header_line,
+                format!("session.head {head:?} is not a node of the file"),
+            ));
+        }
+    }
+    for (k, turn) in p.turns.iter().enumerate() {
+        let v: Value = serde_json::from_str(turn).unwrap_or(Value::Null);
+        check_turn(&v, &length_of).map_err(|m| invalid(at.turns[k], m))?;
+    }
+    Ok(())
+}
+
+/// The length of the path to each node (by index), or the index of a node on a parent cycle. Every parent is in
+/// `index`.
+fn path_lengths(nodes: &[NodeRow], index: &HashMap<&str, usize>) -> Result<Vec<usize>, usize> {
+    const UNKNOWN: usize = 0;
+    const FOLLOWING: usize = usize::MAX;
+    let mut len = vec![UNKNOWN; nodes.len()];
+    for start in 0..nodes.len() {
+        let mut chain = Vec::new();
+        let mut cur = Some(start);
+        // Up until a node whose length is known (or a root's parent).
+        let mut base = 0;
+        while let Some(k) = cur {
+            match len[k] {
+                FOLLOWING => {
+                    // Back on the chain being followed: the smallest index on the cycle.
+                    let from = chain.iter().position(|&c| c == k).unwrap_or(0);
+                    return Err(chain[from..].iter().copied().min().unwrap_or(k));
+                }
+                UNKNOWN => {
+                    len[k] = FOLLOWING;
+                    chain.push(k);
+                    cur = nodes[k]
+                        .parent
+                        .as_deref()
+                        .and_then(|q| index.get(q).copied());
+                }
+                known => {
+                    base = known;
+                    cur = None;
+                }
+            }
+        }
+        for (depth, &k) in chain.iter().rev().enumerate() {
+            len[k] = base + depth + 1;
+        }
+    }
+    Ok(len)
+}
+
+/// One turn against the history: `head` a node of the file (or empty: a request without messages), the
+/// positions its segments name inside the path to it, ranges forwards and, together, at most the path's length.
+fn check_turn(v: &Value, length_of: &dyn Fn(&str) -> Option<usize>) -> Result<(), String> {
+    let head = v
+        .get("head")
+        .and_then(Value::as_str)
+        .ok_or("turn.head must be a string")?;
+    let len = if head.is_empty() {
+        0
+    } else {
+        length_of(head).ok_or_else(|| format!("turn.head {head:?} is not a node of the file"))?
+    } as u64;
+    let segments = match v.get("sent") {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err("turn.sent must be an array".into()),
+    };
+    let position = |k: usize, name: &str, p: &Value| {
+        match p.as_u64() {
+        Some(p) if p < len => Ok(()),
+        _ => Err(format!(
+            "turn.sent[{k}].{name} {p} is not a position of the history ({len} messages to turn.head)"
+        )),
+    }
+    };
+    let mut referenced = 0u64;
+    for (k, s) in segments.iter().enumerate() {
+        if s.get("literal").is_some() {
+            if let Some(p) = s.get("at") {
+                position(k, "at", p)?;
+            }
+            match s.get("replaces") {
+                None | Some(Value::Null) => {}
+                Some(Value::Array(r)) => {
+                    for p in r {
+                        position(k, "replaces", p)?;
+                    }
+                }
+                Some(_) => return Err(format!("turn.sent[{k}].replaces must be an array")),
+            }
+            continue;
+        }
+        let (Some(from), Some(to)) = (
+            s.get("from").and_then(Value::as_u64),
+            s.get("to").and_then(Value::as_u64),
+        ) else {
+            return Err(format!(
+                "turn.sent[{k}] is neither a range (from, to) nor a literal"
+            ));
+        };
+        if from > to {
+            return Err(format!("turn.sent[{k}]: range {from}..{to} runs backwards"));
+        }
+        if to > len {
+            return Err(format!(
+                "turn.sent[{k}]: range {from}..{to} reaches beyond the history ({len} messages to turn.head)"
+            ));
+        }
+        referenced += to - from;
+        if referenced > len {
+            return Err(format!(
+                "turn.sent[{k}]: range {from}..{to} sends messages of the history ({len}) a second time"
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn header_meta(s: &Value) -> Result<SessionMeta, String> {
@@ -184,25 +426,35 @@ fn header_meta(s: &Value) -> Result<SessionMeta, String> {
             .map(str::to_string)
             .ok_or_else(|| format!("session.{k} must be a string"))
     };
-    let num = |k: &str| {
+    let count = |k: &str| {
         s.get(k)
-            .and_then(Value::as_i64)
-            .ok_or_else(|| format!("session.{k} must be a number"))
+            .and_then(Value::as_u64)
+            .ok_or_else(|| format!("session.{k} must be a whole number, 0 or more"))
     };
     let id = text("id")?;
-    if id.is_empty() {
-        return Err("session.id is empty".into());
+    if let Some(problem) = session_id_problem(&id) {
+        return Err(problem);
+    }
+    let dialect = text("dialect")?;
+    if !matches!(dialect.as_str(), "chat" | "anthropic" | "responses") {
+        return Err(format!(
+            "session.dialect {dialect:?} is none of chat, anthropic, responses"
+        ));
     }
     Ok(SessionMeta {
         id,
         tenant: text("tenant")?,
-        dialect: text("dialect")?,
-        created_at: num("created_at")?,
-        last_active: num("last_active")?,
-        message_count: num("message_count")?.max(0) as u64,
-        token_estimate: num("token_estimate")?.max(0) as u64,
-        head: s.get("head").and_then(Value::as_str).map(str::to_string),
-        version: num("version")?.max(0) as u64,
+        dialect,
+        created_at: timestamp(s.get("created_at"), "session.created_at")?,
+        last_active: timestamp(s.get("last_active"), "session.last_active")?,
+        message_count: count("message_count")?,
+        token_estimate: count("token_estimate")?,
+        head: match s.get("head") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(h)) => Some(h.clone()),
+            Some(_) => return Err("session.head must be a node id or null".into()),
+        },
+        version: count("version")?,
         strategy: match s.get("strategy") {
             None | Some(Value::Null) => None,
             Some(Value::String(v)) if crate::config::Strategy::parse(v).is_some() => {
@@ -210,7 +462,10 @@ fn header_meta(s: &Value) -> Result<SessionMeta, String> {
             }
             Some(_) => return Err("session.strategy must be null or a strategy".into()),
         },
-        idle_notified: s.get("idle_notified").and_then(Value::as_i64),
+        idle_notified: match s.get("idle_notified") {
+            None | Some(Value::Null) => None,
+            t => Some(timestamp(t, "session.idle_notified")?),
+        },
     })
 }
 
@@ -241,24 +496,31 @@ fn node(v: &Value) -> Result<NodeRow, String> {
         position: u32::try_from(position).map_err(|_| "node.position is too large")?,
         kind: NodeKind::parse(kind),
         partial: v.get("partial").and_then(Value::as_bool).unwrap_or(false),
-        created_at: v
-            .get("created_at")
-            .and_then(Value::as_i64)
-            .ok_or("node.created_at must be a number")?,
+        created_at: timestamp(v.get("created_at"), "node.created_at")?,
         message: Arc::new(v.get("message").cloned().ok_or("node.message is missing")?),
     })
 }
 
 fn record(v: &Value) -> Result<Record, String> {
     let value = v.get("value").ok_or("record.value is missing")?;
-    match v.get("kind").and_then(Value::as_str) {
+    let r = match v.get("kind").and_then(Value::as_str) {
         Some("compression") => serde_json::from_value::<Compression>(value.clone())
             .map(Record::from)
-            .map_err(|e| format!("record.value is not a compression record: {e}")),
-        Some("internal") if value.is_object() => Ok(Record::Internal(value.clone())),
-        Some("internal") => Err("an internal record must be an object".into()),
-        _ => Err("record.kind must be compression or internal".into()),
+            .map_err(|e| format!("record.value is not a compression record: {e}"))?,
+        Some("internal") if value.is_object() => Record::Internal(value.clone()),
+        Some("internal") => return Err("an internal record must be an object".into()),
+        _ => return Err("record.kind must be compression or internal".into()),
+    };
+    let at = match &r {
+        Record::Compression(c) => serde_json::to_value(c)
+            .ok()
+            .and_then(|c| c.get("at").cloned()),
+        Record::Internal(v) => v.get("at").cloned(),
+    };
+    if let Some(at) = at {
+        timestamp(Some(&at), "record.value.at")?;
     }
+    Ok(r)
 }
 
 /// Writes a parsed export as one batch. An existing session is refused unless `replace`, which deletes it first.

@@ -182,7 +182,17 @@ pub struct BranchView {
 fn entry_from_stored(s: StoredSession) -> SessionEntry {
     let head = s.meta.head.clone().map(NodeId::from);
     let cursor = Cursor::of(&s);
-    let mut st = EntryState::new(Tree::from_rows(s.nodes, head), s.meta.last_active, true);
+    let tree = Tree::from_rows(s.nodes, head);
+    let cyclic = tree.cyclic_nodes();
+    if cyclic > 0 {
+        tracing::warn!(
+            session = %s.meta.id,
+            nodes = cyclic,
+            "store: the session's stored parents loop (written by hand or by an older version); its history stops \
+             where the loop would repeat"
+        );
+    }
+    let mut st = EntryState::new(tree, s.meta.last_active, true);
     st.version = s.meta.version;
     st.strategy = s.meta.strategy.clone();
     st.idle_notified = s.meta.idle_notified;
@@ -884,7 +894,7 @@ impl Sessions {
                 BranchView {
                     leaf: leaf.id.to_string(),
                     diverges_at: at,
-                    length: leaf.position + 1,
+                    length: leaf.position.saturating_add(1),
                     messages: st
                         .tree
                         .path_to(Some(&leaf.id))

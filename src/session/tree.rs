@@ -320,7 +320,7 @@ impl Tree {
             let position = parent
                 .as_ref()
                 .and_then(|p| self.nodes.get(p))
-                .map(|p| p.position + 1)
+                .map(|p| p.position.saturating_add(1))
                 .unwrap_or(0);
             self.insert(Node {
                 id: id.clone(),
@@ -378,16 +378,71 @@ impl Tree {
         (history.len(), bytes)
     }
 
-    /// The path from the first message to `leaf`.
+    /// The path from the first message to `leaf`. Bounded: a node never met twice, so a parent cycle (a store
+    /// written by hand or by an older version; see [`Tree::cyclic_nodes`]) ends the path where it would repeat,
+    /// and a missing parent where it is missing.
     pub fn path_to(&self, leaf: Option<&NodeId>) -> Vec<&Node> {
         let mut out = Vec::new();
         let mut cur = leaf.and_then(|l| self.nodes.get(l));
         while let Some(n) = cur {
+            if out.len() == self.nodes.len() {
+                // More steps than nodes: the parents loop. Walk again, stopping at the first node met twice.
+                return self.path_without_cycle(leaf);
+            }
             out.push(n);
-            cur = n.parent.as_ref().and_then(|p| self.nodes.get(p));
+            cur = self.parent_of(n);
         }
         out.reverse();
         out
+    }
+
+    fn parent_of(&self, n: &Node) -> Option<&Node> {
+        n.parent.as_ref().and_then(|p| self.nodes.get(p))
+    }
+
+    /// [`Tree::path_to`] on parents that loop: up from `leaf` until a node would come twice.
+    fn path_without_cycle(&self, leaf: Option<&NodeId>) -> Vec<&Node> {
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        let mut cur = leaf.and_then(|l| self.nodes.get(l));
+        while let Some(n) = cur.filter(|n| seen.insert(&n.id)) {
+            out.push(n);
+            cur = self.parent_of(n);
+        }
+        out.reverse();
+        out
+    }
+
+    /// Nodes whose parents lead back to themselves (0 for any tree this version builds: a node's id hashes its
+    /// parent's). One pass, each node's ancestors followed once.
+    pub fn cyclic_nodes(&self) -> usize {
+        // 1: being followed now; 2: known to reach a root, a missing parent or a cycle.
+        let mut state: HashMap<&str, u8> = HashMap::with_capacity(self.nodes.len());
+        let mut cyclic = 0;
+        for start in self.nodes.values() {
+            let mut chain = Vec::new();
+            let mut cur = Some(start);
+            while let Some(n) = cur {
+                match state.get(&*n.id) {
+                    Some(2) => break,
+                    Some(_) => {
+                        // Back on the chain being followed: the nodes from `n` on form a cycle.
+                        let from = chain.iter().position(|c: &&Node| c.id == n.id).unwrap_or(0);
+                        cyclic += chain.len() - from;
+                        break;
+                    }
+                    None => {
+                        state.insert(&n.id, 1);
+                        chain.push(n);
+                        cur = self.parent_of(n);
+                    }
+                }
+            }
+            for n in chain {
+                state.insert(&n.id, 2);
+            }
+        }
+        cyclic
     }
 
     /// The session's history: the path to the head.
@@ -666,6 +721,79 @@ mod tests {
         assert_eq!(contents(&t2), ["q", "a", "r"]);
         let mut t2 = t2;
         assert!(append(&mut t2, &m).created.is_empty());
+    }
+
+    /// `f` run on its own thread, if it returns within two seconds (a walk that loops fails the test instead of
+    /// hanging it).
+    fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(f()));
+        rx.recv_timeout(std::time::Duration::from_secs(2)).ok()
+    }
+
+    fn row(id: &str, parent: Option<&str>, position: u32) -> NodeRow {
+        NodeRow {
+            id: Arc::from(id),
+            parent: parent.map(Arc::from),
+            position,
+            kind: NodeKind::Client,
+            partial: false,
+            created_at: 0,
+            message: Arc::new(json!({"role": "user", "content": id})),
+        }
+    }
+
+    fn ids(path: &[&Node]) -> Vec<String> {
+        path.iter().map(|n| n.id.to_string()).collect()
+    }
+
+    #[test]
+    fn a_node_that_is_its_own_parent_ends_the_path() {
+        let walked = within(|| {
+            let t = Tree::from_rows(vec![row("n0", Some("n0"), 0)], Some(Arc::from("n0")));
+            (ids(&t.history()), t.history_bytes() > 0, t.cyclic_nodes())
+        });
+        assert_eq!(walked, Some((vec!["n0".to_string()], true, 1)));
+    }
+
+    #[test]
+    fn a_parent_cycle_ends_the_path_where_it_would_repeat() {
+        let walked = within(|| {
+            // a ← b ← c ← a, and d hanging off c: d's path is d, then the cycle once.
+            let rows = vec![
+                row("a", Some("c"), 0),
+                row("b", Some("a"), 1),
+                row("c", Some("b"), 2),
+                row("d", Some("c"), 3),
+            ];
+            let t = Tree::from_rows(rows, Some(Arc::from("d")));
+            let leaves = t.other_leaves().len();
+            let d = t.get("d").map(|d| t.divergence(d));
+            (ids(&t.history()), t.cyclic_nodes(), leaves, d)
+        });
+        let (path, cyclic, leaves, d) = walked.expect("the walk ends");
+        assert_eq!(path, ["a", "b", "c", "d"]);
+        assert_eq!(cyclic, 3, "d leads into the cycle but is not on it");
+        assert_eq!((leaves, d), (0, Some(3)));
+        // A well-formed tree has none.
+        let mut t = Tree::new();
+        append(
+            &mut t,
+            &msgs(json!([{"role":"user","content":"q"},{"role":"user","content":"r"}])),
+        );
+        assert_eq!(t.cyclic_nodes(), 0);
+    }
+
+    #[test]
+    fn a_reply_under_the_deepest_position_does_not_overflow() {
+        let mut t = Tree::from_rows(vec![row("p", None, u32::MAX)], Some(Arc::from("p")));
+        let (id, _) = t.append_reply(
+            Some(Arc::from("p")),
+            json!({"role":"assistant","content":"a"}),
+            false,
+            0,
+        );
+        assert_eq!(t.get(&id).map(|n| n.position), Some(u32::MAX));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use crate::store::{NodeKind, NodeRow, Record, SessionMeta, WriteOp};
 use redis::Value as RValue;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -23,17 +24,29 @@ impl Keys {
     /// The keys of session `id`, in the order the scripts take them: `meta`, `nodes`, `log`, `records`, `rids`,
     /// `turns`. The session sits in a hash tag, so they all live in one Cluster slot.
     pub(super) fn session(&self, id: &str) -> [String; 6] {
-        let p = &self.prefix;
-        ["meta", "nodes", "log", "records", "rids", "turns"].map(|k| format!("{p}{{{id}}}:{k}"))
+        let base = self.base(id);
+        ["meta", "nodes", "log", "records", "rids", "turns"].map(|k| format!("{base}:{k}"))
     }
 
     /// Lock `name` of session `id` and the session's fencing counter (in the session's slot).
     pub(super) fn lock(&self, id: &str, name: &str) -> [String; 2] {
+        let base = self.base(id);
+        [format!("{base}:lock:{name}"), format!("{base}:fence")]
+    }
+
+    /// What every key of session `id` starts with: the prefix and the id as the hash tag, `<prefix>{<id>}`. Redis
+    /// Cluster hashes the text between the first `{` and the next `}`, and the whole key when that text is empty:
+    /// an id that is empty or starts with `}` would spread its keys over several slots (a CrossSlot error on
+    /// every script). Such an id gets `<prefix>{~<32 hex digits of its SHA-256>}~<id>` instead: a tag of its own,
+    /// and the id still in the key, so that no two ids share a key (a plain id's tag is followed by `:`).
+    fn base(&self, id: &str) -> String {
         let p = &self.prefix;
-        [
-            format!("{p}{{{id}}}:lock:{name}"),
-            format!("{p}{{{id}}}:fence"),
-        ]
+        if id.is_empty() || id.starts_with('}') {
+            let digest = hex::encode(Sha256::digest(id.as_bytes()));
+            format!("{p}{{~{}}}~{id}", &digest[..32])
+        } else {
+            format!("{p}{{{id}}}")
+        }
     }
 
     /// The activity index: a sorted set of session ids by `last_active` (the only key outside a session's slot).
@@ -232,6 +245,56 @@ mod tests {
             let close = key[open..].find('}').unwrap() + open;
             assert_eq!(&key[open + 1..close], "t1-abc", "{key}");
         }
+    }
+
+    /// The hash tag Redis Cluster hashes for `key` (its slot): the text between the first `{` and the next `}`
+    /// when that is not empty, else the whole key.
+    fn cluster_tag(key: &str) -> &str {
+        let Some(open) = key.find('{') else {
+            return key;
+        };
+        match key[open + 1..].find('}') {
+            Some(0) | None => key,
+            Some(len) => &key[open + 1..open + 1 + len],
+        }
+    }
+
+    #[test]
+    fn every_id_gets_a_non_empty_hash_tag_shared_by_all_its_keys_and_no_two_ids_share_a_key() {
+        let k = Keys::new("ctxgate:");
+        let ids = [
+            "t1-abc",
+            "}",
+            "}x",
+            "}}",
+            "",
+            "{",
+            "{}",
+            "a}b",
+            "x{}y",
+            "}{",
+            "~",
+            "ä€😀",
+            "anonymous-h0123",
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for id in ids {
+            let mut keys = k.session(id).to_vec();
+            keys.extend(k.lock(id, "summary"));
+            let tag = cluster_tag(&keys[0]);
+            assert!(
+                !tag.is_empty() && tag != keys[0],
+                "{id:?}: {} hashes as a whole",
+                keys[0]
+            );
+            for key in &keys {
+                assert_eq!(cluster_tag(key), tag, "{id:?}: {key} is in another slot");
+                assert!(seen.insert(key.clone()), "{key} used by two ids");
+            }
+        }
+        // Ids the gateway makes keep the layout they always had.
+        assert_eq!(k.session("t1-abc")[0], "ctxgate:{t1-abc}:meta");
+        assert_eq!(k.session("a}b")[0], "ctxgate:{a}b}:meta");
     }
 
     #[test]
