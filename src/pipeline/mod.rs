@@ -208,6 +208,7 @@ async fn handle(
             sent_estimate: outgoing.estimate,
         },
         draft,
+        request: Arc::clone(&request),
     };
     // 6b. The model may call the recall tools we offered: ctxgate answers them and asks again, within the same
     //     response. Anything but a successful first answer is relayed as it is.
@@ -261,6 +262,13 @@ async fn handle(
     .await
 }
 
+/// The estimate of `request` as its client sent it: its messages and tools in its model's encoding.
+fn uncounted_estimate(counter: &crate::context::tokens::TokenCounter, request: &Parsed) -> u64 {
+    let encoding = crate::context::tokens::Encoding::for_model(&request.model);
+    let tools = request.body.get("tools").filter(|t| !t.is_null());
+    counter.request_tokens(encoding, request.messages(), tools)
+}
+
 /// Reconciles the request with the session's stored history and returns where its messages landed; `None` (the
 /// turn is proxied without history) when there is no session or the store failed.
 async fn reconcile(
@@ -303,6 +311,9 @@ struct Turn {
     planned: measure::PlannedTokens,
     /// The turn's record of what was sent, completed when the turn ends (recorded sessions only).
     draft: Option<TurnDraft>,
+    /// The client's request, counted after the answer when it was sent without being counted and its model has
+    /// no calibration yet (so the calibration, and its metric, start with the first answer).
+    request: Arc<Parsed>,
 }
 
 /// A turn's record before its answer: what was sent (its segments computed in the background while the upstream
@@ -441,6 +452,8 @@ impl Turn {
     ///    bytes), calibrate the token estimate against the upstream's count, log it and announce it.
     ///    `estimate`: the estimated tokens of what was sent, when one upstream call answered it.
     fn finisher(self, estimate: Option<u64>) -> relay::Finisher {
+        // The client's own bytes went upstream in one call (no rewrite, no recall rounds).
+        let forwarded = self.planned.rewritten_from.is_none();
         Box::new(move |outcome: RelayOutcome| {
             Box::pin(async move {
                 let state = &self.state;
@@ -459,7 +472,14 @@ impl Turn {
                     };
                     record_reply(state, self.dialect, mark, self.status, &outcome, turn).await;
                 }
-                if let (Some(est), Some(actual)) = (estimate, outcome.reply.prompt_tokens()) {
+                let actual = outcome.reply.prompt_tokens();
+                // Sent without a count (clearly under the threshold): counted now, off the request's path, for
+                // the model's first calibration.
+                let estimate = estimate.or_else(|| {
+                    (actual.is_some() && forwarded && !state.counter.knows(&self.model))
+                        .then(|| uncounted_estimate(&state.counter, &self.request))
+                });
+                if let (Some(est), Some(actual)) = (estimate, actual) {
                     state.counter.observe(&self.model, est, actual);
                 }
                 measure::turn(
