@@ -343,29 +343,6 @@ fn build<'a>(
             wanted_summary,
         };
     }
-    let (mut estimate, mut after, mut note_in) = (estimate, after, None);
-    if input.strict_roles {
-        let arranged = roles::arrange(
-            &mut messages,
-            &mut sources,
-            input.messages,
-            summary_at,
-            note_at,
-            (model.counter(), input.encoding),
-        );
-        estimate = estimate.saturating_add_signed(arranged.delta);
-        after = (estimate as f64 * model_ratio(input)).ceil() as u64;
-        note_at = arranged.note_at;
-        note_in = arranged.note_in;
-        if estimate > model_hard {
-            // The gaps' messages took the rewrite over the hard limit (a tiny window).
-            return Plan::Reject {
-                tokens: after,
-                limit,
-                window: input.window,
-            };
-        }
-    }
     let loop_count = |cut: usize| model.loops.iter().filter(|l| l.end <= cut).count();
     let dropped_loops = loop_count(cuts.drop_loops);
     let pruned_loops = loop_count(cuts.prune.max(cuts.drop_loops)) - dropped_loops;
@@ -384,6 +361,29 @@ fn build<'a>(
             digest: digest(c.arguments, 80),
         })
         .collect();
+    let (mut estimate, mut after, mut note_in) = (estimate, after, None);
+    if input.strict_roles {
+        let arranged = roles::arrange(
+            &mut messages,
+            &mut sources,
+            input.messages,
+            summary_at,
+            (note_at, !pruned.is_empty() && input.recall_tool.is_some()),
+            (model.counter(), input.encoding),
+        );
+        estimate = estimate.saturating_add_signed(arranged.delta);
+        after = (estimate as f64 * model_ratio(input)).ceil() as u64;
+        note_at = arranged.note_at;
+        note_in = arranged.note_in;
+        if estimate > model_hard {
+            // The gaps' messages took the rewrite over the hard limit (a tiny window).
+            return Plan::Reject {
+                tokens: after,
+                limit,
+                window: input.window,
+            };
+        }
+    }
     let mut stages = Vec::new();
     if cleared > 0 {
         stages.push("cleared");

@@ -1,7 +1,7 @@
 //! Strict role order in a rewrite (chat completions and Responses; Anthropic keeps its own layout): ctxgate never
 //! adds a `system` message after the first non-system one, nor makes two user or two assistant messages follow each
 //! other that the client did not send in a row. The summary goes where the messages it covers were, as an
-//! assistant message (merged into the next assistant message when one follows); a gap the cuts opened between two
+//! assistant message (merged into the next assistant message when one with text follows); a gap the cuts opened between two
 //! messages of one role gets a short ctxgate message of the other role; and the recall note rides at the end of the
 //! last message ctxgate wrote before the cut (see [`arrange`]).
 
@@ -27,13 +27,13 @@ pub struct Arranged {
 
 /// Rearranges a rewrite (`messages`, with `sources`; the client's messages are `originals`) into strict role
 /// order. `summary_at`: the index of the summary message (neutral `system`, added by ctxgate) when there is one;
-/// `note_at`: one past the last message before the cut. Deterministic.
+/// `note_at`: one past the last message before the cut, and whether a note will need a carrier. Deterministic.
 pub fn arrange(
     messages: &mut Vec<Cow<'_, Value>>,
     sources: &mut Vec<Source>,
     originals: &[Value],
     summary_at: Option<usize>,
-    note_at: usize,
+    (note_at, needs_note): (usize, bool),
     (counter, enc): (&TokenCounter, Encoding),
 ) -> Arranged {
     let tokens = |m: &Value| counter.message_tokens(enc, m) as i64;
@@ -43,12 +43,14 @@ pub fn arrange(
     if let Some(s) = summary_at.filter(|&s| s < messages.len()) {
         let text = message_text(&messages[s]);
         delta -= tokens(&messages[s]);
-        // Never into the client's newest message, which is sent as it came.
+        // Never into the client's newest message, which is sent as it came, nor into calls without text (servers
+        // that want a message's content or its calls, not both: a gap's message then keeps the order).
         let newest_message = Source::Client(originals.len().saturating_sub(1));
         let merge = messages.get(s + 1).is_some_and(|n| {
             role(n) == "assistant"
                 && !matches!(sources[s + 1], Source::Added)
                 && sources[s + 1] != newest_message
+                && (tool_calls(n).is_empty() || !message_text(&without_calls(n)).is_empty())
         });
         if merge {
             delta -= tokens(&messages[s + 1]);
@@ -95,14 +97,46 @@ pub fn arrange(
             matches!(messages[k], Cow::Owned(_)) && originals.get(i) != Some(messages[k].as_ref())
         }
     };
-    // Any message but a system one and the client's newest (which is sent as it came).
+    // Any message but a system one, the task and the client's newest (both sent as they came: the task pinned at
+    // the head of every request keeps the prompt cache, and the newest is what the model answers).
     let newest = Source::Client(originals.len().saturating_sub(1));
-    let speaks = |k: usize| !crate::message::is_system(&messages[k]) && sources[k] != newest;
-    let carrier = (0..note_at)
-        .rev()
-        .find(|&k| written(k) && speaks(k))
-        .or_else(|| (0..note_at).rev().find(|&k| speaks(k)))
-        .or_else(|| (note_at..messages.len()).find(|&k| speaks(k)));
+    let task = originals
+        .iter()
+        .position(crate::message::opens_turn)
+        .map(Source::Client);
+    let speaks = |k: usize| {
+        !crate::message::is_system(&messages[k]) && sources[k] != newest && Some(sources[k]) != task
+    };
+    let mut note_at = note_at;
+    let mut carrier = (0..note_at).rev().find(|&k| written(k) && speaks(k));
+    if carrier.is_none() && needs_note {
+        // Nothing of ctxgate's before the cut (only left-out messages): a notice of its own at the cut, one
+        // message (or two) in the roles that keep the order, the note riding in the last.
+        let prev = (0..note_at)
+            .rev()
+            .map(|k| role(&messages[k]))
+            .find(|r| !matches!(*r, "system" | "developer"));
+        let next = (note_at..messages.len())
+            .map(|k| role(&messages[k]))
+            .find(|r| !matches!(*r, "system" | "developer"));
+        let first = if prev == Some("user") {
+            "assistant"
+        } else {
+            "user"
+        };
+        let mut notice = vec![first];
+        if next == Some(first) {
+            notice.push(if first == "user" { "assistant" } else { "user" });
+        }
+        for (x, r) in notice.iter().enumerate() {
+            let m = json!({"role": r, "content": GAP_TEXT});
+            delta += tokens(&m);
+            messages.insert(note_at + x, Cow::Owned(m));
+            sources.insert(note_at + x, Source::Added);
+        }
+        note_at += notice.len();
+        carrier = Some(note_at - 1);
+    }
     // A note on a message with tool calls goes to the last of its results instead (closer to ctxgate's voice),
     // unless that is the client's newest message.
     let note_in = carrier.map(|k| {
@@ -124,6 +158,15 @@ pub fn arrange(
         note_at,
         delta,
     }
+}
+
+/// `m` without its tool calls.
+fn without_calls(m: &Value) -> Value {
+    let mut out = m.clone();
+    if let Some(o) = out.as_object_mut() {
+        o.remove("tool_calls");
+    }
+    out
 }
 
 /// `m` with `text` put before its text: string content, null, or a text part first.
@@ -252,7 +295,7 @@ mod tests {
             &mut s,
             originals,
             summary_at,
-            note_at,
+            (note_at, true),
             (&counter, Encoding::O200k),
         );
         let out: Vec<Value> = m.into_iter().map(Cow::into_owned).collect();
@@ -276,7 +319,7 @@ mod tests {
             u("task"),
             a("x"),
             u("more"),
-            json!({"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]}),
+            json!({"role":"assistant","content":"checking","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]}),
             json!({"role":"tool","tool_call_id":"c","content":"r"}),
             u("newest"),
         ];
@@ -321,7 +364,7 @@ mod tests {
         ];
         let (out, s, ar) = arranged(&msgs, &src, &client, Some(2), 3);
         assert_eq!(out.len(), 5);
-        assert_eq!(out[2]["content"], "Summary: did x");
+        assert_eq!(out[2]["content"], "Summary: did x\n\nchecking");
         assert_eq!(out[2]["tool_calls"], client[4]["tool_calls"]);
         assert_eq!(s[2], Source::Client(4));
         assert_eq!(
@@ -330,6 +373,16 @@ mod tests {
             "a message with calls passes the note to its result"
         );
         assert_eq!(check_roles(&client, &out), Ok(()));
+        // calls without text are not given any: the summary stands alone, and a gap's message keeps the order
+        let mut bare = client.clone();
+        bare[4]["content"] = Value::Null;
+        let mut msgs = msgs;
+        msgs[3] = bare[4].clone();
+        let (out, _, _) = arranged(&msgs, &src, &bare, Some(2), 3);
+        assert_eq!(out[2], a("Summary: did x"));
+        assert_eq!(out[3], u(GAP_TEXT));
+        assert_eq!(out[4], bare[4]);
+        assert_eq!(check_roles(&bare, &out), Ok(()));
     }
 
     #[test]
@@ -368,11 +421,25 @@ mod tests {
         let src: Vec<Source> = (0..4).map(Source::Client).collect();
         let (_, _, ar) = arranged(&msgs, &src, &client, None, 3);
         assert_eq!(ar.note_in, Some(2));
-        // nothing written before the cut: the last message before it
-        let (_, _, ar) = arranged(&client, &src, &client, None, 3);
-        assert_eq!(ar.note_in, Some(2));
-        let (_, _, ar) = arranged(&client, &src, &client, None, 1);
-        assert_eq!(ar.note_in, Some(0));
+        // nothing written before the cut (only left-out messages): a notice of its own at the cut, in the roles
+        // that keep the order
+        let (out, _, ar) = arranged(&client, &src, &client, None, 3);
+        assert_eq!(ar.note_in, Some(3));
+        assert_eq!(
+            out[3],
+            a(GAP_TEXT),
+            "between a result and a user message: an assistant message"
+        );
+        assert_eq!(check_roles(&client, &out), Ok(()));
+        let (out, _, ar) = arranged(&client, &src, &client, None, 1);
+        assert_eq!(
+            ar.note_in,
+            Some(2),
+            "after the task, before calls: two messages, the note in the second"
+        );
+        assert_eq!((out[1].clone(), out[2].clone()), (a(GAP_TEXT), u(GAP_TEXT)));
+        assert_eq!(ar.note_at, 3);
+        assert_eq!(check_roles(&client, &out), Ok(()));
     }
 
     #[test]

@@ -440,15 +440,17 @@ fn summarize_keeps_the_task_of_a_single_long_run() {
         &[m[0].clone(), m[1].clone()],
         "system, task"
     );
-    assert_eq!(role(&r.messages[2]), "assistant", "then the summary");
-    assert!(
-        crate::message::message_text(&r.messages[2]).starts_with(SUMMARY),
-        "the summary first in the assistant message it joined"
+    assert_eq!(
+        r.messages[2],
+        json!({"role": "assistant", "content": ready[0].1["content"]}),
+        "then the summary, as an assistant message"
     );
     assert_eq!(
-        r.messages[2]["tool_calls"], m[upto]["tool_calls"],
-        "the run's next call, which it joined"
+        r.messages[3],
+        json!({"role": "user", "content": roles::GAP_TEXT}),
+        "a gap's message before the run's next call (which has no text to join)"
     );
+    assert_eq!(r.messages[4], m[upto]);
     check_sequence(&r.messages).unwrap();
 }
 
