@@ -194,7 +194,8 @@ async fn a_recall_mixed_with_a_client_call_asks_again() {
     assert_eq!(calls[0]["id"], "c10", "the model reissued the client call");
     assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
     let second = h.mock.requests()[1].json();
-    let sent_before = body(false)["messages"].as_array().unwrap().len() + 1; // the client's, and the note
+    // the client's messages (the note rides inside one of them)
+    let sent_before = body(false)["messages"].as_array().unwrap().len();
     let assistant = &second["messages"].as_array().unwrap()[sent_before];
     assert_eq!(
         assistant["tool_calls"].as_array().unwrap().len(),

@@ -19,7 +19,7 @@ pub struct Arranged {
     /// The message the note is appended to (index into the arranged messages); `None` when there is none but
     /// system messages and the client's newest (the note is then left out).
     pub note_in: Option<usize>,
-    /// One past the last message before the cut (where a note of its own would go).
+    /// One past the last message before the cut (where a notice of ctxgate's own begins, when there is one).
     pub note_at: usize,
     /// Tokens of the arranged messages minus those of the messages given.
     pub delta: i64,
@@ -107,7 +107,6 @@ pub fn arrange(
     let speaks = |k: usize| {
         !crate::message::is_system(&messages[k]) && sources[k] != newest && Some(sources[k]) != task
     };
-    let mut note_at = note_at;
     let mut carrier = (0..note_at).rev().find(|&k| written(k) && speaks(k));
     if carrier.is_none() && needs_note {
         // Nothing of ctxgate's before the cut (only left-out messages): a notice of its own at the cut, one
@@ -119,10 +118,13 @@ pub fn arrange(
         let next = (note_at..messages.len())
             .map(|k| role(&messages[k]))
             .find(|r| !matches!(*r, "system" | "developer"));
-        let first = if prev == Some("user") {
-            "assistant"
-        } else {
-            "user"
+        // After a user message an assistant one, after an assistant's text a user one; after a tool result (or
+        // nothing) whichever differs from the message that follows.
+        let first = match prev {
+            Some("user") => "assistant",
+            Some("assistant") => "user",
+            _ if next == Some("user") => "assistant",
+            _ => "user",
         };
         let mut notice = vec![first];
         if next == Some(first) {
@@ -134,8 +136,8 @@ pub fn arrange(
             messages.insert(note_at + x, Cow::Owned(m));
             sources.insert(note_at + x, Source::Added);
         }
-        note_at += notice.len();
-        carrier = Some(note_at - 1);
+        // (`note_at` stays where the notice begins: it moves with the cut)
+        carrier = Some(note_at + notice.len() - 1);
     }
     // A note on a message with tool calls goes to the last of its results instead (closer to ctxgate's voice),
     // unless that is the client's newest message.
@@ -438,7 +440,7 @@ mod tests {
             "after the task, before calls: two messages, the note in the second"
         );
         assert_eq!((out[1].clone(), out[2].clone()), (a(GAP_TEXT), u(GAP_TEXT)));
-        assert_eq!(ar.note_at, 3);
+        assert_eq!(ar.note_at, 1, "the notice begins at the cut");
         assert_eq!(check_roles(&client, &out), Ok(()));
     }
 
