@@ -138,6 +138,7 @@ fn input<'a>(messages: &'a [Value], tools: &'a Value) -> PlanInput<'a> {
         reserve: ctxgate::recall::reserve_tokens(&RecallConfig::default(), 200).min(WINDOW / 10),
         summaries: None,
         precompute_at: SummaryConfig::default().precompute_at,
+        strict_roles: true,
     }
 }
 

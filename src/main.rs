@@ -112,6 +112,11 @@ enum Command {
         /// (`--with context.target=0.4,prune.keep_tool_results=2`); repeat for more rows.
         #[arg(long = "with", requires = "compare", value_parser = parse_settings, value_name = "KEY=VALUE[,KEY=VALUE…]")]
         with: Vec<Settings>,
+        /// Write every replayed request to this file as JSON Lines, one object per request: `trace` (the file),
+        /// `index` (the step), `client` (the body the client sent) and `sent` (the body that would go upstream:
+        /// the client's when forwarded, `null` when refused). For checking the bodies with another tool.
+        #[arg(long, conflicts_with = "compare", value_name = "PATH")]
+        requests: Option<PathBuf>,
     },
 }
 
@@ -325,20 +330,36 @@ fn replay_cmd(
     opts: &ReplayOptions,
     config: Option<PathBuf>,
     json: bool,
+    requests: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     let cfg = Config::load(config.as_deref())?;
     let files = read_traces(traces)?;
     let mut reports = Vec::with_capacity(files.len());
     let counters = Counters::default();
     let progress = progress_bar(files.len() as u64);
+    let mut lines = Vec::new();
     for (name, trace) in &files {
         progress.set_message(name.clone());
-        let report = ctxgate::replay::replay_trace_with(trace, opts, &cfg, &counters)
-            .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+        let report = if requests.is_some() {
+            let (report, sent) =
+                ctxgate::replay::replay_requests_with(trace, opts, &cfg, &counters)
+                    .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+            for r in sent {
+                lines.extend(request_line(name, &r)?);
+                lines.push(b'\n');
+            }
+            report
+        } else {
+            ctxgate::replay::replay_trace_with(trace, opts, &cfg, &counters)
+                .map_err(|e| anyhow::anyhow!("{name}: {e}"))?
+        };
         reports.push((name.clone(), report));
         progress.inc(1);
     }
     progress.finish_and_clear();
+    if let Some(path) = requests {
+        std::fs::write(path, &lines).with_context(|| format!("writing {}", path.display()))?;
+    }
     let overall = ReplayTotals::of(reports.iter().flat_map(|(_, r)| &r.steps));
     let mut out = std::io::stdout().lock();
     if json {
@@ -365,6 +386,18 @@ fn replay_cmd(
         anyhow::bail!("{} request(s) would be sent invalid", overall.invalid);
     }
     Ok(())
+}
+
+/// One line of `replay --requests`: the trace, the step and both bodies.
+fn request_line(trace: &str, r: &ctxgate::replay::ReplayedRequest) -> anyhow::Result<Vec<u8>> {
+    let client: serde_json::Value = serde_json::from_slice(&r.client_body)?;
+    let sent: serde_json::Value = match &r.upstream_body {
+        Some(b) => serde_json::from_slice(b)?,
+        None => serde_json::Value::Null,
+    };
+    let line =
+        serde_json::json!({"trace": trace, "index": r.index, "client": client, "sent": sent});
+    Ok(serde_json::to_vec(&line)?)
 }
 
 /// `replay --compare`: every row over every trace, one table.
@@ -543,6 +576,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             dialect,
             compare,
             with,
+            requests,
         } => {
             let opts = ReplayOptions {
                 window,
@@ -554,7 +588,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             if compare {
                 compare_cmd(&traces, &opts, config, &with, json)
             } else {
-                replay_cmd(&traces, &opts, config, json)
+                replay_cmd(&traces, &opts, config, json, requests.as_deref())
             }
         }
         Command::ConfigReference => {

@@ -1227,3 +1227,36 @@ async fn a_real_prometheus_answers_the_dashboard_queries() {
         assert_ne!(r["health"], "err", "{r}");
     }
 }
+
+/// The calibration gauge appears with the first answer that reports usage, even when every request was small
+/// enough to go upstream without being counted (the request is counted after its answer, once per model).
+#[tokio::test]
+async fn the_calibration_ratio_appears_with_the_first_calibrated_answer() {
+    let h = harness().await;
+    assert!(
+        !scrape(&h).await.contains(names::TOKEN_ESTIMATE_RATIO),
+        "no calibration before any answer"
+    );
+    // a few words: far under half the threshold in bytes, so never counted on the way up; the answer's count
+    // (12 prompt tokens) is within the plausible range of the estimate
+    h.mock.push(MockReply::json(
+        200,
+        json!({"id":"chatcmpl-r","object":"chat.completion","created":1,"model":MODEL,
+            "choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],
+            "usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}),
+    ));
+    let small = json!({"model":MODEL,"messages":[{"role":"user","content":"what is the capital of france"}]});
+    let (s, _) = chat(&h, "ratio", small.to_string()).await;
+    assert_eq!(s, 200);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let samples = parse(&scrape(&h).await);
+        let ratio = sum(&samples, names::TOKEN_ESTIMATE_RATIO, &[]);
+        if ratio > 0.0 {
+            assert!((0.5..=2.0).contains(&ratio), "{ratio}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the ratio never appeared");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -50,22 +50,21 @@ async fn post(h: &Harness, key: &str, b: &Value) -> reqwest::Response {
 }
 
 /// The tool messages ctxgate added to the upstream request `i`.
-/// ctxgate's recall note in a sent request (a system message of its own).
+/// The message carrying ctxgate's recall note in a sent request (chat keeps strict role order: the note rides at
+/// the end of the last message ctxgate wrote).
 fn note_of(sent: &Value) -> Option<&Value> {
     sent["messages"].as_array()?.iter().find(|m| {
-        m["role"] == "system"
-            && m["content"]
-                .as_str()
-                .is_some_and(|c| c.starts_with("[ctxgate] Some earlier tool results"))
+        m["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("[ctxgate] Some earlier tool results"))
     })
 }
 
 fn answers(h: &Harness, i: usize) -> Vec<Value> {
     let sent = h.mock.requests()[i].json();
     let msgs = sent["messages"].as_array().unwrap().clone();
-    // The client's messages, plus the note.
-    let n =
-        body(false)["messages"].as_array().unwrap().len() + usize::from(note_of(&sent).is_some());
+    // The client's messages (the note rides inside one of them).
+    let n = body(false)["messages"].as_array().unwrap().len();
     msgs[n..]
         .iter()
         .filter(|m| m["role"] == "tool")
@@ -195,7 +194,8 @@ async fn a_recall_mixed_with_a_client_call_asks_again() {
     assert_eq!(calls[0]["id"], "c10", "the model reissued the client call");
     assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
     let second = h.mock.requests()[1].json();
-    let sent_before = body(false)["messages"].as_array().unwrap().len() + 1; // the client's, and the note
+    // the client's messages (the note rides inside one of them)
+    let sent_before = body(false)["messages"].as_array().unwrap().len();
     let assistant = &second["messages"].as_array().unwrap()[sent_before];
     assert_eq!(
         assistant["tool_calls"].as_array().unwrap().len(),
@@ -393,11 +393,11 @@ async fn streaming_client_calls_are_relayed_and_injected_ones_swallowed() {
     );
 }
 
-/// The note is a system message of its own, right after the last rewritten message, whatever the client's system
-/// message (none, or one whose content is not text), which stays untouched (the gateway's token estimate of such
-/// a request is checked against a full recount in debug builds).
+/// The note rides at the end of the last cleared result (no message of its own: chat keeps strict role order),
+/// whatever the client's system message (none, or one whose content is not text), which stays untouched (the
+/// gateway's token estimate of such a request is checked against a full recount in debug builds).
 #[tokio::test]
-async fn the_note_is_a_message_of_its_own_after_the_cut() {
+async fn the_note_rides_in_the_last_cleared_result() {
     for first in [None, Some(json!({"role": "system", "content": null}))] {
         let h = harness().await;
         let mut b = body(false);
@@ -425,12 +425,27 @@ async fn the_note_is_a_message_of_its_own_after_the_cut() {
         }
         let msgs = sent["messages"].as_array().unwrap();
         let at = msgs.iter().position(|m| m == note).unwrap();
+        assert_eq!(note["role"], "tool");
         assert!(
-            msgs[at - 1]["content"]
+            note["content"]
                 .as_str()
                 .is_some_and(|c| c.starts_with("[ctxgate] Tool result cleared")),
-            "right after the last cleared result: {}",
-            msgs[at - 1]
+            "inside a cleared result: {note}"
+        );
+        assert!(
+            msgs[at + 1..].iter().all(|m| !m["content"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("[ctxgate] Tool result cleared"))),
+            "the last one"
+        );
+        assert!(
+            msgs.iter().skip(1).all(|m| m["role"] != "system"),
+            "no system message after the conversation began"
+        );
+        assert_eq!(
+            msgs.len(),
+            b["messages"].as_array().unwrap().len(),
+            "no message added"
         );
     }
 }

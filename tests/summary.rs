@@ -144,13 +144,15 @@ async fn crossing_the_threshold_replaces_old_history_by_the_summary_then_reuses_
     check_sequence(out).unwrap();
     assert_eq!(out[0], m[0], "the client's system prompt, untouched");
     assert_eq!(out[1], m[1], "the task, pinned");
-    assert_eq!(
-        out[2]["content"],
-        "Summary of the earlier conversation: Goals: travel help. Calls: call_0 looked up q0."
-    );
+    // strict role order: the summary where its messages were, as an assistant message, the recall note at its end
+    assert_eq!(out[2]["role"], "assistant");
+    let summary = out[2]["content"].as_str().unwrap();
+    assert!(summary.starts_with(
+        "Summary of the earlier conversation: Goals: travel help. Calls: call_0 looked up q0.\n\n[ctxgate]"
+    ));
     assert!(
-        out[3]["content"].as_str().unwrap().starts_with("[ctxgate]"),
-        "then the recall note"
+        out[1..].iter().all(|x| x["role"] != "system"),
+        "no system message after the task"
     );
     assert_eq!(out.last(), m.last());
     // the next turn: same prefix, the cached summary, no new summary request
@@ -159,7 +161,7 @@ async fn crossing_the_threshold_replaces_old_history_by_the_summary_then_reuses_
     send(&h, &m).await;
     assert_eq!(summaries(&h).len(), 1, "cached");
     let second = &chats(&h)[1]["messages"];
-    assert_eq!(second.as_array().unwrap()[..4], out[..4], "the same prefix");
+    assert_eq!(second.as_array().unwrap()[..3], out[..3], "the same prefix");
     let v = session(&h).await;
     let rec = stored_summaries(&v)[0];
     assert_eq!(rec.model, SUMMARIZER);

@@ -44,6 +44,7 @@ fuzz_target!(|data: &[u8]| {
         first_seen: None,
         now: 0,
         summarizer: false,
+        strict_roles: false,
     };
     let offer = Offer::new(Dialect::Anthropic, &request.body, &cfg.recall);
     let render = || {

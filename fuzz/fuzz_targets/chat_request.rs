@@ -113,6 +113,7 @@ fuzz_target!(|data: &[u8]| {
         reserve: 0,
         summaries: None,
         precompute_at: 0.6,
+        strict_roles: true,
     };
     let p = plan(
         &input,

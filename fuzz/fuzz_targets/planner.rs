@@ -366,6 +366,7 @@ fuzz_target!(|input: Input| {
         reserve: u64::from(input.reserve),
         summaries: None,
         precompute_at: 0.6,
+        strict_roles: input.cl100k,
     };
     let summaries = |ready| {
         input.summaries.map(|(keep, max)| Summaries {

@@ -21,6 +21,10 @@ pub struct RewrittenBody<'a> {
     /// Where a note about the rewrite goes in `messages` (see `context::Rewrite::note_at`); `None`: after the
     /// leading system messages.
     pub note_at: Option<usize>,
+    /// With strict role order: the message the note is appended to instead (see `context::Rewrite::note_in`).
+    pub note_in: Option<usize>,
+    /// Strict role order: the note is never a message of its own (left out when `note_in` is `None`).
+    pub strict_roles: bool,
 }
 
 impl<'a> RewrittenBody<'a> {
@@ -52,6 +56,8 @@ impl<'a> RewrittenBody<'a> {
             messages,
             sources,
             note_at: None,
+            note_in: None,
+            strict_roles: false,
         }
     }
 

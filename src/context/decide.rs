@@ -45,6 +45,8 @@ pub struct Request<'a> {
     pub now: i64,
     /// Summaries are written for this deployment (whether or not this request may use them).
     pub summarizer: bool,
+    /// The dialect wants strict role order (see `context::roles`): chat completions and Responses.
+    pub strict_roles: bool,
 }
 
 /// What goes upstream.
@@ -89,7 +91,8 @@ pub struct Rendered {
 
 /// The request is clearly under every point at which planning could change it: it need not be counted (nor the
 /// ready summaries read). Every token covers at least one byte of the body and an image part's JSON is over half
-/// its flat price, so a body under half the threshold (in bytes) cannot be over it.
+/// its flat price, so a body under half the threshold (in bytes) cannot be over it. More messages than
+/// `context.max_messages` are never clearly under, however few their bytes.
 pub fn clearly_under(req: &Request<'_>, cfg: &Config) -> bool {
     let threshold = cfg.context.threshold * req.window as f64;
     // With summaries on, from `precompute_at` the next summary may be wanted ahead of time.
@@ -98,8 +101,12 @@ pub fn clearly_under(req: &Request<'_>, cfg: &Config) -> bool {
     } else {
         threshold
     };
+    let too_many = cfg
+        .context
+        .max_messages
+        .is_some_and(|m| req.messages.len() > m);
     req.strategy == Strategy::Off
-        || (req.raw_len as f64) * 2.0 * req.ratio <= threshold.min(precompute)
+        || (!too_many && (req.raw_len as f64) * 2.0 * req.ratio <= threshold.min(precompute))
 }
 
 /// Plans `req`. `ready`: the summaries written so far as `(messages covered, summary message)`, or `None` when
@@ -140,6 +147,7 @@ pub fn plan_request<'a>(
             ready,
         }),
         precompute_at: cfg.summary.precompute_at,
+        strict_roles: req.strict_roles,
     };
     plan(&input, &cfg.context, &cfg.prune, counter)
 }
@@ -218,8 +226,11 @@ pub fn render(
     let encoding = req.encoding;
     let mut body = RewrittenBody::new_at(req.key, req.body, rw.messages, rw.sources);
     body.note_at = Some(rw.note_at);
-    // The additions are the recall tools (appended to the client's) and a note message of their own: the
-    // planner's estimate is corrected by counting just what ctxgate adds rather than every message again.
+    body.note_in = rw.note_in;
+    body.strict_roles = req.strict_roles;
+    // The additions are the recall tools (appended to the client's) and a note (a message of its own, or text
+    // appended to the message `note_in`): the planner's estimate is corrected by counting just what ctxgate adds
+    // rather than every message again.
     let ours = |b: &RewrittenBody<'_>| -> u64 {
         let tools = b
             .fields
@@ -232,7 +243,12 @@ pub fn render(
             .filter(|(_, s)| **s == Source::Added)
             .map(|(m, _)| counter.message_tokens(encoding, m))
             .sum();
-        tools + added
+        let carrier = b
+            .note_in
+            .and_then(|k| b.messages.get(k).zip(b.sources.get(k)))
+            .filter(|(_, s)| **s != Source::Added)
+            .map_or(0, |(m, _)| counter.message_tokens(encoding, m));
+        tools + added + carrier
     };
     let before = ours(&body);
     let plain = body.clone();

@@ -8,6 +8,7 @@ pub mod long_context;
 pub mod models;
 pub mod plan;
 mod pretokenize;
+pub mod roles;
 pub mod runloop;
 pub mod shape;
 mod stages;

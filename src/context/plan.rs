@@ -1,6 +1,7 @@
 //! The planner: given a request's messages and the budget of its model, decide whether to forward them as they
 //! are, rewrite them (and how), or refuse them. Deterministic: the same messages and settings give the same bytes.
 
+use super::roles;
 use super::shape::digest;
 pub use super::stages::Summaries;
 use super::stages::{Cuts, Limits, Mode, Model};
@@ -38,6 +39,9 @@ pub struct PlanInput<'a> {
     pub summaries: Option<Summaries<'a>>,
     /// Fraction of the window from which the next summary is wanted ahead of time.
     pub precompute_at: f64,
+    /// Strict role order (chat completions, Responses): no `system` message added after the conversation began,
+    /// no two user or assistant messages in a row the client did not send so (see `context::roles`).
+    pub strict_roles: bool,
 }
 
 /// A tool call whose result is not in the rewritten request.
@@ -105,6 +109,8 @@ pub struct Rewrite<'a> {
     /// Where in `messages` a note about the rewrite goes: right after the last message the rewrite changed (at
     /// the end of its unit), so everything before the cut stays byte-identical from one re-cut to the next.
     pub note_at: usize,
+    /// With strict roles: the message the note is appended to (the last one ctxgate wrote before the cut).
+    pub note_in: Option<usize>,
     /// The hard limit in the estimator's tokens (uncalibrated, like `estimate`): what is sent stays under it.
     pub hard_limit: u64,
 }
@@ -152,8 +158,7 @@ pub fn plan<'a>(
             wanted_summary: None,
         };
     }
-    // A quantized ratio keeps the cut points still while the calibration drifts a little.
-    let ratio = ((input.ratio * 20.0).round() / 20.0).clamp(0.5, 2.0);
+    let ratio = model_ratio(input);
     let raw = |frac: f64| (frac * input.window as f64 / ratio) as u64;
     let lim = Limits {
         threshold: raw(ctx.threshold),
@@ -225,7 +230,8 @@ pub fn plan<'a>(
         };
     }
     let before = base + model.total();
-    if before.saturating_sub(cost) < input.reserve && before <= lim.hard {
+    let too_many = lim.max_messages.is_some_and(|m| input.messages.len() > m);
+    if before.saturating_sub(cost) < input.reserve && before <= lim.hard && !too_many {
         // The recall tools and note would cost more than the rewrite saves: send the client's request as it is.
         return Plan::Forward {
             tokens: Some(calibrated(before)),
@@ -238,8 +244,15 @@ pub fn plan<'a>(
         &cuts,
         calibrated(before),
         (cost, calibrated(cost), lim.hard),
+        (ctx.hard_limit * input.window as f64) as u64,
         wanted,
     )
+}
+
+/// The calibration ratio the planner uses: quantized, so that the cut points stay still while the calibration
+/// drifts a little.
+fn model_ratio(input: &PlanInput<'_>) -> f64 {
+    ((input.ratio * 20.0).round() / 20.0).clamp(0.5, 2.0)
 }
 
 /// The summary to write ahead of time: up to the bound of a summary made now, unless a ready one would already
@@ -276,6 +289,7 @@ fn build<'a>(
     cuts: &Cuts,
     before: u64,
     (estimate, after, model_hard): (u64, u64, u64),
+    limit: u64,
     wanted_summary: Option<usize>,
 ) -> Plan<'a> {
     let mut messages = Vec::with_capacity(input.messages.len());
@@ -292,9 +306,11 @@ fn build<'a>(
         .find(|&i| model.mode(i, cuts) != Mode::Keep);
     let boundary = last_changed.map_or(0, |i| model.unit_end(i));
     let mut note_at = 0;
+    let mut summary_at = None;
     for (i, original) in input.messages.iter().enumerate() {
         if i == cuts.summary {
             if let Some(s) = summary {
+                summary_at = Some(messages.len());
                 messages.push(Cow::Borrowed(s));
                 sources.push(Source::Added);
                 changed = true;
@@ -345,6 +361,29 @@ fn build<'a>(
             digest: digest(c.arguments, 80),
         })
         .collect();
+    let (mut estimate, mut after, mut note_in) = (estimate, after, None);
+    if input.strict_roles {
+        let arranged = roles::arrange(
+            &mut messages,
+            &mut sources,
+            input.messages,
+            summary_at,
+            (note_at, !pruned.is_empty() && input.recall_tool.is_some()),
+            (model.counter(), input.encoding),
+        );
+        estimate = estimate.saturating_add_signed(arranged.delta);
+        after = (estimate as f64 * model_ratio(input)).ceil() as u64;
+        note_at = arranged.note_at;
+        note_in = arranged.note_in;
+        if estimate > model_hard {
+            // The gaps' messages took the rewrite over the hard limit (a tiny window).
+            return Plan::Reject {
+                tokens: after,
+                limit,
+                window: input.window,
+            };
+        }
+    }
     let mut stages = Vec::new();
     if cleared > 0 {
         stages.push("cleared");
@@ -388,6 +427,7 @@ fn build<'a>(
         pruned,
         wanted_summary,
         note_at,
+        note_in,
         hard_limit: model_hard,
     }))
 }

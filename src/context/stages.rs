@@ -189,6 +189,11 @@ impl<'a, 'c> Model<'a, 'c> {
         }
     }
 
+    /// The token counter.
+    pub fn counter(&self) -> &'c TokenCounter {
+        self.counter
+    }
+
     /// Tokens of the messages as the client sent them.
     pub fn total(&self) -> u64 {
         self.tok.iter().sum()

@@ -111,6 +111,7 @@ fn input<'a>(messages: &'a [Value], window: u64) -> PlanInput<'a> {
         reserve: 0,
         summaries: None,
         precompute_at: 0.6,
+        strict_roles: true,
     }
 }
 
@@ -399,7 +400,11 @@ fn hybrid_prunes_until_the_summary_is_ready_then_uses_it() {
     check_sequence(&r.messages).unwrap();
     assert_eq!(r.messages[0], m[0], "the client's system prompt first");
     assert_eq!(r.messages[1], m[1], "then the task, pinned");
-    assert_eq!(r.messages[2], ready[0].1, "then the summary");
+    assert_eq!(
+        r.messages[2],
+        json!({"role": "assistant", "content": ready[0].1["content"]}),
+        "then the summary, where its messages were, as an assistant message (strict role order)"
+    );
     assert_eq!(
         r.messages[3..],
         m[upto..],
@@ -431,10 +436,21 @@ fn summarize_keeps_the_task_of_a_single_long_run() {
     ));
     assert_eq!(r.record.stages, ["summarized"], "summarize does not clear");
     assert_eq!(
-        &r.messages[..3],
-        &[m[0].clone(), m[1].clone(), ready[0].1.clone()],
-        "system, task, summary"
+        &r.messages[..2],
+        &[m[0].clone(), m[1].clone()],
+        "system, task"
     );
+    assert_eq!(
+        r.messages[2],
+        json!({"role": "assistant", "content": ready[0].1["content"]}),
+        "then the summary, as an assistant message"
+    );
+    assert_eq!(
+        r.messages[3],
+        json!({"role": "user", "content": roles::GAP_TEXT}),
+        "a gap's message before the run's next call (which has no text to join)"
+    );
+    assert_eq!(r.messages[4], m[upto]);
     check_sequence(&r.messages).unwrap();
 }
 
@@ -576,6 +592,9 @@ fn check_with(i: PlanInput, ctx: &ContextConfig) -> Result<(), TestCaseError> {
         "invalid: {:?}",
         check_sequence(out)
     );
+    if i.strict_roles {
+        prop_assert_eq!(roles::check_roles(m, out), Ok(()), "strict role order");
+    }
     let ours = |v: &Value| {
         v["content"]
             .as_str()
@@ -589,7 +608,13 @@ fn check_with(i: PlanInput, ctx: &ContextConfig) -> Result<(), TestCaseError> {
     };
     prop_assert_eq!(systems(out), systems(m), "system messages kept");
     prop_assert_eq!(out.last(), m.last(), "newest message kept");
-    let newest_user = |x: &[Value]| x.iter().rev().find(|v| role(v) == "user").cloned();
+    // (ctxgate's own messages aside: a gap's message in strict role order)
+    let newest_user = |x: &[Value]| {
+        x.iter()
+            .rev()
+            .find(|v| role(v) == "user" && crate::message::message_text(v) != roles::GAP_TEXT)
+            .cloned()
+    };
     prop_assert_eq!(newest_user(out), newest_user(m), "newest user message kept");
     if let Some(task) = m.iter().find(|v| crate::message::opens_turn(v)) {
         let whole = out.contains(task);
@@ -676,3 +701,4 @@ proptest! {
 }
 
 mod round2;
+mod round3;

@@ -330,6 +330,11 @@ impl TokenCounter {
         }
     }
 
+    /// Whether `model` has a calibration ratio (an answer's usage was observed for it).
+    pub fn knows(&self, model: &str) -> bool {
+        self.ratios.read().contains_key(model)
+    }
+
     /// The calibration ratio (actual / estimated) for `model`; 1.0 when unknown.
     pub fn ratio(&self, model: &str) -> f64 {
         self.ratios.read().get(model).copied().unwrap_or(1.0)

@@ -58,6 +58,14 @@ impl Dialect {
         }
     }
 
+    /// Whether a rewrite keeps strict role order (see `context::roles`): chat completions and Responses, whose
+    /// OpenAI-compatible servers (vLLM, llama.cpp, Ollama with Mistral, Qwen or Gemma templates) refuse a `system`
+    /// message after the conversation began or two user or assistant messages in a row. Anthropic keeps its own
+    /// layout (the note and a summary as user text blocks, which its API accepts).
+    pub fn strict_roles(self) -> bool {
+        !matches!(self, Dialect::Anthropic)
+    }
+
     /// The dialect named `name` (as [`Dialect::as_str`] writes it); `chat` for anything else.
     pub fn named(name: &str) -> Dialect {
         match name {

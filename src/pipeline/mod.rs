@@ -219,6 +219,7 @@ async fn handle(
         },
         seen: Seen::of(&outgoing),
         draft,
+        request: Arc::clone(&request),
     };
     let own = respond::Own {
         session: session.as_ref(),
@@ -276,6 +277,13 @@ async fn handle(
     .await
 }
 
+/// The estimate of `request` as its client sent it: its messages and tools in its model's encoding.
+fn uncounted_estimate(counter: &crate::context::tokens::TokenCounter, request: &Parsed) -> u64 {
+    let encoding = crate::context::tokens::Encoding::for_model(&request.model);
+    let tools = request.body.get("tools").filter(|t| !t.is_null());
+    counter.request_tokens(encoding, request.messages(), tools)
+}
+
 /// Reconciles the request with the session's stored history and returns where its messages landed; `None` (the
 /// turn is proxied without history) when there is no session or the store failed.
 async fn reconcile(
@@ -322,6 +330,9 @@ struct Turn {
     draft: Option<TurnDraft>,
     /// What the access log tells of the rewrite and the recall rounds.
     seen: Seen,
+    /// The client's request, counted after the answer when it was sent without being counted and its model has
+    /// no calibration yet (so the calibration, and its metric, start with the first answer).
+    request: Arc<Parsed>,
 }
 
 /// What the access-log line says of a turn beyond the exchange: the rewrite, the tokens and the recall rounds.
@@ -492,6 +503,8 @@ impl Turn {
     ///    bytes), calibrate the token estimate against the upstream's count, log it and announce it.
     ///    `estimate`: the estimated tokens of what was sent, when one upstream call answered it.
     fn finisher(self, estimate: Option<u64>) -> relay::Finisher {
+        // The client's own bytes went upstream in one call (no rewrite, no recall rounds).
+        let forwarded = self.planned.rewritten_from.is_none();
         Box::new(move |outcome: RelayOutcome| {
             Box::pin(async move {
                 let state = &self.state;
@@ -510,7 +523,14 @@ impl Turn {
                     };
                     record_reply(state, self.dialect, mark, self.status, &outcome, turn).await;
                 }
-                if let (Some(est), Some(actual)) = (estimate, outcome.reply.prompt_tokens()) {
+                let actual = outcome.reply.prompt_tokens();
+                // Sent without a count (clearly under the threshold): counted now, off the request's path, for
+                // the model's first calibration.
+                let estimate = estimate.or_else(|| {
+                    (actual.is_some() && forwarded && !state.counter.knows(&self.model))
+                        .then(|| uncounted_estimate(&state.counter, &self.request))
+                });
+                if let (Some(est), Some(actual)) = (estimate, actual) {
                     state.counter.observe(&self.model, est, actual);
                 }
                 measure::turn(

@@ -101,6 +101,7 @@ pub async fn plan_request(
         first_seen: first_seen.as_deref(),
         now,
         summarizer: live.summarizer.is_some(),
+        strict_roles: request.dialect.strict_roles(),
     };
     let forward = |estimate: Option<u64>, client_tokens: Option<u64>| Outgoing {
         body: request.raw.clone(),

@@ -172,11 +172,21 @@ fn note(recallable: &[Recallable], cfg: &RecallConfig) -> String {
     s
 }
 
-/// Adds the note as a message of its own where the rewrite put its cut (`RewrittenBody::note_at`; after the
-/// leading system messages when unset), so the client's system prompt and every message before the cut stay
-/// byte-identical. A neutral `system` message: chat sends it as one, Anthropic as a user text block, Responses as
-/// a system message item.
+/// Adds the note where the rewrite put its cut, so the client's system prompt and every message before the cut
+/// stay byte-identical. With strict role order (chat, Responses) it is appended to the text of the message
+/// `RewrittenBody::note_in` (the last one ctxgate wrote before the cut: a placeholder, the summary, a gap message;
+/// see `context::roles`). Otherwise (Anthropic) it is a neutral `system` message of its own at
+/// `RewrittenBody::note_at` (after the leading system messages when unset), which Anthropic sends as a user text
+/// block.
 fn add_note(body: &mut RewrittenBody<'_>, note: &str) {
+    if let Some(m) = body.note_in.and_then(|k| body.messages.get_mut(k)) {
+        *m = Cow::Owned(crate::context::roles::with_text_last(m, note));
+        return;
+    }
+    if body.strict_roles {
+        // Nothing of ctxgate's to carry it (a request of system messages and its newest one): no note.
+        return;
+    }
     let messages = &body.messages;
     let leading = messages
         .iter()

@@ -19,6 +19,7 @@ pub use text::{write_summary, write_text};
 use crate::config::{Config, Strategy};
 use crate::context::decide::{self, Decision};
 use crate::context::models::ModelTable;
+use crate::context::roles;
 use crate::context::tokens::{Encoding, TokenCounter};
 use crate::context::units::{check_sequence, system_messages};
 use crate::context::Plan;
@@ -304,6 +305,18 @@ pub fn replay_requests(
     Ok((report, requests))
 }
 
+/// [`replay_requests`] with shared counters (as [`replay_trace_with`]).
+pub fn replay_requests_with(
+    trace: &Value,
+    opts: &ReplayOptions,
+    cfg: &Config,
+    counters: &Counters,
+) -> Result<(ReplayReport, Vec<ReplayedRequest>), String> {
+    let mut requests = Vec::new();
+    let report = replay(trace, opts, cfg, counters, Some(&mut requests))?;
+    Ok((report, requests))
+}
+
 fn replay(
     trace: &Value,
     opts: &ReplayOptions,
@@ -356,6 +369,7 @@ fn replay(
             first_seen: None,
             now: NOW,
             summarizer,
+            strict_roles: dialect.strict_roles(),
         };
         let offer = Offer::new(dialect, &request.body, &cfg.recall);
         let client = counter.request_tokens(encoding, sent, tools);
@@ -583,13 +597,21 @@ fn api_problem(dialect: Dialect, client: &Value, sent: &Value) -> Option<String>
         .and_then(Value::as_array)
         .map(Vec::as_slice)
         .unwrap_or_default();
+    let client_items = client
+        .get(dialect.conversation_key())
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
     let checked = match dialect {
-        Dialect::Chat => Ok(()),
+        Dialect::Chat => {
+            check_sequence(items).and_then(|()| roles::check_roles(client_items, items))
+        }
         Dialect::Anthropic => {
             validate::check_sequence(items).and_then(|()| validate::check_rewrite(client, sent))
         }
         Dialect::Responses => responses_validate::check_sequence(items)
-            .and_then(|()| responses_validate::check_rewrite(client, sent)),
+            .and_then(|()| responses_validate::check_rewrite(client, sent))
+            .and_then(|()| responses_validate::check_roles(client_items, items)),
     };
     checked.err()
 }

@@ -9,13 +9,18 @@ use serde_json::{json, Map, Value};
 use std::borrow::Cow;
 use std::collections::HashSet;
 
-/// A message ctxgate added (a summary, the recall note; neutral `system`) as a `developer` message item with one
-/// `input_text` part; `None` when it has no text.
+/// A message ctxgate added as a message item with one text part: a user or assistant one (strict role order: the
+/// summary, a gap's message) in its role, anything else (neutral `system`) as a `developer` item; `None` when it
+/// has no text.
 pub fn added(m: &Value) -> Option<Value> {
     let text = neutral_text(m.get("content"));
-    (!text.is_empty()).then(|| {
-        json!({"type":"message","role":"developer","content":[{"type":"input_text","text":text}]})
-    })
+    let (role, part) = match m.get("role").and_then(Value::as_str) {
+        Some("assistant") => ("assistant", "output_text"),
+        Some("user") => ("user", "input_text"),
+        _ => ("developer", "input_text"),
+    };
+    (!text.is_empty())
+        .then(|| json!({"type":"message","role":role,"content":[{"type":part,"text":text}]}))
 }
 
 /// The text of neutral content: a string, or its text parts joined by newlines (null: empty).
@@ -115,9 +120,17 @@ fn assistant<'a>(
             next_kept = Some(out[x].is_some());
         }
     }
-    let out: Vec<Cow<'a, Value>> = out.into_iter().flatten().collect();
+    let mut out: Vec<Cow<'a, Value>> = out.into_iter().flatten().collect();
     if out.iter().all(|c| kind(c) == Kind::Reasoning) {
         return Vec::new();
+    }
+    if let Some(t) = text.filter(|t| first_message && !t.is_empty()) {
+        // New text for a group that had no assistant message (a summary put before its calls): one of its own,
+        // first.
+        out.insert(
+            0,
+            Cow::Owned(json!({"type":"message","role":"assistant","content":[{"type":"output_text","text":t}]})),
+        );
     }
     out
 }

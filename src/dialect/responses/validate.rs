@@ -89,7 +89,7 @@ pub fn check_rewrite(client: &Value, sent: &Value) -> Result<(), String> {
     if phased {
         if let Some(i) = si
             .iter()
-            .position(|m| kind(m) == Kind::Assistant && m.get("phase").is_none())
+            .position(|m| kind(m) == Kind::Assistant && m.get("phase").is_none() && !ctxgates(m))
         {
             return Err(format!("input[{i}]: an assistant message lost its `phase`"));
         }
@@ -98,6 +98,55 @@ pub fn check_rewrite(client: &Value, sent: &Value) -> Result<(), String> {
         return Err("the client's newest item is not the last item sent".into());
     }
     Ok(())
+}
+
+/// Whether a message item is one ctxgate wrote (strict role order: the summary, a gap's message), which has no
+/// `phase` of the client's to keep.
+fn ctxgates(m: &Value) -> bool {
+    let text = item_text(m);
+    text.starts_with("[ctxgate]") || text.starts_with(crate::summary::prompt::SUMMARY_PREFIX)
+}
+
+/// The text of a message item: its string content or its text parts joined by newlines.
+fn item_text(m: &Value) -> String {
+    match m.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// Checks the role rule on a rewritten input (`sent`) against the client's (`client`), as `context::roles` does for
+/// chat: no `system`/`developer` message item after the first other item that the client did not send there, no
+/// two user or two assistant message items in a row that the client did not send in a row. Calls and their
+/// outputs count as items of their own kind; reasoning, compaction and other opaque items are not messages and are
+/// passed over.
+pub fn check_roles(client: &[Value], sent: &[Value]) -> Result<(), String> {
+    let as_messages = |items: &[Value]| -> Vec<Value> {
+        items
+            .iter()
+            .filter_map(|it| {
+                let role = match kind(it) {
+                    Kind::System => "system",
+                    Kind::User => "user",
+                    Kind::Assistant => "assistant",
+                    Kind::Call => "call",
+                    Kind::Output => "output",
+                    _ => return None,
+                };
+                let text = match kind(it) {
+                    Kind::Call | Kind::Output => call_id(it).to_string(),
+                    _ => item_text(it),
+                };
+                Some(serde_json::json!({"role": role, "content": text}))
+            })
+            .collect()
+    };
+    crate::context::roles::check_roles(&as_messages(client), &as_messages(sent))
 }
 
 fn input(o: &Map<String, Value>) -> &[Value] {

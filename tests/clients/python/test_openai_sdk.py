@@ -157,11 +157,13 @@ def check_recall_rounds(gw: Gateway, n_client_messages: int) -> None:
     assert names[0] == "read_file" and RECALL in names
     assert len(first["raw"]) < len(gw.tap.exchanges[0].request), "the history was shortened"
     sent = first["body"]["messages"]
-    # The client's messages (some rewritten) and ctxgate's note, a system message of its own after the cut; the
-    # client's own system prompt is untouched.
-    assert len(sent) == n_client_messages + 1
+    # The client's messages (some rewritten), ctxgate's note riding at the end of the last cleared result (strict
+    # role order: no message of its own); the client's own system prompt is untouched.
+    assert len(sent) == n_client_messages
     assert sent[0] == json.loads(gw.tap.exchanges[0].request)["messages"][0]
-    assert any(m["role"] == "system" and m["content"].startswith("[ctxgate]") for m in sent[1:])
+    assert all(m["role"] != "system" for m in sent[1:])
+    (note,) = [m for m in sent if "[ctxgate] Some earlier tool results" in (m.get("content") or "")]
+    assert note["role"] == "tool" and note["content"].startswith("[ctxgate] Tool result cleared")
     assert second["body"]["messages"][: len(sent)] == sent, "the follow-up extends the first request"
     added = second["body"]["messages"][len(sent):]
     assert added[0]["role"] == "assistant" and added[0]["tool_calls"][0]["function"]["name"] == RECALL

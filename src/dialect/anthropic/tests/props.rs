@@ -290,6 +290,7 @@ fn rewritten_with(
             ready: &ready,
         }),
         precompute_at: 0.6,
+        strict_roles: false,
     };
     let Plan::Rewrite(rw) = plan(
         &input,

@@ -3,12 +3,12 @@
 //! through the real planner with a window small enough to make it rewrite.
 
 use super::super::convert::{from_neutral, to_neutral};
-use super::super::validate::{check_rewrite, check_sequence};
+use super::super::validate::{check_rewrite, check_roles, check_sequence};
 use crate::config::{ContextConfig, PruneConfig, Strategy as Rewriting};
 use crate::context::plan::{plan, Plan, PlanInput, Summaries};
 use crate::context::tokens::{Encoding, TokenCounter};
 use crate::dialect::test_arguments::{new_arguments, replace_arguments, Replaced};
-use crate::message::{is_system, Source};
+use crate::message::Source;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use serde_json::{json, Value};
@@ -237,7 +237,7 @@ fn rewritten_with(
         .map(|u| {
             (
                 u,
-                json!({"role":"system","content":format!("Summary of the first {u} messages.")}),
+                json!({"role":"system","content":format!("{}the first {u} messages.", crate::summary::prompt::SUMMARY_PREFIX)}),
             )
         })
         .collect();
@@ -258,6 +258,7 @@ fn rewritten_with(
             ready: &ready,
         }),
         precompute_at: 0.6,
+        strict_roles: true,
     };
     let Plan::Rewrite(rw) = plan(
         &input,
@@ -267,14 +268,14 @@ fn rewritten_with(
     ) else {
         return None;
     };
-    let summarized = rw.sources.contains(&Source::Added);
-    // The recall note, after the leading system messages (the dialect keeps `instructions` outside its input).
-    let (mut out, mut sources) = (rw.messages.clone(), rw.sources.clone());
+    let summarized = rw.record.stages.contains(&"summarized");
+    // The recall note, at the end of the message the planner names (strict role order).
+    let (mut out, sources) = (rw.messages.clone(), rw.sources.clone());
     let replaced = replace_arguments(&mut out, args);
-    let at = out.iter().position(|m| !is_system(m)).unwrap_or(out.len());
-    let note = json!({"role":"system","content":"Results of earlier tool calls were left out; recall them."});
-    out.insert(at, Cow::Owned(note));
-    sources.insert(at, Source::Added);
+    let note = "[ctxgate] Results of earlier tool calls were left out; recall them.";
+    if let Some(m) = rw.note_in.and_then(|k| out.get_mut(k)) {
+        *m = Cow::Owned(crate::context::roles::with_text_last(m, note));
+    }
     let items = from_neutral(native, &neutral, &out, &sources);
     let mut sent = client.clone();
     sent["input"] = serde_json::to_value(&items).ok()?;
@@ -304,6 +305,7 @@ proptest! {
             let items = sent["input"].as_array().unwrap();
             prop_assert_eq!(check_sequence(items), Ok(()), "{}", serde_json::to_string_pretty(items).unwrap());
             prop_assert_eq!(check_rewrite(&client, &sent), Ok(()));
+            prop_assert_eq!(check_roles(native, items), Ok(()), "strict role order");
             // The compaction item is never dropped, and stays before everything that followed it.
             if c.compaction {
                 prop_assert_eq!(&items[0], &native[0]);
