@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 #[serde(deny_unknown_fields, default)]
 pub struct OtelConfig {
     /// OTLP/HTTP (protobuf) endpoint of a collector, e.g. `http://127.0.0.1:4318`; spans are posted to
-    /// `<endpoint>/v1/traces`. Unset (the default), and without `OTEL_EXPORTER_OTLP_ENDPOINT` or
-    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` in the environment: tracing is off and costs nothing.
+    /// `<endpoint>/v1/traces`. `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (used as it is) and
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` (with `/v1/traces` appended) override it. Unset (the default), and neither
+    /// variable set: tracing is off and costs nothing.
     pub endpoint: Option<String>,
     /// `service.name` of the spans (`OTEL_SERVICE_NAME` overrides it).
     pub service_name: String,

@@ -73,6 +73,18 @@ impl Tracing {
         })
     }
 
+    /// A tracer over `provider` (tests: an in-memory exporter).
+    #[cfg(test)]
+    pub(crate) fn with_provider(provider: SdkTracerProvider, capture_content: bool) -> Tracing {
+        let tracer = provider.tracer("ctxgate");
+        Tracing {
+            provider,
+            tracer,
+            capture_content,
+            traces_url: String::new(),
+        }
+    }
+
     /// Where spans are posted.
     pub fn traces_url(&self) -> &str {
         &self.traces_url

@@ -28,6 +28,11 @@ impl RequestTrace {
         self.t.capture_content
     }
 
+    /// The context whose active span is this trace's current one (for a `traceparent`).
+    pub fn context(&self) -> &Context {
+        &self.cx
+    }
+
     fn child(&self, name: String, kind: SpanKind, attrs: Vec<KeyValue>) -> Context {
         let span = self
             .t
@@ -182,10 +187,11 @@ impl ChatStart {
                 attrs.push(KeyValue::new("server.port", i64::from(p)));
             }
         }
-        ChatStart {
-            name: format!("chat {model}"),
-            attrs,
-        }
+        let name = match model {
+            "" => "chat".to_owned(),
+            m => format!("chat {m}"),
+        };
+        ChatStart { name, attrs }
     }
 
     /// With the plan's `ctxgate.*` attributes.
@@ -420,5 +426,169 @@ impl UpstreamTrace {
     /// Opens the span of a recall call answered between two rounds.
     pub fn tool(&self, name: &str, call_id: &str) -> ToolSpan {
         self.trace.tool(name, call_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+    use parking_lot::Mutex;
+    use serde_json::json;
+
+    #[derive(Debug, Clone, Default)]
+    struct Collect(Arc<Mutex<Vec<SpanData>>>);
+
+    impl SpanExporter for Collect {
+        async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+            self.0.lock().extend(batch);
+            Ok(())
+        }
+    }
+
+    fn traced(capture: bool) -> (RequestTrace, Collect) {
+        let spans = Collect::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(spans.clone())
+            .build();
+        let t = Arc::new(Tracing::with_provider(provider, capture));
+        let server = t.tracer.start("POST /v1/chat/completions");
+        let cx = Context::new().with_span(server);
+        (RequestTrace::new(t, cx), spans)
+    }
+
+    fn attr<'a>(s: &'a SpanData, key: &str) -> Option<&'a OtelValue> {
+        s.attributes.iter().find(|kv| kv.key.as_str() == key).map(|kv| &kv.value)
+    }
+
+    fn named<'a>(spans: &'a [SpanData], name: &str) -> &'a SpanData {
+        spans.iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no span {name}"))
+    }
+
+    #[test]
+    fn an_upstream_round_carries_the_gen_ai_attributes_and_no_content() {
+        let (trace, spans) = traced(false);
+        let planned = Planned {
+            strategy: "hybrid",
+            rewritten: true,
+            stages: &["cleared_tool_results", "summarized"],
+            tokens_before: Some(9000),
+            tokens_after: Some(3000),
+            window: 8000,
+            recall_offered: true,
+        };
+        let start = ChatStart::new("anthropic", "claude-x", Some("s-1"), "https://api.anthropic.com/v1/messages")
+            .planned(&planned);
+        let mut up = trace.upstream(start);
+        let mut headers = http::HeaderMap::new();
+        up.round(&mut headers, Some(&[json!({"role": "user", "content": "SECRET prompt"})]));
+        let reply = AssembledReply {
+            message: json!({"role": "assistant", "content": "SECRET answer"}),
+            finish_reason: Some("end_turn".into()),
+            usage: Some(json!({"input_tokens": 10, "cache_read_input_tokens": 90,
+                               "cache_creation_input_tokens": 5, "output_tokens": 7})),
+            id: Some("msg_1".into()),
+            model: Some("claude-x-2026".into()),
+            complete: true,
+            ..AssembledReply::default()
+        };
+        up.answered(200, &reply, None, false);
+        let spans = spans.0.lock();
+        let chat = named(&spans, "chat claude-x");
+        assert_eq!(chat.span_kind, SpanKind::Client);
+        let traceparent = headers["traceparent"].to_str().unwrap_or_default().to_owned();
+        assert_eq!(
+            traceparent,
+            format!("00-{}-{}-01", chat.span_context.trace_id(), chat.span_context.span_id())
+        );
+        let int = |k: &str| match attr(chat, k) {
+            Some(OtelValue::I64(n)) => *n,
+            other => panic!("{k}: {other:?}"),
+        };
+        assert_eq!(int("gen_ai.usage.input_tokens"), 105, "cached and cache-creation tokens count as input");
+        assert_eq!(int("gen_ai.usage.output_tokens"), 7);
+        assert_eq!(int("ctxgate.tokens.cached"), 90);
+        assert_eq!(int("ctxgate.tokens.before"), 9000);
+        assert_eq!(int("ctxgate.tokens.after"), 3000);
+        assert_eq!(int("server.port"), 443);
+        assert_eq!(int("ctxgate.round"), 0);
+        assert_eq!(attr(chat, "gen_ai.provider.name").map(|v| v.as_str().into_owned()).as_deref(), Some("anthropic"));
+        assert_eq!(attr(chat, "gen_ai.response.model").map(|v| v.as_str().into_owned()).as_deref(), Some("claude-x-2026"));
+        assert_eq!(attr(chat, "gen_ai.conversation.id").map(|v| v.as_str().into_owned()).as_deref(), Some("s-1"));
+        assert_eq!(
+            attr(chat, "gen_ai.response.finish_reasons"),
+            Some(&OtelValue::Array(Array::String(vec!["end_turn".into()])))
+        );
+        assert_eq!(
+            attr(chat, "ctxgate.stages"),
+            Some(&OtelValue::Array(Array::String(vec!["cleared_tool_results".into(), "summarized".into()])))
+        );
+        assert!(!format!("{:?}", *spans).contains("SECRET"), "no content without capture_content");
+    }
+
+    #[test]
+    fn capture_content_adds_the_messages() {
+        let (trace, spans) = traced(true);
+        let mut up = trace.upstream(ChatStart::new("openai", "m", None, "http://127.0.0.1:9/v1"));
+        up.round(&mut http::HeaderMap::new(), Some(&[json!({"role": "user", "content": "SECRET prompt"})]));
+        let reply = AssembledReply {
+            message: json!({"role": "assistant", "content": "SECRET answer"}),
+            ..AssembledReply::default()
+        };
+        up.answered(200, &reply, None, false);
+        let spans = spans.0.lock();
+        let chat = named(&spans, "chat m");
+        let input = attr(chat, "gen_ai.input.messages").map(|v| v.as_str().into_owned()).unwrap_or_default();
+        let output = attr(chat, "gen_ai.output.messages").map(|v| v.as_str().into_owned()).unwrap_or_default();
+        assert!(input.contains("SECRET prompt") && output.contains("SECRET answer"), "{input} {output}");
+        assert!(attr(chat, "gen_ai.conversation.id").is_none());
+    }
+
+    #[test]
+    fn failures_mark_their_spans_as_errors() {
+        let (trace, spans) = traced(false);
+        let mut up = trace.upstream(ChatStart::new("openai", "m", None, "http://127.0.0.1:9/v1"));
+        up.round(&mut http::HeaderMap::new(), None);
+        up.failed(&GatewayError::UpstreamTimeout(30));
+        up.round(&mut http::HeaderMap::new(), None);
+        up.answered(429, &AssembledReply::default(), None, false);
+        trace.tool("recall_tool_call", "c1").finish("error");
+        let spans = spans.0.lock();
+        let errors: Vec<String> = spans
+            .iter()
+            .map(|s| {
+                assert!(matches!(s.status, Status::Error { .. }), "{}", s.name);
+                attr(s, "error.type").map(|v| v.as_str().into_owned()).unwrap_or_default()
+            })
+            .collect();
+        assert_eq!(errors, ["upstream_timeout", "429", "tool_error"]);
+    }
+
+    #[test]
+    fn a_summary_job_is_a_trace_of_its_own_linked_to_the_plan() {
+        let (trace, spans) = traced(false);
+        let plan = trace.plan();
+        let job = plan.trace().job();
+        plan.finish(&Planned {
+            strategy: "summarize",
+            rewritten: false,
+            stages: &[],
+            tokens_before: Some(100),
+            tokens_after: Some(100),
+            window: 8000,
+            recall_offered: false,
+        });
+        job.summary("s-1", "gpt-mini", 12, true).finish("timeout");
+        let spans = spans.0.lock();
+        let plan = named(&spans, "ctxgate.plan");
+        let summary = named(&spans, "ctxgate.summary");
+        assert_ne!(summary.span_context.trace_id(), plan.span_context.trace_id());
+        assert_eq!(summary.parent_span_id, opentelemetry::trace::SpanId::INVALID);
+        let link = &summary.links.links[0];
+        assert_eq!(link.span_context.span_id(), plan.span_context.span_id());
+        assert_eq!(link.span_context.trace_id(), plan.span_context.trace_id());
+        assert!(matches!(summary.status, Status::Error { .. }));
+        assert!(attr(plan, "ctxgate.stages").is_none(), "stages only on rewritten requests");
     }
 }
