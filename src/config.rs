@@ -1061,11 +1061,22 @@ mod tests {
         assert_eq!(c.otel.sample_ratio, 0.5);
         assert_eq!(c.otel.headers["x-honeycomb-team"], "hc-secret");
         let shown = c.masked().to_toml();
-        assert!(!shown.contains("hc-secret") && shown.contains("x-honeycomb-team"), "{shown}");
+        assert!(
+            !shown.contains("hc-secret") && shown.contains("x-honeycomb-team"),
+            "{shown}"
+        );
         let err = load("[otel]\nsample_ratio = 2.0\nendpont = \"x\"\n", &[]).unwrap_err();
-        assert!(err.0.iter().any(|m| m.contains("otel.endpont")), "{:?}", err.0);
+        assert!(
+            err.0.iter().any(|m| m.contains("otel.endpont")),
+            "{:?}",
+            err.0
+        );
         let err = load("[otel]\nsample_ratio = 2.0\n", &[]).unwrap_err();
-        assert!(err.0.iter().any(|m| m.contains("otel.sample_ratio")), "{:?}", err.0);
+        assert!(
+            err.0.iter().any(|m| m.contains("otel.sample_ratio")),
+            "{:?}",
+            err.0
+        );
     }
 
     #[test]

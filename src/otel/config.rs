@@ -176,7 +176,8 @@ pub fn traces_url(base: &str) -> String {
 /// An absolute `http` or `https` URL with a host.
 fn is_http_url(u: &str) -> bool {
     u.parse::<http::Uri>().is_ok_and(|uri| {
-        matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some_and(|h| !h.is_empty())
+        matches!(uri.scheme_str(), Some("http" | "https"))
+            && uri.host().is_some_and(|h| !h.is_empty())
     })
 }
 
@@ -221,15 +222,21 @@ mod tests {
             ..OtelConfig::default()
         };
         // The generic endpoint gets the traces path; the signal's own is used as it is.
-        let s = resolve(&c, &[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://env:4318/base/")])
-            .0
-            .unwrap();
+        let s = resolve(
+            &c,
+            &[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://env:4318/base/")],
+        )
+        .0
+        .unwrap();
         assert_eq!(s.traces_url, "https://env:4318/base/v1/traces");
         let s = resolve(
             &OtelConfig::default(),
             &[
                 ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://generic:4318"),
-                ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://own:9999/custom"),
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    "http://own:9999/custom",
+                ),
                 ("OTEL_SERVICE_NAME", "gw-eu"),
                 ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
             ],
@@ -239,7 +246,10 @@ mod tests {
         assert_eq!(s.traces_url, "http://own:9999/custom");
         assert_eq!((s.service_name.as_str(), s.sample_ratio), ("gw-eu", 0.25));
         // The file's endpoint, with its trailing slash, gets exactly one.
-        assert_eq!(resolve(&c, &[]).0.unwrap().traces_url, "http://file:4318/v1/traces");
+        assert_eq!(
+            resolve(&c, &[]).0.unwrap().traces_url,
+            "http://file:4318/v1/traces"
+        );
     }
 
     #[test]

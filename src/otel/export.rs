@@ -32,8 +32,7 @@ pub(super) fn exporter(
         .map_err(|e| format!("cannot build the OTLP exporter: {e}"))
 }
 
-type Connector =
-    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
+type Connector = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
 
 /// Plain HTTP, or TLS by rustls with the webpki roots.
 fn connector() -> Result<Connector, String> {

@@ -11,7 +11,8 @@ mod spans;
 
 pub use server::{inject, trace_request};
 pub use spans::{
-    ChatSpan, ChatStart, JobTrace, PlanSpan, Planned, RequestTrace, SummarySpan, ToolSpan, UpstreamTrace,
+    ChatSpan, ChatStart, JobTrace, PlanSpan, Planned, RequestTrace, SummarySpan, ToolSpan,
+    UpstreamTrace,
 };
 
 use config::OtelSettings;
@@ -49,9 +50,8 @@ impl Tracing {
         // The SDK's batch processor: a bounded queue (spans beyond it are dropped, never waited for) that its own
         // thread exports in batches; `OTEL_BSP_*` tune it.
         let processor = BatchSpanProcessor::builder(exporter).build();
-        let sampler = Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
-            settings.sample_ratio,
-        )));
+        let sampler =
+            Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(settings.sample_ratio)));
         let provider = SdkTracerProvider::builder()
             .with_span_processor(processor)
             .with_sampler(sampler)

@@ -19,9 +19,15 @@ use std::task::Poll;
 /// Middleware: opens the request's server span (a child of the client's span when it sent one), hands it to the
 /// handler in the request's extensions ([`RequestTrace`]), and ends it when the response body has gone out (a
 /// stream's end, or the client leaving).
-pub async fn trace_request(State(t): State<Arc<Tracing>>, mut req: Request, next: Next) -> Response {
-    let parent = TraceContextPropagator::new()
-        .extract_with_context(&Context::new(), &opentelemetry_http::HeaderExtractor(req.headers()));
+pub async fn trace_request(
+    State(t): State<Arc<Tracing>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let parent = TraceContextPropagator::new().extract_with_context(
+        &Context::new(),
+        &opentelemetry_http::HeaderExtractor(req.headers()),
+    );
     let method = req.method().as_str().to_owned();
     let route = req
         .extensions()
@@ -44,7 +50,10 @@ pub async fn trace_request(State(t): State<Arc<Tracing>>, mut req: Request, next
     let resp = next.run(req).await;
     let status = resp.status().as_u16();
     let span = cx.span();
-    span.set_attribute(KeyValue::new("http.response.status_code", i64::from(status)));
+    span.set_attribute(KeyValue::new(
+        "http.response.status_code",
+        i64::from(status),
+    ));
     if status >= 500 {
         // Server spans mark only 5xx as errors (4xx is the client's).
         span.set_attribute(KeyValue::new("error.type", status.to_string()));
@@ -103,14 +112,21 @@ mod tests {
         let mut incoming = HeaderMap::new();
         incoming.insert(
             "traceparent",
-            http::HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            http::HeaderValue::from_static(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
         );
         incoming.insert("tracestate", http::HeaderValue::from_static("vendor=abc"));
-        let parent = TraceContextPropagator::new()
-            .extract_with_context(&Context::new(), &opentelemetry_http::HeaderExtractor(&incoming));
+        let parent = TraceContextPropagator::new().extract_with_context(
+            &Context::new(),
+            &opentelemetry_http::HeaderExtractor(&incoming),
+        );
         let sc = parent.span().span_context().clone();
         assert!(sc.is_remote() && sc.is_sampled());
-        assert_eq!(sc.trace_id().to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(
+            sc.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
         assert_eq!(sc.trace_state().header(), "vendor=abc");
         // Our span: same trace, its own id.
         let ours = SpanContext::new(

@@ -120,8 +120,12 @@ impl Planned<'_> {
             KeyValue::new("ctxgate.context_window", to_i64(self.window)),
         ];
         if self.rewritten {
-            let stages: Vec<StringValue> = self.stages.iter().map(|s| StringValue::from(*s)).collect();
-            a.push(KeyValue::new("ctxgate.stages", OtelValue::Array(Array::String(stages))));
+            let stages: Vec<StringValue> =
+                self.stages.iter().map(|s| StringValue::from(*s)).collect();
+            a.push(KeyValue::new(
+                "ctxgate.stages",
+                OtelValue::Array(Array::String(stages)),
+            ));
             a.push(KeyValue::new("ctxgate.recall_offered", self.recall_offered));
         }
         if let Some(t) = self.tokens_before {
@@ -252,7 +256,10 @@ impl ChatSpan {
                 serde_json::to_string(&reply.message).unwrap_or_default(),
             ));
         }
-        a.push(KeyValue::new("http.response.status_code", i64::from(status)));
+        a.push(KeyValue::new(
+            "http.response.status_code",
+            i64::from(status),
+        ));
         if status >= 400 {
             a.push(KeyValue::new("error.type", status.to_string()));
             span.set_status(Status::error(""));
@@ -309,7 +316,13 @@ impl std::fmt::Debug for JobTrace {
 impl JobTrace {
     /// Opens the root span of a summary job: `model` writes the summary of the first `messages` messages of
     /// `session`.
-    pub fn summary(&self, session: &str, model: &str, messages: usize, precomputed: bool) -> SummarySpan {
+    pub fn summary(
+        &self,
+        session: &str,
+        model: &str,
+        messages: usize,
+        precomputed: bool,
+    ) -> SummarySpan {
         let links = if self.link.is_valid() {
             vec![Link::with_context(self.link.clone())]
         } else {
@@ -351,7 +364,9 @@ impl SummarySpan {
 
 fn end_with_error(cx: &Context, e: &GatewayError) {
     let span = cx.span();
-    let kind = e.code().map_or_else(|| e.status().as_str().to_owned(), str::to_owned);
+    let kind = e
+        .code()
+        .map_or_else(|| e.status().as_str().to_owned(), str::to_owned);
     span.set_attribute(KeyValue::new("error.type", kind));
     span.set_status(Status::error(""));
     span.end();
@@ -459,11 +474,17 @@ mod tests {
     }
 
     fn attr<'a>(s: &'a SpanData, key: &str) -> Option<&'a OtelValue> {
-        s.attributes.iter().find(|kv| kv.key.as_str() == key).map(|kv| &kv.value)
+        s.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| &kv.value)
     }
 
     fn named<'a>(spans: &'a [SpanData], name: &str) -> &'a SpanData {
-        spans.iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no span {name}"))
+        spans
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no span {name}"))
     }
 
     #[test]
@@ -478,11 +499,19 @@ mod tests {
             window: 8000,
             recall_offered: true,
         };
-        let start = ChatStart::new("anthropic", "claude-x", Some("s-1"), "https://api.anthropic.com/v1/messages")
-            .planned(&planned);
+        let start = ChatStart::new(
+            "anthropic",
+            "claude-x",
+            Some("s-1"),
+            "https://api.anthropic.com/v1/messages",
+        )
+        .planned(&planned);
         let mut up = trace.upstream(start);
         let mut headers = http::HeaderMap::new();
-        up.round(&mut headers, Some(&[json!({"role": "user", "content": "SECRET prompt"})]));
+        up.round(
+            &mut headers,
+            Some(&[json!({"role": "user", "content": "SECRET prompt"})]),
+        );
         let reply = AssembledReply {
             message: json!({"role": "assistant", "content": "SECRET answer"}),
             finish_reason: Some("end_turn".into()),
@@ -497,41 +526,76 @@ mod tests {
         let spans = spans.0.lock();
         let chat = named(&spans, "chat claude-x");
         assert_eq!(chat.span_kind, SpanKind::Client);
-        let traceparent = headers["traceparent"].to_str().unwrap_or_default().to_owned();
+        let traceparent = headers["traceparent"]
+            .to_str()
+            .unwrap_or_default()
+            .to_owned();
         assert_eq!(
             traceparent,
-            format!("00-{}-{}-01", chat.span_context.trace_id(), chat.span_context.span_id())
+            format!(
+                "00-{}-{}-01",
+                chat.span_context.trace_id(),
+                chat.span_context.span_id()
+            )
         );
         let int = |k: &str| match attr(chat, k) {
             Some(OtelValue::I64(n)) => *n,
             other => panic!("{k}: {other:?}"),
         };
-        assert_eq!(int("gen_ai.usage.input_tokens"), 105, "cached and cache-creation tokens count as input");
+        assert_eq!(
+            int("gen_ai.usage.input_tokens"),
+            105,
+            "cached and cache-creation tokens count as input"
+        );
         assert_eq!(int("gen_ai.usage.output_tokens"), 7);
         assert_eq!(int("ctxgate.tokens.cached"), 90);
         assert_eq!(int("ctxgate.tokens.before"), 9000);
         assert_eq!(int("ctxgate.tokens.after"), 3000);
         assert_eq!(int("server.port"), 443);
         assert_eq!(int("ctxgate.round"), 0);
-        assert_eq!(attr(chat, "gen_ai.provider.name").map(|v| v.as_str().into_owned()).as_deref(), Some("anthropic"));
-        assert_eq!(attr(chat, "gen_ai.response.model").map(|v| v.as_str().into_owned()).as_deref(), Some("claude-x-2026"));
-        assert_eq!(attr(chat, "gen_ai.conversation.id").map(|v| v.as_str().into_owned()).as_deref(), Some("s-1"));
+        assert_eq!(
+            attr(chat, "gen_ai.provider.name")
+                .map(|v| v.as_str().into_owned())
+                .as_deref(),
+            Some("anthropic")
+        );
+        assert_eq!(
+            attr(chat, "gen_ai.response.model")
+                .map(|v| v.as_str().into_owned())
+                .as_deref(),
+            Some("claude-x-2026")
+        );
+        assert_eq!(
+            attr(chat, "gen_ai.conversation.id")
+                .map(|v| v.as_str().into_owned())
+                .as_deref(),
+            Some("s-1")
+        );
         assert_eq!(
             attr(chat, "gen_ai.response.finish_reasons"),
             Some(&OtelValue::Array(Array::String(vec!["end_turn".into()])))
         );
         assert_eq!(
             attr(chat, "ctxgate.stages"),
-            Some(&OtelValue::Array(Array::String(vec!["cleared_tool_results".into(), "summarized".into()])))
+            Some(&OtelValue::Array(Array::String(vec![
+                "cleared_tool_results".into(),
+                "summarized".into()
+            ])))
         );
-        assert!(!format!("{:?}", *spans).contains("SECRET"), "no content without capture_content");
+        assert!(
+            !format!("{:?}", *spans).contains("SECRET"),
+            "no content without capture_content"
+        );
     }
 
     #[test]
     fn capture_content_adds_the_messages() {
         let (trace, spans) = traced(true);
         let mut up = trace.upstream(ChatStart::new("openai", "m", None, "http://127.0.0.1:9/v1"));
-        up.round(&mut http::HeaderMap::new(), Some(&[json!({"role": "user", "content": "SECRET prompt"})]));
+        up.round(
+            &mut http::HeaderMap::new(),
+            Some(&[json!({"role": "user", "content": "SECRET prompt"})]),
+        );
         let reply = AssembledReply {
             message: json!({"role": "assistant", "content": "SECRET answer"}),
             ..AssembledReply::default()
@@ -539,9 +603,16 @@ mod tests {
         up.answered(200, &reply, None, false);
         let spans = spans.0.lock();
         let chat = named(&spans, "chat m");
-        let input = attr(chat, "gen_ai.input.messages").map(|v| v.as_str().into_owned()).unwrap_or_default();
-        let output = attr(chat, "gen_ai.output.messages").map(|v| v.as_str().into_owned()).unwrap_or_default();
-        assert!(input.contains("SECRET prompt") && output.contains("SECRET answer"), "{input} {output}");
+        let input = attr(chat, "gen_ai.input.messages")
+            .map(|v| v.as_str().into_owned())
+            .unwrap_or_default();
+        let output = attr(chat, "gen_ai.output.messages")
+            .map(|v| v.as_str().into_owned())
+            .unwrap_or_default();
+        assert!(
+            input.contains("SECRET prompt") && output.contains("SECRET answer"),
+            "{input} {output}"
+        );
         assert!(attr(chat, "gen_ai.conversation.id").is_none());
     }
 
@@ -559,7 +630,9 @@ mod tests {
             .iter()
             .map(|s| {
                 assert!(matches!(s.status, Status::Error { .. }), "{}", s.name);
-                attr(s, "error.type").map(|v| v.as_str().into_owned()).unwrap_or_default()
+                attr(s, "error.type")
+                    .map(|v| v.as_str().into_owned())
+                    .unwrap_or_default()
             })
             .collect();
         assert_eq!(errors, ["upstream_timeout", "429", "tool_error"]);
@@ -583,12 +656,21 @@ mod tests {
         let spans = spans.0.lock();
         let plan = named(&spans, "ctxgate.plan");
         let summary = named(&spans, "ctxgate.summary");
-        assert_ne!(summary.span_context.trace_id(), plan.span_context.trace_id());
-        assert_eq!(summary.parent_span_id, opentelemetry::trace::SpanId::INVALID);
+        assert_ne!(
+            summary.span_context.trace_id(),
+            plan.span_context.trace_id()
+        );
+        assert_eq!(
+            summary.parent_span_id,
+            opentelemetry::trace::SpanId::INVALID
+        );
         let link = &summary.links.links[0];
         assert_eq!(link.span_context.span_id(), plan.span_context.span_id());
         assert_eq!(link.span_context.trace_id(), plan.span_context.trace_id());
         assert!(matches!(summary.status, Status::Error { .. }));
-        assert!(attr(plan, "ctxgate.stages").is_none(), "stages only on rewritten requests");
+        assert!(
+            attr(plan, "ctxgate.stages").is_none(),
+            "stages only on rewritten requests"
+        );
     }
 }

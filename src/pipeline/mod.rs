@@ -186,7 +186,9 @@ async fn handle(
         t.upstream(start.planned(&outgoing.planned(strategy)))
     });
     if let Some(t) = upstream_trace.as_mut() {
-        let sent = t.captures_content().then(|| sent_messages(&outgoing.body, dialect));
+        let sent = t
+            .captures_content()
+            .then(|| sent_messages(&outgoing.body, dialect));
         t.round(&mut headers, sent.as_deref());
     }
     let upstream_started = Instant::now();

@@ -133,7 +133,8 @@ impl Rounds {
     ) -> impl std::future::Future<Output = Result<UpstreamResponse, GatewayError>> + Send + 'static
     {
         let body = self.next_body();
-        let (state, url, mut headers) = (self.state.clone(), self.url.clone(), self.headers.clone());
+        let (state, url, mut headers) =
+            (self.state.clone(), self.url.clone(), self.headers.clone());
         if let Some(t) = self.trace.as_mut() {
             t.round(&mut headers, None);
         }
@@ -162,7 +163,10 @@ impl Rounds {
         let final_value = loop {
             let dialect = self.dialect;
             if let Some(t) = self.trace.as_mut() {
-                let reply = body.as_ref().map_or_else(|_| AssembledReply::default(), |b| dialect.reply_from_body(b));
+                let reply = body.as_ref().map_or_else(
+                    |_| AssembledReply::default(),
+                    |b| dialect.reply_from_body(b),
+                );
                 t.answered(status.as_u16(), &reply, None, body.is_err());
             }
             let parsed = body
@@ -310,8 +314,15 @@ impl Rounds {
             if let Some(t) = self.trace.as_mut() {
                 // This round's own usage: the splicer keeps one per round.
                 let reply = splicer.reply();
-                let usage = reply.round_usage.get(round as usize).unwrap_or(&Value::Null);
-                let usage = if reply.round_usage.is_empty() { None } else { Some(usage) };
+                let usage = reply
+                    .round_usage
+                    .get(round as usize)
+                    .unwrap_or(&Value::Null);
+                let usage = if reply.round_usage.is_empty() {
+                    None
+                } else {
+                    Some(usage)
+                };
                 t.answered(200, &reply, usage, error.is_some());
             }
             round += 1;
@@ -324,7 +335,12 @@ impl Rounds {
                         Ok(r) if r.status().is_success() => resp = r,
                         Ok(r) => {
                             if let Some(t) = self.trace.as_mut() {
-                                t.answered(r.status().as_u16(), &AssembledReply::default(), None, false);
+                                t.answered(
+                                    r.status().as_u16(),
+                                    &AssembledReply::default(),
+                                    None,
+                                    false,
+                                );
                             }
                             tracing::warn!(
                                 status = r.status().as_u16(),

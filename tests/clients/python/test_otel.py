@@ -260,6 +260,7 @@ def test_recall_rounds_are_spans_of_their_own(tgw: Gateway, receiver: Receiver):
     mine = of_trace(spans, trace_id)
     server = next(s for s in mine if s["kind"] == SERVER)
     tree = render(mine, server)
+    print("\n" + "\n".join(tree))
     assert tree == [
         "POST /v1/chat/completions",
         "  ctxgate.plan",
