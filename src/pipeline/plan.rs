@@ -169,7 +169,7 @@ pub async fn plan_request(
         let at = (upto, native_upto);
         let length = decide::summary_budget(&req, upto, &offer, cfg, &state.counter);
         let make = || {
-            summary_job(
+            let mut job = summary_job(
                 m,
                 messages,
                 at,
@@ -177,8 +177,10 @@ pub async fn plan_request(
                 credentials,
                 req.encoding,
                 (precomputed, Some(length)),
-                when.trace.map(|t| t.job()),
-            )
+            );
+            // Traced: the job's own trace links to this request's plan span.
+            job.trace = when.trace.map(|t| t.job());
+            job
         };
         let done = s.start_with(&m.entry.id, make, state.sessions.clone(), &state.tasks);
         let pruned_meanwhile =
@@ -273,7 +275,6 @@ fn summary_job(
     credentials: &HeaderMap,
     encoding: Encoding,
     (precomputed, length): (bool, Option<u64>),
-    trace: Option<crate::otel::JobTrace>,
 ) -> summary::Job {
     summary::Job {
         entry: mark.entry.clone(),
@@ -289,6 +290,6 @@ fn summary_job(
         precomputed,
         encoding,
         length,
-        trace,
+        trace: None,
     }
 }

@@ -329,6 +329,27 @@ def test_passthrough_requests_are_traced_too(tgw: Gateway, receiver: Receiver):
     assert sent["headers"]["traceparent"] == f"00-{trace_id}-{server['span_id']}-01"
 
 
+def test_spans_still_queued_are_exported_at_shutdown(upstream, receiver: Receiver):
+    """With the SDK's default pace (an export every 5 s), a request answered just before SIGTERM still has its spans
+    exported: the shutdown flushes them after the drain."""
+    proc, listen = upstream.gateway(f'[otel]\nendpoint = "http://127.0.0.1:{receiver.port}"\n', name="otel-flush")
+    try:
+        mock = Mock(upstream.mock_url.removesuffix("/v1"))
+        mock.reset()
+        mock.script(completion("bye"))
+        trace_id, _, header = traceparent()
+        gw = Gateway(base_url=f"http://{listen}/v1", mock=mock)
+        assert chat(gw, {"model": MODEL, "messages": [{"role": "user", "content": "last"}]},
+                    {"traceparent": header}).status_code == 200
+        started = time.monotonic()
+    finally:
+        _stop(proc)
+    assert time.monotonic() - started < 5, "exited before the first scheduled export"
+    with receiver.lock:
+        names = sorted(x["name"] for x in receiver.spans if x["trace_id"] == trace_id)
+    assert names == ["POST /v1/chat/completions", f"chat {MODEL}", "ctxgate.plan"], names
+
+
 def test_otel_off_adds_no_header(gw: Gateway):
     """The plain gateway (`[otel]` unset): the client's traceparent reaches the upstream as it was, and none is
     added when the client sent none."""
