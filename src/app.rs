@@ -79,6 +79,8 @@ pub struct AppState {
     /// Cancelled when the shutdown grace runs out: streams still being relayed end with their dialect's error
     /// event before their connections are closed.
     pub cut_streams: tokio_util::sync::CancellationToken,
+    /// The tracer, when `[otel]` (or the standard `OTEL_*` variables) configured one.
+    pub otel: Option<Arc<crate::otel::Tracing>>,
 }
 
 impl AppState {
@@ -121,6 +123,7 @@ impl AppState {
                 "summaries off ([summary] model is unset): the context engine prunes only"
             ),
         }
+        let otel = start_tracing(&config);
         let (turns, _) = broadcast::channel(1024);
         let tasks = TaskTracker::new();
         if config.store.retention_days > 0 {
@@ -138,6 +141,7 @@ impl AppState {
             metrics,
             tenant_key,
             cut_streams: tokio_util::sync::CancellationToken::new(),
+            otel,
         });
         crate::hooks::spawn(&state);
         Ok(state)
@@ -225,6 +229,35 @@ impl Drained {
     /// Nothing was left behind.
     pub fn complete(&self) -> bool {
         self.tasks_left == 0 && self.store_flushed
+    }
+}
+
+/// The tracer `[otel]` and the `OTEL_*` variables ask for; `None` (tracing off) when neither names an endpoint, or
+/// when it cannot start (logged: the gateway runs without traces rather than not at all).
+fn start_tracing(config: &Config) -> Option<Arc<crate::otel::Tracing>> {
+    let mut warnings = Vec::new();
+    let settings = config
+        .otel
+        .resolve(|name| std::env::var(name).ok(), &mut warnings);
+    for w in warnings {
+        tracing::warn!("otel: {w}");
+    }
+    let settings = settings?;
+    match crate::otel::Tracing::start(&settings) {
+        Ok(t) => {
+            tracing::info!(
+                endpoint = %t.traces_url(),
+                service_name = %settings.service_name,
+                sample_ratio = settings.sample_ratio,
+                capture_content = settings.capture_content,
+                "otel: traces on"
+            );
+            Some(Arc::new(t))
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "otel: cannot start tracing; running without traces");
+            None
+        }
     }
 }
 

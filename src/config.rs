@@ -4,6 +4,7 @@
 //! (unknown key, wrong type), then the whole config is validated semantically.
 
 pub use crate::config_kinds::{TokenAmount, ToolSelection};
+pub use crate::otel::config::OtelConfig;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -40,6 +41,8 @@ pub struct Config {
     pub models: BTreeMap<String, ModelEntry>,
     /// Webhooks: a session's export posted when it goes idle.
     pub hooks: crate::hooks::HooksConfig,
+    /// OpenTelemetry traces, exported over OTLP/HTTP (off unless an endpoint is configured).
+    pub otel: OtelConfig,
 }
 
 /// `[server]`
@@ -877,6 +880,7 @@ impl Config {
             }
         }
         self.hooks.problems(&mut e);
+        self.otel.problems(&mut e);
         e
     }
 
@@ -947,6 +951,7 @@ impl Config {
         if c.hooks.secret.is_some() {
             c.hooks.secret = Some("***".into());
         }
+        c.otel = c.otel.masked();
         c.store.redis_url = mask_url_password(&c.store.redis_url);
         for n in &mut c.store.redis_cluster_nodes {
             *n = mask_url_password(n);
@@ -1308,6 +1313,35 @@ mod tests {
         let shown = c.masked().to_toml();
         assert!(!shown.contains("sk-secret") && !shown.contains("adm-secret"));
         assert!(shown.contains("***"));
+    }
+
+    #[test]
+    fn otel_is_off_by_default_and_its_header_values_are_masked() {
+        assert_eq!(Config::default().otel.endpoint, None);
+        let c = load(
+            "[otel]\nendpoint = \"http://127.0.0.1:4318\"\nheaders = { x-honeycomb-team = \"hc-secret\" }\n",
+            &[("CTXGATE_OTEL__SAMPLE_RATIO", "0.5")],
+        )
+        .unwrap();
+        assert_eq!(c.otel.sample_ratio, 0.5);
+        assert_eq!(c.otel.headers["x-honeycomb-team"], "hc-secret");
+        let shown = c.masked().to_toml();
+        assert!(
+            !shown.contains("hc-secret") && shown.contains("x-honeycomb-team"),
+            "{shown}"
+        );
+        let err = load("[otel]\nsample_ratio = 2.0\nendpont = \"x\"\n", &[]).unwrap_err();
+        assert!(
+            err.0.iter().any(|m| m.contains("otel.endpont")),
+            "{:?}",
+            err.0
+        );
+        let err = load("[otel]\nsample_ratio = 2.0\n", &[]).unwrap_err();
+        assert!(
+            err.0.iter().any(|m| m.contains("otel.sample_ratio")),
+            "{:?}",
+            err.0
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod logging;
 pub mod message;
 pub mod metrics;
 pub mod mock;
+pub mod otel;
 pub mod pipeline;
 pub mod recall;
 pub mod relay;

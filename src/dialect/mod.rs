@@ -106,6 +106,14 @@ impl Dialect {
         }
     }
 
+    /// `gen_ai.provider.name` of the dialect's API: `openai` or `anthropic`.
+    pub fn provider(self) -> &'static str {
+        match self.api() {
+            Api::OpenAi => "openai",
+            Api::Anthropic => "anthropic",
+        }
+    }
+
     /// The API its requests go to.
     pub fn api(self) -> Api {
         match self {

@@ -70,7 +70,10 @@ pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
         &request,
         None,
         &parts.headers,
-        now_secs(),
+        super::PlanAt {
+            now: now_secs(),
+            trace: None,
+        },
     )
     .await
     {

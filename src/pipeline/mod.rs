@@ -11,7 +11,7 @@ mod rounds;
 pub mod turn_record;
 
 pub use count::count_tokens;
-pub use plan::{plan_request, Outgoing, Rewritten, STRATEGY_HEADER};
+pub use plan::{plan_request, Outgoing, PlanAt, Rewritten, STRATEGY_HEADER};
 pub use request::read_body;
 pub use respond::error_response;
 
@@ -21,6 +21,7 @@ use crate::app::{AppState, TurnEvent};
 use crate::dialect::{Dialect, Request as Parsed};
 use crate::error::GatewayError;
 use crate::metrics::{RejectReason, RequestTimer, Route};
+use crate::otel::ChatStart;
 use crate::recall::{HistorySource, LazyHistory};
 use crate::relay::{self, RelayOutcome};
 use crate::session::manager::now_secs;
@@ -64,6 +65,8 @@ async fn handle(
     timer: &mut Option<RequestTimer>,
 ) -> Response {
     let (parts, body) = req.into_parts();
+    // The request's server span, when tracing is on: each stage below adds its own under it.
+    let trace = parts.extensions.get::<crate::otel::RequestTrace>().cloned();
     // The reloadable config as it is now: this request keeps it to its end.
     let live = state.live();
     let cfg = &*live.config;
@@ -133,6 +136,11 @@ async fn handle(
 
     // 4. Plan: count the request against its model's window; over budget, rewrite what goes upstream. Without a
     //    rewrite the client's own bytes go upstream, untouched.
+    let plan_span = trace.as_ref().map(|t| t.plan());
+    let at = PlanAt {
+        now: now_secs(),
+        trace: plan_span.as_ref().map(|p| p.trace()),
+    };
     let outgoing = match plan_request(
         &state,
         &live,
@@ -140,16 +148,22 @@ async fn handle(
         &request,
         mark.as_ref(),
         &parts.headers,
-        now_secs(),
+        at,
     )
     .await
     {
         Ok(o) => o,
         Err(e) => {
             measure::plan_failed(&state, dialect, strategy, &request.model, &e);
+            if let Some(p) = plan_span {
+                p.fail(&e);
+            }
             return fail(e);
         }
     };
+    if let Some(p) = plan_span {
+        p.finish(&outgoing.planned(strategy));
+    }
     if let Some(rw) = &outgoing.rewrite {
         measure::rewrite(&state, dialect, strategy, &request.model, &rw.record);
     }
@@ -169,6 +183,18 @@ async fn handle(
         .upstream
         .request_headers_for(api, &parts.headers, true);
     headers.remove(STRATEGY_HEADER);
+    // Traced: the upstream round's span, named in the upstream's `traceparent` (the one header ctxgate then adds).
+    let mut upstream_trace = trace.as_ref().map(|t| {
+        let session_id = session.as_ref().map(|s| s.id.as_str());
+        let start = ChatStart::new(dialect.provider(), &request.model, session_id, &url);
+        t.upstream(start.planned(&outgoing.planned(strategy)))
+    });
+    if let Some(t) = upstream_trace.as_mut() {
+        let sent = t
+            .captures_content()
+            .then(|| sent_messages(&outgoing.body, dialect));
+        t.round(&mut headers, sent.as_deref());
+    }
     let upstream_started = Instant::now();
     if let Some(t) = timer.as_mut() {
         t.upstream_sent();
@@ -186,6 +212,9 @@ async fn handle(
         Ok(r) => r,
         Err(e) => {
             measure::send_failed(&state, dialect, timer, &e);
+            if let Some(t) = upstream_trace.as_mut() {
+                t.failed(&e);
+            }
             return fail(e);
         }
     };
@@ -202,7 +231,7 @@ async fn handle(
     if let (Some(t), true) = (timer.as_mut(), is_sse) {
         t.streaming();
     }
-    let turn = Turn {
+    let mut turn = Turn {
         state: state.clone(),
         mark: mark.clone(),
         session_id: session.as_ref().map(|s| s.id.clone()).unwrap_or_default(),
@@ -220,6 +249,7 @@ async fn handle(
         seen: Seen::of(&outgoing),
         draft,
         request: Arc::clone(&request),
+        upstream_trace,
     };
     let own = respond::Own {
         session: session.as_ref(),
@@ -262,6 +292,7 @@ async fn handle(
                 turn.recall_calls(),
                 turn.seen.recall_rounds.clone(),
             ),
+            trace: turn.upstream_trace.take(),
             finisher: turn.finisher(None),
         };
         return respond::after_rounds(&state, rounds, resp, is_sse, &request.body, &own).await;
@@ -333,6 +364,8 @@ struct Turn {
     /// The client's request, counted after the answer when it was sent without being counted and its model has
     /// no calibration yet (so the calibration, and its metric, start with the first answer).
     request: Arc<Parsed>,
+    /// The upstream round's span, ended with the answer (traced requests answered in one round).
+    upstream_trace: Option<crate::otel::UpstreamTrace>,
 }
 
 /// What the access-log line says of a turn beyond the exchange: the rewrite, the tokens and the recall rounds.
@@ -523,6 +556,10 @@ impl Turn {
                     };
                     record_reply(state, self.dialect, mark, self.status, &outcome, turn).await;
                 }
+                if let Some(mut t) = self.upstream_trace {
+                    let broken = outcome.upstream_error.is_some();
+                    t.answered(self.status.as_u16(), &outcome.reply, None, broken);
+                }
                 let actual = outcome.reply.prompt_tokens();
                 // Sent without a count (clearly under the threshold): counted now, off the request's path, for
                 // the model's first calibration.
@@ -559,6 +596,14 @@ impl Turn {
             }) as futures_util::future::BoxFuture<'static, ()>
         })
     }
+}
+
+/// The conversation array of the body sent upstream (for `otel.capture_content`).
+fn sent_messages(body: &[u8], dialect: Dialect) -> Vec<Value> {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|mut v| v.get_mut(dialect.conversation_key()).map(Value::take))
+        .map_or_else(Vec::new, |v| conversation_array(Some(&v)).into_owned())
 }
 
 /// Keeps the rewrite's record with the session when its cut points moved (later turns that reuse them are the

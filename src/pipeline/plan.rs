@@ -36,6 +36,31 @@ pub struct Outgoing {
     pub window: u64,
 }
 
+impl Outgoing {
+    /// What planning found, for the request's spans.
+    pub fn planned(&self, strategy: Strategy) -> crate::otel::Planned<'_> {
+        let rw = self.rewrite.as_ref();
+        crate::otel::Planned {
+            strategy: strategy.as_str(),
+            rewritten: rw.is_some(),
+            stages: rw.map_or(&[], |r| r.record.stages.as_slice()),
+            tokens_before: self.client_tokens,
+            tokens_after: rw.map_or(self.client_tokens, |r| Some(r.record.tokens_after)),
+            window: self.window,
+            recall_offered: rw.is_some_and(|r| r.injected),
+        }
+    }
+}
+
+/// When a request is planned, and the trace that the summary jobs it starts link to (when traced).
+#[derive(Clone, Copy)]
+pub struct PlanAt<'a> {
+    /// Now, in seconds since the epoch.
+    pub now: i64,
+    /// The plan span's trace.
+    pub trace: Option<&'a crate::otel::RequestTrace>,
+}
+
 /// A rewritten request.
 pub struct Rewritten {
     /// What the rewrite did.
@@ -69,8 +94,9 @@ pub async fn plan_request(
     request: &Request,
     mark: Option<&RequestMark>,
     headers: &HeaderMap,
-    now: i64,
+    when: PlanAt<'_>,
 ) -> Result<Outgoing, GatewayError> {
+    let now = when.now;
     let credentials = &credentials(headers);
     let cfg = &*live.config;
     let messages = request.messages();
@@ -144,7 +170,7 @@ pub async fn plan_request(
         let at = (upto, native_upto);
         let length = decide::summary_budget(&req, upto, &offer, cfg, &state.counter);
         let make = || {
-            summary_job(
+            let mut job = summary_job(
                 m,
                 messages,
                 at,
@@ -152,7 +178,10 @@ pub async fn plan_request(
                 credentials,
                 req.encoding,
                 (precomputed, Some(length)),
-            )
+            );
+            // Traced: the job's own trace links to this request's plan span.
+            job.trace = when.trace.map(|t| t.job());
+            job
         };
         let done = s.start_with(&m.entry.id, make, state.sessions.clone(), &state.tasks);
         let pruned_meanwhile =
@@ -262,5 +291,6 @@ fn summary_job(
         precomputed,
         encoding,
         length,
+        trace: None,
     }
 }

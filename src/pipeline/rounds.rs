@@ -47,6 +47,8 @@ pub struct Rounds {
     pub live: std::sync::Arc<crate::app::Live>,
     /// Receives each round's exchange (assistant call + ctxgate's answers) for the session's internal records.
     pub on_round: Box<dyn Fn(Value) + Send + Sync>,
+    /// The spans of the upstream rounds and recall calls (traced requests); the first round's is open.
+    pub trace: Option<crate::otel::UpstreamTrace>,
 }
 
 impl Rounds {
@@ -64,10 +66,21 @@ impl Rounds {
         let results: Vec<String> = calls
             .iter()
             .map(|c| {
+                let name = c.pointer("/function/name").and_then(Value::as_str);
+                let span = self.trace.as_ref().map(|t| {
+                    let id = c.get("id").and_then(Value::as_str).unwrap_or_default();
+                    t.tool(name.unwrap_or_default(), id)
+                });
                 let (content, answered) =
                     answer_call_with_outcome(c, &names, source, &self.live.config.recall);
-                let search = c.pointer("/function/name").and_then(Value::as_str)
-                    == Some(names.search.as_str());
+                if let Some(span) = span {
+                    span.finish(match answered {
+                        Answered::Found => "found",
+                        Answered::NotFound => "not_found",
+                        Answered::Error => "error",
+                    });
+                }
+                let search = name == Some(names.search.as_str());
                 metrics.recall_call(
                     self.dialect,
                     if search {
@@ -114,13 +127,17 @@ impl Rounds {
             })
     }
 
-    /// The next round's request (built now, so the future holds no borrow of `self`).
+    /// The next round's request (built now, so the future holds no borrow of `self`); traced, its span opens.
     fn send(
-        &self,
+        &mut self,
     ) -> impl std::future::Future<Output = Result<UpstreamResponse, GatewayError>> + Send + 'static
     {
         let body = self.next_body();
-        let (state, url, headers) = (self.state.clone(), self.url.clone(), self.headers.clone());
+        let (state, url, mut headers) =
+            (self.state.clone(), self.url.clone(), self.headers.clone());
+        if let Some(t) = self.trace.as_mut() {
+            t.round(&mut headers, None);
+        }
         async move {
             state
                 .upstream
@@ -145,6 +162,13 @@ impl Rounds {
         let mut round = 0;
         let final_value = loop {
             let dialect = self.dialect;
+            if let Some(t) = self.trace.as_mut() {
+                let reply = body.as_ref().map_or_else(
+                    |_| AssembledReply::default(),
+                    |b| dialect.reply_from_body(b),
+                );
+                t.answered(status.as_u16(), &reply, None, body.is_err());
+            }
             let parsed = body
                 .as_ref()
                 .ok()
@@ -197,6 +221,9 @@ impl Rounds {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, round, "recall: follow-up request failed; answering with the last reply");
+                    if let Some(t) = self.trace.as_mut() {
+                        t.failed(&e);
+                    }
                     body = Err(e.to_string());
                 }
             }
@@ -287,6 +314,20 @@ impl Rounds {
                     let _ = tx.send(Ok(b)).await;
                 }
             }
+            if let Some(t) = self.trace.as_mut() {
+                // This round's own usage: the splicer keeps one per round.
+                let reply = splicer.reply();
+                let usage = reply
+                    .round_usage
+                    .get(round as usize)
+                    .unwrap_or(&Value::Null);
+                let usage = if reply.round_usage.is_empty() {
+                    None
+                } else {
+                    Some(usage)
+                };
+                t.answered(200, &reply, usage, error.is_some());
+            }
             round += 1;
             let rounds_left = error.is_none() && round <= max_rounds;
             match splicer.end_round(rounds_left) {
@@ -296,6 +337,14 @@ impl Rounds {
                     match next.await {
                         Ok(r) if r.status().is_success() => resp = r,
                         Ok(r) => {
+                            if let Some(t) = self.trace.as_mut() {
+                                t.answered(
+                                    r.status().as_u16(),
+                                    &AssembledReply::default(),
+                                    None,
+                                    false,
+                                );
+                            }
                             tracing::warn!(
                                 status = r.status().as_u16(),
                                 round,
@@ -307,6 +356,9 @@ impl Rounds {
                                 .await;
                         }
                         Err(e) => {
+                            if let Some(t) = self.trace.as_mut() {
+                                t.failed(&e);
+                            }
                             tracing::warn!(error = %e, round, "recall: follow-up request failed; ending the stream");
                             let tail = splicer.abort();
                             return self
@@ -357,7 +409,10 @@ impl Rounds {
         }
     }
 
-    async fn gone(self, reply: AssembledReply, bytes: u64, first_byte_at: Option<Instant>) {
+    async fn gone(mut self, reply: AssembledReply, bytes: u64, first_byte_at: Option<Instant>) {
+        if let Some(t) = self.trace.as_mut() {
+            t.answered(200, &reply, None, false);
+        }
         (self.finisher)(outcome(reply, true, None, bytes, first_byte_at)).await;
     }
 }

@@ -57,6 +57,15 @@ pub fn router(state: Arc<AppState>) -> Router {
             (state.clone(), in_flight),
             limits::limit,
         ));
+    // The server span of every `/v1/*` request, around the in-flight limit (a refused request is traced too);
+    // no layer at all when tracing is off.
+    let v1 = match &state.otel {
+        Some(t) => v1.route_layer(axum::middleware::from_fn_with_state(
+            t.clone(),
+            crate::otel::trace_request,
+        )),
+        None => v1,
+    };
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready::handle))
@@ -210,6 +219,11 @@ impl Server {
             );
         }
         self.state.drain_within(drain).await;
+        // The spans of the drained work are queued now: export them (bounded: a collector that is down or slow
+        // does not hold the exit up for long).
+        if let Some(t) = &self.state.otel {
+            t.shutdown(crate::otel::FLUSH_WITHIN).await;
+        }
         metrics_stop.cancel();
         if let Some((_abort, task)) = metrics_task {
             let _ = task.await;

@@ -42,9 +42,13 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
         .unwrap_or(parts.uri.path());
     let api = Api::of(rest, &parts.headers);
     let url = state.upstream.url_for(api, rest, parts.uri.query());
-    let headers = state
+    let mut headers = state
         .upstream
         .request_headers_for(api, &parts.headers, false);
+    // Traced (`[otel]` on): the upstream's parent is this request's server span.
+    if let Some(t) = parts.extensions.get::<crate::otel::RequestTrace>() {
+        crate::otel::inject(t.context(), &mut headers);
+    }
     let path = parts.uri.path().to_string();
     timer.upstream_sent();
     let result = state

@@ -49,6 +49,8 @@ pub struct Job {
     /// The length the summary is asked to keep under, in tokens (`None`: `summary.max_tokens`): what lets the
     /// rewrite using it reach `context.target` (see `context::decide::summary_budget`).
     pub length: Option<u64>,
+    /// The trace of the request that started the job: the job's own trace links to it (when tracing is on).
+    pub trace: Option<crate::otel::JobTrace>,
 }
 
 /// Writes summaries; one per session at a time, with backoff after failures.
@@ -278,7 +280,17 @@ impl Summarizer {
                     return;
                 }
             };
+            let span = job
+                .trace
+                .as_ref()
+                .map(|t| t.summary(&id, me.model(), job.upto, job.precomputed));
             let result = me.run(&job).await;
+            if let Some(span) = span {
+                span.finish(match &result {
+                    Ok(_) => "ok",
+                    Err(e) => e.outcome().as_str(),
+                });
+            }
             drop(permit);
             if job.precomputed {
                 me.metrics.precompaction_finished();
@@ -471,6 +483,7 @@ pub fn manual_job(
         precomputed: false,
         encoding: Encoding::for_model(model),
         length: None,
+        trace: None,
     })
 }
 
