@@ -7,6 +7,8 @@
 mod labels;
 mod models;
 pub mod names;
+mod possible;
+mod series;
 
 pub use labels::{
     CacheResult, DialectLabel, HookOutcome, RecallOutcome, RecallTool, RejectReason, ReloadOutcome,
@@ -21,6 +23,7 @@ use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
+use series::Series;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,34 +45,34 @@ pub const CLIENT_CLOSED: u16 = 499;
 pub struct Metrics {
     registry: Registry,
     /// route × dialect × status class × stream flag.
-    requests: Vec<IntCounter>,
+    requests: Series<IntCounter>,
     /// route × dialect (so are the three latency histograms).
-    in_flight: Vec<IntGauge>,
+    in_flight: Series<IntGauge>,
     active_streams: IntGauge,
     /// route × dialect × reason.
-    rejected: Vec<IntCounter>,
+    rejected: Series<IntCounter>,
     /// dialect × reason.
-    unmanaged: Vec<IntCounter>,
+    unmanaged: Series<IntCounter>,
     reloads: Vec<IntCounter>,
     hooks: Vec<IntCounter>,
     hooks_pending: IntGauge,
-    duration: Vec<Histogram>,
-    upstream: Vec<Histogram>,
-    overhead: Vec<Histogram>,
+    duration: Series<Histogram>,
+    upstream: Series<Histogram>,
+    overhead: Series<Histogram>,
     /// dialect.
-    first_byte: Vec<Histogram>,
+    first_byte: Series<Histogram>,
     models: ModelLabels,
     calibration: GaugeVec,
     /// dialect × strategy × outcome.
-    rewrites: Vec<IntCounter>,
+    rewrites: Series<IntCounter>,
     summary_calls: Vec<IntCounter>,
     summary_duration: Histogram,
     precompactions_started: IntCounter,
     precompactions_finished: IntCounter,
     /// dialect × tool × outcome.
-    recall_calls: Vec<IntCounter>,
+    recall_calls: Series<IntCounter>,
     /// dialect.
-    recall_rounds: Vec<IntCounter>,
+    recall_rounds: Series<IntCounter>,
     sessions_cached: IntGauge,
     session_cache_bytes: IntGauge,
     session_lookups: Arc<Vec<IntCounter>>,
@@ -77,7 +80,7 @@ pub struct Metrics {
     store_errors: IntCounterVec,
     store_circuit_open: IntGauge,
     /// route × dialect × class.
-    upstream_errors: Vec<IntCounter>,
+    upstream_errors: Series<IntCounter>,
 }
 
 /// The position of a series in a list resolved by [`resolve`]: `dims` are (value index, value count) per label,
@@ -128,23 +131,8 @@ fn counter(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounte
     register(r, IntCounter::new(name, help)?)
 }
 
-/// Every combination of the given label value lists, in row-major order (the last list varies fastest).
-fn combos(lists: &[&[&'static str]]) -> Vec<Vec<&'static str>> {
-    lists.iter().fold(vec![Vec::new()], |acc, values| {
-        acc.iter()
-            .flat_map(|prefix| {
-                values.iter().map(move |v| {
-                    let mut p = prefix.clone();
-                    p.push(*v);
-                    p
-                })
-            })
-            .collect()
-    })
-}
-
 fn resolve<T>(lists: &[&[&'static str]], with: impl Fn(&[&str]) -> T) -> Vec<T> {
-    combos(lists).iter().map(|c| with(c)).collect()
+    series::combos(lists).iter().map(|c| with(c)).collect()
 }
 
 /// Where `value` is in `all` (a label enum's `ALL`: the order its series were resolved in).
@@ -306,17 +294,22 @@ impl Metrics {
         )?;
         let stream_flags: &[&'static str] = &["false", "true"];
         Ok(Metrics {
-            requests: resolve(&[&routes, &dialects, &classes, stream_flags], |l| {
-                requests.with_label_values(l)
+            requests: Series::new(
+                &[&routes, &dialects, &classes, stream_flags],
+                possible::request,
+                move |l| requests.with_label_values(l),
+            ),
+            in_flight: Series::new(&[&routes, &dialects], possible::route_and_dialect, move |l| {
+                in_flight.with_label_values(l)
             }),
-            in_flight: resolve(&[&routes, &dialects], |l| in_flight.with_label_values(l)),
             active_streams: gauge(&r, ACTIVE_STREAMS, "Chat responses being streamed (SSE) to clients.")?,
-            rejected: resolve(&[&routes, &dialects, &reasons], |l| {
+            rejected: Series::new(&[&routes, &dialects, &reasons], possible::rejected, move |l| {
                 rejected.with_label_values(l)
             }),
-            unmanaged: resolve(
+            unmanaged: Series::new(
                 &[&dialects, &values(UnmanagedReason::ALL, UnmanagedReason::as_str)],
-                |l| unmanaged.with_label_values(l),
+                possible::unmanaged,
+                move |l| unmanaged.with_label_values(l),
             ),
             hooks: resolve(&[&values(HookOutcome::ALL, HookOutcome::as_str)], |l| {
                 hooks.with_label_values(l)
@@ -329,10 +322,18 @@ impl Metrics {
             reloads: resolve(&[&values(ReloadOutcome::ALL, ReloadOutcome::as_str)], |l| {
                 reloads.with_label_values(l)
             }),
-            duration: resolve(&[&routes, &dialects], |l| duration.with_label_values(l)),
-            upstream: resolve(&[&routes, &dialects], |l| upstream.with_label_values(l)),
-            overhead: resolve(&[&routes, &dialects], |l| overhead.with_label_values(l)),
-            first_byte: resolve(&[&dialects], |l| first_byte.with_label_values(l)),
+            duration: Series::new(&[&routes, &dialects], possible::route_and_dialect, move |l| {
+                duration.with_label_values(l)
+            }),
+            upstream: Series::new(&[&routes, &dialects], possible::upstream_route, move |l| {
+                upstream.with_label_values(l)
+            }),
+            overhead: Series::new(&[&routes, &dialects], possible::upstream_route, move |l| {
+                overhead.with_label_values(l)
+            }),
+            first_byte: Series::new(&[&dialects], possible::conversation_only, move |l| {
+                first_byte.with_label_values(l)
+            }),
             models: ModelLabels::new(models, families),
             calibration: register(
                 &r,
@@ -344,9 +345,11 @@ impl Metrics {
                     &["model"],
                 )?,
             )?,
-            rewrites: resolve(&[&dialects, &strategies, &outcomes], |l| {
-                rewrites.with_label_values(l)
-            }),
+            rewrites: Series::new(
+                &[&dialects, &strategies, &outcomes],
+                possible::rewrite,
+                move |l| rewrites.with_label_values(l),
+            ),
             summary_calls: resolve(&[&values(SummaryOutcome::ALL, SummaryOutcome::as_str)], |l| {
                 summary_calls.with_label_values(l)
             }),
@@ -365,15 +368,18 @@ impl Metrics {
                 PRECOMPACTIONS_FINISHED_TOTAL,
                 "Background pre-compactions finished, whatever their outcome.",
             )?,
-            recall_calls: resolve(
+            recall_calls: Series::new(
                 &[
                     &dialects,
                     &values(RecallTool::ALL, RecallTool::as_str),
                     &values(RecallOutcome::ALL, RecallOutcome::as_str),
                 ],
-                |l| recall_calls.with_label_values(l),
+                possible::conversation_only,
+                move |l| recall_calls.with_label_values(l),
             ),
-            recall_rounds: resolve(&[&dialects], |l| recall_rounds.with_label_values(l)),
+            recall_rounds: Series::new(&[&dialects], possible::conversation_only, move |l| {
+                recall_rounds.with_label_values(l)
+            }),
             sessions_cached: gauge(&r, SESSIONS_CACHED, "Sessions in the in-memory cache.")?,
             session_cache_bytes: gauge(
                 &r,
@@ -401,9 +407,11 @@ impl Metrics {
                 STORE_CIRCUIT_OPEN,
                 "1 while the store's circuit breaker is open (requests do not wait on the store until a probe finds it healthy).",
             )?,
-            upstream_errors: resolve(&[&routes, &dialects, &up_classes], |l| {
-                upstream_errors.with_label_values(l)
-            }),
+            upstream_errors: Series::new(
+                &[&routes, &dialects, &up_classes],
+                possible::upstream_error,
+                move |l| upstream_errors.with_label_values(l),
+            ),
             registry: r,
         })
     }
@@ -431,7 +439,12 @@ impl Metrics {
         started: Instant,
     ) -> RequestTimer {
         let dialect = dialect.into();
-        self.in_flight[at(&[(route.idx(), Route::ALL.len()), d(dialect)])].inc();
+        if let Some(g) = self
+            .in_flight
+            .get(at(&[(route.idx(), Route::ALL.len()), d(dialect)]))
+        {
+            g.inc();
+        }
         RequestTimer {
             metrics: self.clone(),
             route,
@@ -453,7 +466,9 @@ impl Metrics {
             d(dialect.into()),
             (reason.idx(), RejectReason::ALL.len()),
         ]);
-        self.rejected[i].inc();
+        if let Some(c) = self.rejected.get(i) {
+            c.inc();
+        }
     }
 
     /// Counts a webhook attempt.
@@ -477,7 +492,9 @@ impl Metrics {
             d(dialect.into()),
             (reason.idx(), UnmanagedReason::ALL.len()),
         ]);
-        self.unmanaged[i].inc();
+        if let Some(c) = self.unmanaged.get(i) {
+            c.inc();
+        }
     }
 
     /// Counts an upstream failure.
@@ -492,7 +509,9 @@ impl Metrics {
             d(dialect.into()),
             (class.idx(), UpstreamErrorClass::ALL.len()),
         ]);
-        self.upstream_errors[i].inc();
+        if let Some(c) = self.upstream_errors.get(i) {
+            c.inc();
+        }
     }
 
     /// Adds a finished conversation turn's tokens to its model's counters.
@@ -507,16 +526,24 @@ impl Metrics {
         let di = dialect.into().idx();
         self.models.with(model, |s| {
             if let Some(n) = t.client_prompt {
-                s.client_prompt[di].inc_by(n);
+                if let Some(c) = s.client_prompt.get(di).and_then(Option::as_ref) {
+                    c.inc_by(n);
+                }
             }
             if let Some(n) = t.upstream_prompt {
-                s.upstream_prompt[di].inc_by(n);
+                if let Some(c) = s.upstream_prompt.get(di).and_then(Option::as_ref) {
+                    c.inc_by(n);
+                }
             }
             if let Some(n) = t.upstream_cached {
-                s.upstream_cached[di].inc_by(n);
+                if let Some(c) = s.upstream_cached.get(di).and_then(Option::as_ref) {
+                    c.inc_by(n);
+                }
             }
             if let Some(n) = t.completion {
-                s.completion[di].inc_by(n);
+                if let Some(c) = s.completion.get(di).and_then(Option::as_ref) {
+                    c.inc_by(n);
+                }
             }
         });
     }
@@ -536,10 +563,15 @@ impl Metrics {
             (strategy.idx(), RewriteStrategy::ALL.len()),
             (outcome.idx(), RewriteOutcome::ALL.len()),
         ]);
-        self.rewrites[i].inc();
+        if let Some(c) = self.rewrites.get(i) {
+            c.inc();
+        }
         if saved_tokens > 0 {
-            self.models
-                .with(model, |s| s.saved[dialect.idx()].inc_by(saved_tokens));
+            self.models.with(model, |s| {
+                if let Some(c) = s.saved.get(dialect.idx()).and_then(Option::as_ref) {
+                    c.inc_by(saved_tokens);
+                }
+            });
         }
     }
 
@@ -571,12 +603,16 @@ impl Metrics {
             (tool.idx(), RecallTool::ALL.len()),
             (outcome.idx(), RecallOutcome::ALL.len()),
         ]);
-        self.recall_calls[i].inc();
+        if let Some(c) = self.recall_calls.get(i) {
+            c.inc();
+        }
     }
 
     /// Counts one extra upstream round trip for recall.
     pub fn recall_round(&self, dialect: impl Into<DialectLabel>) {
-        self.recall_rounds[dialect.into().idx()].inc();
+        if let Some(c) = self.recall_rounds.get(dialect.into().idx()) {
+            c.inc();
+        }
     }
 
     /// The handles the session cache records its lookups with.
@@ -706,7 +742,9 @@ impl Drop for RequestTimer {
         let r = at(&[(self.route.idx(), Route::ALL.len()), d(self.dialect)]);
         let now = Instant::now();
         let total = now.saturating_duration_since(self.started);
-        m.in_flight[r].dec();
+        if let Some(g) = m.in_flight.get(r) {
+            g.dec();
+        }
         if self.streaming {
             m.active_streams.dec();
         }
@@ -716,18 +754,27 @@ impl Drop for RequestTimer {
             (class, StatusClass::ALL.len()),
             (usize::from(self.stream), 2),
         ]);
-        m.requests[i].inc();
-        m.duration[r].observe(total.as_secs_f64());
+        if let Some(c) = m.requests.get(i) {
+            c.inc();
+        }
+        if let Some(h) = m.duration.get(r) {
+            h.observe(total.as_secs_f64());
+        }
         let upstream = self
             .upstream_time
             .or_else(|| self.upstream_sent.map(|s| now.saturating_duration_since(s)));
         if let Some(up) = upstream {
-            m.upstream[r].observe(up.as_secs_f64());
-            m.overhead[r].observe(total.saturating_sub(up).as_secs_f64());
+            if let Some(h) = m.upstream.get(r) {
+                h.observe(up.as_secs_f64());
+            }
+            if let Some(h) = m.overhead.get(r) {
+                h.observe(total.saturating_sub(up).as_secs_f64());
+            }
         }
         if let (true, Some(first)) = (self.stream, self.first_byte) {
-            m.first_byte[self.dialect.idx()]
-                .observe(first.saturating_duration_since(self.started).as_secs_f64());
+            if let Some(h) = m.first_byte.get(self.dialect.idx()) {
+                h.observe(first.saturating_duration_since(self.started).as_secs_f64());
+            }
         }
     }
 }

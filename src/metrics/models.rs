@@ -19,15 +19,16 @@ const MAX_NAMES: usize = 1024;
 /// Longer names are never looked up: they are `other`.
 const MAX_NAME_LEN: usize = 256;
 
-/// The per-model token counters of one label, one per dialect (indexed by `DialectLabel::idx`).
+/// The per-model token counters of one label, one per dialect (indexed by `DialectLabel::idx`; `None` for `none`:
+/// tokens are counted for conversations only).
 pub(crate) struct ModelSeries {
     /// The label value.
     pub label: Arc<str>,
-    pub client_prompt: Vec<IntCounter>,
-    pub upstream_prompt: Vec<IntCounter>,
-    pub upstream_cached: Vec<IntCounter>,
-    pub completion: Vec<IntCounter>,
-    pub saved: Vec<IntCounter>,
+    pub client_prompt: Vec<Option<IntCounter>>,
+    pub upstream_prompt: Vec<Option<IntCounter>>,
+    pub upstream_cached: Vec<Option<IntCounter>>,
+    pub completion: Vec<Option<IntCounter>>,
+    pub saved: Vec<Option<IntCounter>>,
 }
 
 /// The per-model counter families (labels `model`, `dialect`).
@@ -106,7 +107,10 @@ fn series(f: &TokenFamilies, label: Arc<str>) -> ModelSeries {
     let per_dialect = |family: &IntCounterVec| {
         DialectLabel::ALL
             .iter()
-            .map(|d| family.with_label_values(&[&*label, d.as_str()]))
+            .map(|d| {
+                (*d != DialectLabel::NoDialect)
+                    .then(|| family.with_label_values(&[&*label, d.as_str()]))
+            })
             .collect()
     };
     ModelSeries {

@@ -324,9 +324,18 @@ fn rejections_are_counted_by_route_dialect_and_reason() {
                     reason.as_str(),
                     route.as_str()
                 );
+                // Conversations are refused in their dialect for either reason; other `/v1/*` requests only for
+                // overload; admin requests never. Impossible combinations get no series, even when recorded.
+                let possible = match route {
+                    Route::Chat => *dialect != DialectLabel::NoDialect,
+                    Route::Passthrough => {
+                        *dialect == DialectLabel::NoDialect && *reason == RejectReason::Overloaded
+                    }
+                    Route::Admin => false,
+                };
                 assert_eq!(
                     value(&text, &series),
-                    Some(f64::from(n)),
+                    possible.then_some(f64::from(n)),
                     "{series}:\n{text}"
                 );
             }
@@ -357,9 +366,11 @@ fn unmanaged_requests_are_counted_by_dialect_and_reason() {
                 dialect.as_str(),
                 reason.as_str()
             );
+            // Only the Responses API keeps a conversation upstream.
+            let possible = *dialect == DialectLabel::Responses;
             assert_eq!(
                 value(&text, &series),
-                Some(f64::from(n)),
+                possible.then_some(f64::from(n)),
                 "{series}:\n{text}"
             );
         }
@@ -470,7 +481,34 @@ fn per_request_series_are_split_by_dialect() {
                 0.0,
             ),
         ] {
-            assert_eq!(value(&text, &series), Some(want), "{series}");
+            // A conversation always has a dialect: `none` was recorded above but has no series.
+            let want = (*dialect != DialectLabel::NoDialect).then_some(want);
+            assert_eq!(value(&text, &series), want, "{series}");
         }
     }
+}
+
+/// A rare combination (a 3xx answer) gets its series when it first occurs; an impossible one (a rewrite under
+/// strategy `off`) never, even when recorded.
+#[test]
+fn rare_series_appear_when_they_occur_and_impossible_ones_never() {
+    let m = metrics();
+    let redirect =
+        "ctxgate_requests_total{dialect=\"none\",route=\"passthrough\",status=\"3xx\",stream=\"false\"}";
+    let before = m.render();
+    assert_eq!(value(&before, redirect), None);
+    assert!(!before.contains("status=\"3xx\""), "{before}");
+    let mut t = m.start(Route::Passthrough, DialectLabel::NoDialect, Instant::now());
+    t.set_status(301);
+    drop(t);
+    m.rewrite(
+        DialectLabel::Chat,
+        RewriteStrategy::Off,
+        RewriteOutcome::Truncated,
+        "gpt-4o",
+        0,
+    );
+    let after = m.render();
+    assert_eq!(value(&after, redirect), Some(1.0));
+    assert!(!after.contains("strategy=\"off\""), "{after}");
 }
