@@ -31,7 +31,7 @@
 //! one `compaction` item); a 404 in OpenAI's error shape, at once, for `GET …/responses` (Codex's WebSocket
 //! upgrade, with or without its `Upgrade` header, which a proxy may drop as hop-by-hop); otherwise a chat completion saying `mock reply` (as JSON, or as an SSE stream
 //! when the request says `"stream": true`, with a usage chunk when it asks for `stream_options.include_usage`),
-//! whose `usage.prompt_tokens` is [`estimate_tokens`] of the request. A conversation request without a string
+//! whose `usage.prompt_tokens` is the request counted with the model's tokenizer ([`chat_prompt_tokens`]). A conversation request without a string
 //! `model` gets a 400 in its API's shape instead, as the real APIs answer it.
 //! Multi-turn tool-using runs are scripted turn by turn.
 
@@ -542,8 +542,7 @@ fn default_reply(rec: &RecordedRequest) -> MockReply {
             json!({"object": "list", "data": [{"id": "mock-model", "object": "model", "created": 0, "owned_by": "mock"}]}),
         );
     }
-    // The prompt's tokens estimated as for the other dialects (a quarter of its serialized messages and tools).
-    let prompt_tokens = estimate_tokens(&v);
+    let prompt_tokens = chat_prompt_tokens(&v);
     if v.get("stream").and_then(Value::as_bool) == Some(true) {
         let usage = v
             .pointer("/stream_options/include_usage")
@@ -561,6 +560,20 @@ fn default_reply(rec: &RecordedRequest) -> MockReply {
         }
         reply
     }
+}
+
+/// A chat request's prompt tokens as a real API would report them: counted with the model's tokenizer as the
+/// gateway counts a request (its messages, tools and the reply's priming), so that a gateway calibrating against
+/// the mock learns a ratio of 1 rather than a mock's artefact.
+pub fn chat_prompt_tokens(request: &Value) -> u64 {
+    use crate::context::tokens::{Encoding, TokenCounter};
+    static COUNTER: std::sync::LazyLock<TokenCounter> = std::sync::LazyLock::new(TokenCounter::new);
+    let enc = Encoding::for_model(request.get("model").and_then(Value::as_str).unwrap_or(""));
+    let messages = request
+        .get("messages")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    COUNTER.request_tokens(enc, messages, request.get("tools"))
 }
 
 /// A conversation request (chat completions, Messages, Responses, and their token counts) without a string

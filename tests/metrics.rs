@@ -366,11 +366,11 @@ async fn scripted_traffic_moves_every_family() {
             &[("route", "chat")]
         )
     );
-    // tokens: the upstream's counts (the mock's estimate of the small request's prompt for its default answers, 10
+    // tokens: the upstream's counts (the small request's prompt counted by the mock for its default answers, 10
     // prompt per scripted call; 5 completion per JSON call, 2 for the stream); the
     // rewritten request counts the client's estimate, and its two rounds' usage
     let model = [("model", LABEL)];
-    let small_prompt = ctxgate::mock::estimate_tokens(
+    let small_prompt = ctxgate::mock::chat_prompt_tokens(
         &json!({"model":MODEL,"messages":[{"role":"user","content":"hi"}]}),
     ) as f64;
     assert_eq!(

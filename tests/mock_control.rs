@@ -119,8 +119,8 @@ async fn bad_specs_are_refused_and_nothing_is_queued() {
     );
 }
 
-/// The mock's default answers behave like the real APIs: a chat completion reports an estimated `prompt_tokens`
-/// (a quarter of the serialized messages and tools, as for the other dialects), and a request without `model`
+/// The mock's default answers behave like the real APIs: a chat completion reports `prompt_tokens` counted with
+/// the model's tokenizer, and a request without `model`
 /// gets a 400 in its API's shape.
 #[tokio::test]
 async fn default_answers_estimate_prompt_tokens_and_refuse_a_missing_model() {
@@ -142,9 +142,9 @@ async fn default_answers_estimate_prompt_tokens_and_refuse_a_missing_model() {
         .json()
         .await
         .unwrap();
-    assert_eq!(tokens(&a), ctxgate::mock::estimate_tokens(&short));
-    assert_eq!(tokens(&b), ctxgate::mock::estimate_tokens(&long));
-    assert!(tokens(&b) > 400, "{b}");
+    assert_eq!(tokens(&a), ctxgate::mock::chat_prompt_tokens(&short));
+    assert_eq!(tokens(&b), ctxgate::mock::chat_prompt_tokens(&long));
+    assert!(tokens(&b) > 400 && tokens(&a) < 20, "{a} {b}");
     assert_eq!(b["usage"]["total_tokens"], tokens(&b) + 5);
     // The stream's usage chunk says the same.
     let mut streamed = long.clone();
