@@ -85,6 +85,8 @@ pub struct Rendered {
     pub pruned: Vec<PrunedCall>,
     /// The additions (recall tools and note) were made.
     pub injected: bool,
+    /// The billed input per turn the cost model expected from these cuts (see `Rewrite::forecast`).
+    pub forecast: Option<u64>,
 }
 
 /// The request is clearly under every point at which planning could change it: it need not be counted (nor the
@@ -267,5 +269,6 @@ pub fn render(
         record: rw.record,
         pruned: rw.pruned,
         injected,
+        forecast: rw.forecast,
     })))
 }
