@@ -16,7 +16,8 @@ pub const FOLD_PREFIX: &str = "[ctxgate] Earlier steps of this run were folded t
 const GIST_CHARS: usize = 60;
 
 /// Which `units` may be folded: a tool unit (an assistant message with tool calls, its results right after it,
-/// and a user message continuing them) that sits inside a run loop after the loop's opening user message, comes
+/// and a user message continuing them) that sits inside a run loop between its opening user message and its final
+/// reply (the calls the loop records), comes
 /// after a user, tool or system message and is followed by an assistant message, and calls no excluded tool.
 /// Leaving out any set of such units keeps every call with its results and never brings two user or two assistant
 /// messages together: what precedes a run of left-out units is a user, tool or system message, and what follows
@@ -38,11 +39,9 @@ pub fn foldable_units(
     };
     let after_user = |start: usize| {
         let l = loops.partition_point(|l| l.end <= start);
-        loops
-            .get(l)
-            .filter(|l| l.start <= start)
-            .and_then(|l| l.user)
-            .is_some_and(|u| u < start)
+        loops.get(l).filter(|l| l.start <= start).is_some_and(|l| {
+            l.user.is_some_and(|u| u < start) && l.final_reply.is_none_or(|f| start < f)
+        })
     };
     units
         .iter()
