@@ -316,7 +316,7 @@ impl Default for ContextConfig {
         Self {
             strategy: Strategy::Hybrid,
             threshold: 0.8,
-            target: 0.4,
+            target: 0.3,
             cache_read_price: 0.1,
             hard_limit: 0.95,
             default_context_window: 128_000,
@@ -401,7 +401,7 @@ impl Default for PruneConfig {
             min_result_tokens: 100,
             max_message_length: 2000,
             keep_run_loops: 2,
-            keep_steps: 4,
+            keep_steps: 3,
             max_run_loops: 50,
             max_age: None,
             max_pinned_tokens: 4000,
