@@ -316,7 +316,7 @@ impl Default for ContextConfig {
         Self {
             strategy: Strategy::Hybrid,
             threshold: 0.8,
-            target: 0.3,
+            target: 0.4,
             cache_read_price: 0.1,
             hard_limit: 0.95,
             default_context_window: 128_000,

@@ -762,13 +762,28 @@ impl<'a, 'c> Model<'a, 'c> {
         // it; else its messages before the first one the re-cut changes, and never past the last message it
         // had changed (where the recall note, which lists what was removed, rides).
         let first_rewrite = *from == Cuts::default();
-        let last_changed = (0..j.saturating_sub(1))
-            .rev()
-            .find(|&i| self.mode(i, from) != Mode::Keep)
-            .unwrap_or(j);
-        let mut prefix = Vec::with_capacity(j + 1);
+        let tools_added = first_rewrite && self.recall_tool.is_some();
+        let last_changed = if first_rewrite {
+            j
+        } else {
+            (0..j.saturating_sub(1))
+                .rev()
+                .find(|&i| self.mode(i, from) != Mode::Keep)
+                .unwrap_or(j)
+        };
+        // The previous request's tokens before message `i`, for every `i` an option needs (counted once).
+        let upto = if tools_added {
+            0
+        } else {
+            options
+                .iter()
+                .map(|o| o.2.min(last_changed))
+                .max()
+                .unwrap_or(0)
+        };
+        let mut prefix = Vec::with_capacity(upto + 1);
         prefix.push(base);
-        for i in 0..j {
+        for i in 0..upto {
             let summary = if from.summary > 0 && from.summary == i {
                 from.summary_tokens
             } else {
@@ -782,7 +797,7 @@ impl<'a, 'c> Model<'a, 'c> {
             .map(|&&(cuts, size, first)| Choice {
                 cuts,
                 size,
-                kept: if first_rewrite && self.recall_tool.is_some() {
+                kept: if tools_added {
                     0
                 } else {
                     prefix[first.min(last_changed)]
