@@ -150,7 +150,7 @@ mod tests {
     fn lines_and_block_are_compact_and_appended() {
         let line = fold_line("call_1", "bash", "{\n \"cmd\": \"ls\"\n}");
         assert_eq!(line, "- call_1 bash { \"cmd\": \"ls\" }");
-        let block = fold_block(&[line.clone()], Some("recall_tool_call"));
+        let block = fold_block(std::slice::from_ref(&line), Some("recall_tool_call"));
         assert!(block.starts_with(FOLD_PREFIX) && block.ends_with(&line));
         assert!(block.contains("recall_tool_call"));
         let m = res("x");
