@@ -302,7 +302,11 @@ pub struct ContextConfig {
     /// Fraction of the model's context window above which a request is rewritten.
     pub threshold: f64,
     /// Fraction of the window a rewrite aims for (the low-water mark), so later turns keep an identical prefix.
+    /// A re-cut may stop above it (never above `threshold`) when the cost model finds a shallower one cheaper.
     pub target: f64,
+    /// Price of a cached input token as a fraction of an uncached one, for the cost model that picks how deep a
+    /// re-cut goes (0.1 for OpenAI and Anthropic cache reads; 0.25 or 0.5 for providers that discount less).
+    pub cache_read_price: f64,
     /// Fraction of the window above which whole old messages are dropped as a last resort.
     pub hard_limit: f64,
     /// Context window, in tokens, of models not found in the model table.
@@ -322,6 +326,7 @@ impl Default for ContextConfig {
             strategy: Strategy::Hybrid,
             threshold: 0.8,
             target: 0.4,
+            cache_read_price: 0.1,
             hard_limit: 0.95,
             default_context_window: 128_000,
             clear_at_least: TokenAmount::Fraction(0.1),
@@ -379,6 +384,9 @@ pub struct PruneConfig {
     pub max_message_length: usize,
     /// Newest run loops (the current one included) kept whole by run-loop pruning.
     pub keep_run_loops: usize,
+    /// Newest steps (a tool call with its results) of a run loop never folded: a deep re-cut folds older steps
+    /// into one line each (call id, tool, a gist of the arguments) to reach `context.target`.
+    pub keep_steps: usize,
     /// Run loops beyond this many (counting from the newest) are dropped entirely.
     pub max_run_loops: usize,
     /// Run loops older than this are dropped entirely (`90m`, `24h`, `7d`, or seconds); unset means no age limit.
@@ -402,6 +410,7 @@ impl Default for PruneConfig {
             min_result_tokens: 100,
             max_message_length: 2000,
             keep_run_loops: 2,
+            keep_steps: 3,
             max_run_loops: 50,
             max_age: None,
             max_pinned_tokens: 4000,
@@ -782,6 +791,12 @@ impl Config {
         ordered(("target", c.target), ("threshold", c.threshold));
         ordered(("threshold", c.threshold), ("hard_limit", c.hard_limit));
         e.extend(c.clear_at_least.problem("context.clear_at_least"));
+        if !(c.cache_read_price >= 0.0 && c.cache_read_price <= 1.0) {
+            e.push(format!(
+                "context.cache_read_price: {} must be a fraction in [0, 1]",
+                c.cache_read_price
+            ));
+        }
         if c.max_messages.is_some_and(|m| m < 4) {
             e.push("context.max_messages: must be at least 4 messages".into());
         }
@@ -793,6 +808,9 @@ impl Config {
         }
         if self.prune.keep_run_loops == 0 {
             e.push("prune.keep_run_loops: must be at least 1 (the current run loop)".into());
+        }
+        if self.prune.keep_steps == 0 {
+            e.push("prune.keep_steps: must be at least 1 (the step the model is answering)".into());
         }
         if self.prune.max_run_loops < self.prune.keep_run_loops {
             e.push(format!(

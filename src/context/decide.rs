@@ -87,6 +87,8 @@ pub struct Rendered {
     pub pruned: Vec<PrunedCall>,
     /// The additions (recall tools and note) were made.
     pub injected: bool,
+    /// The billed input per turn the cost model expected from these cuts (see `Rewrite::forecast`).
+    pub forecast: Option<u64>,
 }
 
 /// The request is clearly under every point at which planning could change it: it need not be counted (nor the
@@ -283,5 +285,6 @@ pub fn render(
         record: rw.record,
         pruned: rw.pruned,
         injected,
+        forecast: rw.forecast,
     })))
 }

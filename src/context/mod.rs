@@ -3,7 +3,9 @@
 
 pub mod body;
 pub mod bpe;
+mod cost;
 pub mod decide;
+pub mod fold;
 pub mod long_context;
 pub mod models;
 pub mod plan;

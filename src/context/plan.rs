@@ -53,6 +53,8 @@ pub struct PrunedCall {
     pub tool_name: String,
     /// A one-line digest of its arguments.
     pub digest: String,
+    /// Its step was folded: a line on the carrier lists it where it was (the note need not list it again).
+    pub folded: bool,
 }
 
 /// What a rewrite did, kept with the session and shown by the admin API.
@@ -60,7 +62,7 @@ pub struct PrunedCall {
 pub struct CompressionRecord {
     /// The strategy in force.
     pub strategy: &'static str,
-    /// The stages that changed something: `cleared`, `pruned`, `summarized`, `truncated`.
+    /// The stages that changed something: `cleared`, `pruned`, `folded`, `summarized`, `truncated`.
     pub stages: Vec<&'static str>,
     /// Messages the client sent.
     pub messages_before: usize,
@@ -80,13 +82,15 @@ pub struct CompressionRecord {
     pub dropped_loops: usize,
     /// Messages dropped by the hard limit.
     pub dropped_messages: usize,
+    /// Steps (a tool call with its results) of the run loops kept that were folded into a line each.
+    pub folded_steps: usize,
     /// Messages covered by the summary sent (0: none).
     pub summary_upto: usize,
     /// Ids of the tool calls whose results are not sent (recallable).
     pub pruned_call_ids: Vec<String>,
-    /// Where the rewrite cut (message indexes: clear, prune, drop loops, drop, summary): equal cuts on two turns
-    /// mean an identical rewritten prefix.
-    pub cuts: [usize; 5],
+    /// Where the rewrite cut (message indexes: clear, prune, drop loops, drop, summary, fold): equal cuts on two
+    /// turns mean an identical rewritten prefix.
+    pub cuts: [usize; 6],
 }
 
 /// A rewritten request.
@@ -113,6 +117,9 @@ pub struct Rewrite<'a> {
     pub note_in: Option<usize>,
     /// The hard limit in the estimator's tokens (uncalibrated, like `estimate`): what is sent stays under it.
     pub hard_limit: u64,
+    /// The billed input per turn (estimator's tokens at the full price) the cost model expected when the cuts
+    /// were made, until the next re-cut (`context::cost`).
+    pub forecast: Option<u64>,
 }
 
 impl Rewrite<'_> {
@@ -162,13 +169,16 @@ pub fn plan<'a>(
     let raw = |frac: f64| (frac * input.window as f64 / ratio) as u64;
     let lim = Limits {
         threshold: raw(ctx.threshold),
-        target: raw(ctx.target).saturating_sub(input.reserve),
+        // Not less the additions' reserve: it grows with the request's tool results, and a target that moves from
+        // turn to turn would move the cuts of re-cuts already made (the prefix would change without a re-cut).
+        target: raw(ctx.target),
         hard: raw(ctx.hard_limit),
         at_least: (ctx.clear_at_least.tokens(input.window) as f64 / ratio) as u64,
         max_messages: ctx.max_messages,
         messages_goal: ctx
             .max_messages
             .map_or(0, |m| (m as f64 * ctx.target / ctx.threshold) as usize),
+        cache_price: ctx.cache_read_price,
     };
     let calibrated = |t: u64| (t as f64 * ratio).ceil() as u64;
     let base = 3 + input
@@ -296,7 +306,7 @@ fn build<'a>(
     let mut sources = Vec::with_capacity(input.messages.len());
     let mut changed = false;
     let mut gone = Vec::new();
-    let (mut cleared, mut dropped) = (0, 0);
+    let (mut cleared, mut dropped, mut folded) = (0, 0, 0);
     let summary = model
         .ready_summary(cuts.summary)
         .filter(|_| cuts.summary > 0);
@@ -318,10 +328,10 @@ fn build<'a>(
             }
         }
         let mode = model.mode(i, cuts);
-        match model.take_rendered(i, mode) {
+        match model.take_rendered(i, mode, cuts) {
             Some(v) => {
                 changed |= mode != Mode::Keep && *v != *original;
-                cleared += usize::from(mode == Mode::Cleared);
+                cleared += usize::from(mode.cleared());
                 messages.push(v);
                 sources.push(Source::Client(i));
             }
@@ -330,9 +340,11 @@ fn build<'a>(
                 dropped += usize::from(mode == Mode::Dropped);
             }
         }
-        if matches!(mode, Mode::Cleared | Mode::Omitted | Mode::Dropped) {
+        if mode.recallable() {
             gone.push(i);
         }
+        folded +=
+            usize::from(mode == Mode::Folded && !crate::message::tool_calls(original).is_empty());
         if i < boundary {
             note_at = note_at.max(messages.len());
         }
@@ -359,6 +371,7 @@ fn build<'a>(
             call_id: c.id.to_string(),
             tool_name: c.name.to_string(),
             digest: digest(c.arguments, 80),
+            folded: model.mode(c.position, cuts) == Mode::Folded,
         })
         .collect();
     let (mut estimate, mut after, mut note_in) = (estimate, after, None);
@@ -391,6 +404,9 @@ fn build<'a>(
     if pruned_loops + dropped_loops > 0 {
         stages.push("pruned");
     }
+    if folded > 0 {
+        stages.push("folded");
+    }
     if summary.is_some() {
         stages.push("summarized");
     }
@@ -409,6 +425,7 @@ fn build<'a>(
         pruned_loops,
         dropped_loops,
         dropped_messages: dropped,
+        folded_steps: folded,
         summary_upto: if summary.is_some() { cuts.summary } else { 0 },
         pruned_call_ids: pruned.iter().map(|p| p.call_id.clone()).collect(),
         cuts: [
@@ -417,6 +434,7 @@ fn build<'a>(
             cuts.drop_loops,
             cuts.drop,
             cuts.summary,
+            cuts.fold,
         ],
     };
     Plan::Rewrite(Box::new(Rewrite {
@@ -429,5 +447,6 @@ fn build<'a>(
         note_at,
         note_in,
         hard_limit: model_hard,
+        forecast: Some(cuts.forecast).filter(|f| *f > 0),
     }))
 }

@@ -1,8 +1,11 @@
 //! The cost model of a rewrite and its cut points. A rewrite is described by a few cuts (tool results cleared
-//! before `clear`, run loops pruned before `prune`, loops dropped before `drop_loops`, whole units dropped before
-//! `drop`). The cuts are found by replaying the conversation's growth message by message: they move only when the
-//! request crosses the threshold, and then down to the target, so consecutive turns share an identical prefix.
+//! before `clear`, run loops pruned before `prune`, loops dropped before `drop_loops`, steps folded before `fold`,
+//! whole units dropped before `drop`). The cuts are found by replaying the conversation's growth message by
+//! message: they move only when the request crosses the threshold, as deep as the cost model (`cost`) finds
+//! cheapest down to the target, so consecutive turns share an identical prefix.
 
+use super::cost::{self, Choice};
+use super::fold::{fold_block, fold_line, foldable_units, with_block};
 use super::runloop::{run_loops_with, RunLoop};
 use super::shape::{
     clear_inputs, is_cleared_input, is_placeholder, pinned, placeholder, truncated,
@@ -24,6 +27,9 @@ pub struct Cuts {
     pub prune: usize,
     /// Run loops ending at or before this index are dropped entirely.
     pub drop_loops: usize,
+    /// Foldable steps (see `fold::foldable_units`) starting before this index are left out, each leaving a line
+    /// on the first tool result of the step starting here (the carrier); 0: nothing folded.
+    pub fold: usize,
     /// Units starting before this index are dropped (hard limit), except system messages and `keep_user`.
     pub drop: usize,
     /// Messages before this index (but system messages and `keep_user`) are replaced by a summary.
@@ -32,6 +38,9 @@ pub struct Cuts {
     pub summary_tokens: u64,
     /// The user message the summary or the hard limit kept.
     pub keep_user: Option<usize>,
+    /// Billed input per turn (tokens at the full price) the cost model expected, when these cuts were made, until
+    /// the next re-cut (0: not forecast).
+    pub forecast: u64,
 }
 
 /// What happens to one message.
@@ -49,6 +58,31 @@ pub enum Mode {
     Omitted,
     /// Not sent: dropped by the hard limit.
     Dropped,
+    /// Not sent: a step folded into a line on the carrier.
+    Folded,
+    /// The first tool result after the folded steps, with their lines appended (to its placeholder when
+    /// `cleared`).
+    Carrier {
+        /// Its result is cleared too.
+        cleared: bool,
+    },
+}
+
+impl Mode {
+    /// The message is not sent.
+    pub fn omitted(self) -> bool {
+        matches!(self, Mode::Omitted | Mode::Dropped | Mode::Folded)
+    }
+
+    /// A tool result replaced by its placeholder (or tool-call arguments cleared).
+    pub fn cleared(self) -> bool {
+        matches!(self, Mode::Cleared | Mode::Carrier { cleared: true })
+    }
+
+    /// What the client sent is not all sent: the calls it holds or answers are recallable.
+    pub fn recallable(self) -> bool {
+        self.omitted() || self.cleared()
+    }
 }
 
 /// Token limits, in the estimator's units (already divided by the calibration ratio).
@@ -66,6 +100,8 @@ pub struct Limits {
     pub max_messages: Option<usize>,
     /// A rewrite triggered by the message count brings it down to this.
     pub messages_goal: usize,
+    /// Price of a cached input token, as a fraction of an uncached one (`context.cache_read_price`).
+    pub cache_price: f64,
 }
 
 /// Summaries the planner may use.
@@ -111,6 +147,29 @@ pub struct Model<'a, 'c> {
     /// Tool message index → the name of the tool that produced it.
     pub tool_names: HashMap<usize, &'a str>,
     alt: HashMap<usize, (Value, u64)>,
+    /// Unit index → the unit is a foldable step.
+    fold_unit: Vec<bool>,
+    /// Starts of the foldable steps, ascending.
+    fold_starts: Vec<usize>,
+    /// Starts of every step (an assistant message with tool calls), ascending.
+    steps: Vec<usize>,
+    /// `cum[i]`: tokens of the first `i` messages as the client sent them.
+    cum: Vec<u64>,
+    /// Indexes of the assistant messages (one a turn), ascending.
+    assistants: Vec<usize>,
+    /// Index of the first message that is not a system message.
+    first_speaking: usize,
+    /// The carrier as sent: (index, cleared, fold block) → the message and its tokens.
+    carried: HashMap<(usize, bool, String), (Value, u64)>,
+    /// The fold block last made, and the cuts it was made for.
+    last_block: Option<(Cuts, String)>,
+}
+
+/// A re-cut being made: the cuts it passed through that get under the threshold, and the first message it changes.
+struct Path {
+    /// The cuts, their cost, and the first message changed on the way to them.
+    options: Vec<(Cuts, u64, usize)>,
+    first: usize,
 }
 
 impl<'a, 'c> Model<'a, 'c> {
@@ -140,6 +199,22 @@ impl<'a, 'c> Model<'a, 'c> {
             }
         }
         let units = units(msgs);
+        let fold_unit = foldable_units(msgs, &units, &rl.loops, prune);
+        let starts = |keep: &dyn Fn(usize) -> bool| -> Vec<usize> {
+            units
+                .iter()
+                .enumerate()
+                .filter(|(ui, _)| keep(*ui))
+                .map(|(_, u)| u.start)
+                .collect()
+        };
+        let fold_starts = starts(&|ui| fold_unit[ui]);
+        let steps = starts(&|ui| !tool_calls(&msgs[units[ui].start]).is_empty());
+        let mut cum = Vec::with_capacity(msgs.len() + 1);
+        cum.push(0);
+        for t in &tok {
+            cum.push(cum.last().copied().unwrap_or(0) + t);
+        }
         let mut unit_of = vec![0; msgs.len()];
         for (ui, u) in units.iter().enumerate() {
             unit_of[u.start..u.end].iter_mut().for_each(|x| *x = ui);
@@ -186,6 +261,14 @@ impl<'a, 'c> Model<'a, 'c> {
             times,
             tool_names,
             alt: HashMap::new(),
+            fold_unit,
+            fold_starts,
+            steps,
+            cum,
+            assistants: idx("assistant"),
+            first_speaking: msgs.iter().position(|m| !is_system(m)).unwrap_or(0),
+            carried: HashMap::new(),
+            last_block: None,
         }
     }
 
@@ -241,7 +324,17 @@ impl<'a, 'c> Model<'a, 'c> {
                 };
             }
         }
-        if i < c.clear && self.eligible[i] {
+        if self.fold_unit[u]
+            && self.units[u].start < c.fold
+            && c.keep_user.is_none_or(|k| self.unit_of[k] != u)
+        {
+            return Mode::Folded;
+        }
+        let cleared = i < c.clear && self.eligible[i];
+        if c.fold > 0 && i == c.fold + 1 {
+            return Mode::Carrier { cleared };
+        }
+        if cleared {
             return Mode::Cleared;
         }
         if self.inputs.get(&i).is_some_and(|(_, last)| *last < c.clear) {
@@ -250,17 +343,64 @@ impl<'a, 'c> Model<'a, 'c> {
         Mode::Keep
     }
 
-    /// The message as sent under `mode`: the client's own when kept (borrowed), else its rewritten form, taken
-    /// out of the model (ask once per message).
-    pub fn take_rendered(&mut self, i: usize, mode: Mode) -> Option<Cow<'a, Value>> {
+    /// The message as sent under `mode` (its mode under `c`): the client's own when kept (borrowed), else its
+    /// rewritten form, taken out of the model (ask once per message).
+    pub fn take_rendered(&mut self, i: usize, mode: Mode, c: &Cuts) -> Option<Cow<'a, Value>> {
         match mode {
             Mode::Keep => Some(Cow::Borrowed(&self.msgs[i])),
-            Mode::Omitted | Mode::Dropped => None,
+            Mode::Omitted | Mode::Dropped | Mode::Folded => None,
+            Mode::Carrier { cleared } => Some(Cow::Owned(self.carrier(i, cleared, c).0.clone())),
             Mode::Cleared | Mode::Truncated | Mode::Pinned => {
                 self.alt(i, mode);
                 self.alt.remove(&i).map(|(v, _)| Cow::Owned(v))
             }
         }
+    }
+
+    /// The lines of the calls folded under `c`, oldest first.
+    fn fold_lines(&self, c: &Cuts) -> Vec<String> {
+        self.loops
+            .iter()
+            .flat_map(|l| &l.tool_calls)
+            .take_while(|call| call.position < c.fold)
+            .filter(|call| self.mode(call.position, c) == Mode::Folded)
+            .map(|call| fold_line(call.id, call.name, call.arguments))
+            .collect()
+    }
+
+    /// The carrier `i` as sent under `c`: the client's result (or its placeholder when `cleared`) with the lines
+    /// of the folded calls appended.
+    fn carrier(&mut self, i: usize, cleared: bool, c: &Cuts) -> &(Value, u64) {
+        let block = match &self.last_block {
+            Some((made, block)) if made == c => block.clone(),
+            _ => {
+                let lines = self.fold_lines(c);
+                let block = if lines.is_empty() {
+                    String::new()
+                } else {
+                    fold_block(&lines, self.recall_tool)
+                };
+                self.last_block = Some((*c, block.clone()));
+                block
+            }
+        };
+        let key = (i, cleared, block);
+        if !self.carried.contains_key(&key) {
+            let base = if cleared {
+                self.alt(i, Mode::Cleared).0.clone()
+            } else {
+                self.msgs[i].clone()
+            };
+            let v = if key.2.is_empty() {
+                base
+            } else {
+                with_block(&base, &key.2)
+            };
+            let t = self.counter.message_tokens(self.enc, &v);
+            self.carried.insert(key.clone(), (v, t));
+        }
+        // inserted just above when missing
+        &self.carried[&key]
     }
 
     fn alt(&mut self, i: usize, mode: Mode) -> &(Value, u64) {
@@ -291,13 +431,23 @@ impl<'a, 'c> Model<'a, 'c> {
     fn tokens(&mut self, i: usize, c: &Cuts) -> u64 {
         match self.mode(i, c) {
             Mode::Keep => self.tok[i],
-            Mode::Omitted | Mode::Dropped => 0,
+            Mode::Omitted | Mode::Dropped | Mode::Folded => 0,
+            Mode::Carrier { cleared } => self.carrier(i, cleared, c).1,
             m => self.alt(i, m).1,
         }
     }
 
     fn range_tokens(&mut self, from: usize, to: usize, c: &Cuts) -> u64 {
         (from..to).map(|i| self.tokens(i, c)).sum()
+    }
+
+    /// [`Self::range_tokens`] of the first `j` messages, and the carrier's when it is not in the range: leaving
+    /// out messages there may take folded steps off its lines.
+    fn span_tokens(&mut self, from: usize, to: usize, j: usize, c: &Cuts) -> u64 {
+        let carrier = c.fold + 1;
+        let outside = c.fold > 0 && carrier < j && !(from..to).contains(&carrier);
+        let lines = if outside { self.tokens(carrier, c) } else { 0 };
+        self.range_tokens(from, to, c) + lines
     }
 
     /// The cost of the first `j` messages under `c`, the summary message included.
@@ -415,9 +565,7 @@ impl<'a, 'c> Model<'a, 'c> {
     /// Messages of the first `j` sent under `c` (the summary included): O(j), so only counted with
     /// `max_messages` set.
     fn sent(&self, j: usize, c: &Cuts) -> usize {
-        let kept = (0..j)
-            .filter(|&i| !matches!(self.mode(i, c), Mode::Omitted | Mode::Dropped))
-            .count();
+        let kept = (0..j).filter(|&i| !self.mode(i, c).omitted()).count();
         kept + usize::from(c.summary > 0)
     }
 
@@ -427,8 +575,14 @@ impl<'a, 'c> Model<'a, 'c> {
         cost > lim.target || (lim.max_messages.is_some() && self.sent(j, c) > lim.messages_goal)
     }
 
-    /// Moves the cuts for the first `j` messages until they cost at most the target, stage by stage.
+    /// Moves the cuts for the first `j` messages, stage by stage, at most until they cost the target; of the
+    /// re-cuts passed on the way that get under the threshold, the cost model's cheapest is kept (see `cost`).
     fn recompute(&mut self, j: usize, c: &mut Cuts, mut cost: u64, base: u64, lim: Limits) -> u64 {
+        let (from, from_cost) = (*c, cost);
+        let mut path = Path {
+            options: Vec::new(),
+            first: j,
+        };
         // 1. Tool-result clearing, oldest first, never the newest `keep_tool_results`.
         let k = self.prune.keep_tool_results;
         let seen = self.tools.partition_point(|&t| t < j);
@@ -440,23 +594,34 @@ impl<'a, 'c> Model<'a, 'c> {
             0
         };
         // Never inside the newest message's unit: its results are what the model is answering.
-        let bound = bound.min(self.units[self.unit_of[j - 1]].start);
+        let newest_unit = self.units[self.unit_of[j - 1]].start;
+        let bound = bound.min(newest_unit);
         while self.clearing && cost > lim.target && c.clear < bound {
             let i = c.clear;
             let owner = self.inputs_at.get(&i).copied();
             let before = self.tokens(i, c) + owner.map_or(0, |a| self.tokens(a, c));
             c.clear = i + 1;
-            cost = cost - before + self.tokens(i, c) + owner.map_or(0, |a| self.tokens(a, c));
+            let after = self.tokens(i, c) + owner.map_or(0, |a| self.tokens(a, c));
+            cost = cost - before + after;
+            if after != before {
+                path.passed(c, cost, owner.map_or(i, |a| a.min(i)), lim);
+            }
         }
         // 2. With summaries: replace everything but the newest messages by a summary. Without: run-loop pruning,
-        //    which drops loops past the count and age limits, then cuts past loops, oldest first.
+        //    which drops loops past the count and age limits, then cuts past loops, oldest first; then folding
+        //    the oldest steps of the loops kept.
         if self.summaries.is_some() && self.over(j, c, cost, lim) {
+            let before = c.summary;
             cost = self.summarize(j, c, cost, base, lim);
+            if c.summary != before {
+                path.passed(c, cost, self.first_speaking, lim);
+            }
         }
         let started = self.loops.partition_point(|l| l.start < j);
         let keep = self.prune.keep_run_loops.max(1);
         if self.summaries.is_none() && self.over(j, c, cost, lim) && started > keep {
             let prunable = started - keep;
+            let cut_before = c.prune.max(c.drop_loops);
             if started > self.prune.max_run_loops {
                 let last_dropped = &self.loops[started - self.prune.max_run_loops - 1];
                 c.drop_loops = c
@@ -473,6 +638,10 @@ impl<'a, 'c> Model<'a, 'c> {
                 c.drop_loops = c.drop_loops.max(old.unwrap_or(0));
             }
             cost = self.cost(j, c, base);
+            if c.drop_loops > cut_before {
+                let first = self.loops[self.loops.partition_point(|l| l.end <= cut_before)].start;
+                path.passed(c, cost, first, lim);
+            }
             for li in 0..prunable {
                 if !self.over(j, c, cost, lim) {
                     break;
@@ -481,16 +650,28 @@ impl<'a, 'c> Model<'a, 'c> {
                 if end <= c.prune.max(c.drop_loops) {
                     continue;
                 }
-                let before = self.range_tokens(start, end, c);
+                let before = self.span_tokens(start, end, j, c);
                 c.prune = end;
-                cost = cost - before + self.range_tokens(start, end, c);
+                cost = cost - before + self.span_tokens(start, end, j, c);
+                path.passed(c, cost, start, lim);
             }
         }
-        // 3. Hard limit: drop the oldest whole units, keeping system messages, the newest user message and the
-        //    newest message's unit.
+        if self.summaries.is_none() && self.clearing && self.over(j, c, cost, lim) {
+            cost = self.fold(j, c, cost, lim, newest_unit, &mut path);
+        }
+        // The depth: the cheapest re-cut per turn that gets under the threshold and removes enough (a re-cut
+        // asked for by the message count goes all the way).
         let too_many = lim
             .max_messages
             .is_some_and(|m| j > m && self.sent(j, c) > m);
+        if too_many {
+            c.forecast = 0;
+        } else {
+            path.options.push((*c, cost, path.first));
+            (*c, cost) = self.cheapest(j, &from, from_cost, base, lim, &path);
+        }
+        // 3. Hard limit: drop the oldest whole units, keeping system messages, the newest user message and the
+        //    newest message's unit.
         if cost > lim.hard || too_many {
             c.keep_user = self.newest_user_before(j);
             cost = self.cost(j, c, base);
@@ -507,12 +688,147 @@ impl<'a, 'c> Model<'a, 'c> {
                 if protected {
                     continue;
                 }
-                let before = self.range_tokens(start, end, c);
+                let before = self.span_tokens(start, end, j, c);
                 c.drop = end;
-                cost = cost - before + self.range_tokens(start, end, c);
+                cost = cost - before + self.span_tokens(start, end, j, c);
+            }
+            if c.forecast > 0 {
+                // dropping the oldest units changes everything after the system prompt
+                let growth = cost::growth(&self.cum, &self.assistants, j);
+                let (rate, _) = cost::per_turn(cost, 0, lim.threshold, growth, lim.cache_price);
+                c.forecast = rate.round() as u64;
             }
         }
         cost
+    }
+
+    /// Folds the oldest foldable steps of the first `j` messages, one at a time, while they cost more than the
+    /// target; never the newest `prune.keep_steps` steps nor the newest message's unit (which starts at
+    /// `newest_unit`).
+    fn fold(
+        &mut self,
+        j: usize,
+        c: &mut Cuts,
+        mut cost: u64,
+        lim: Limits,
+        newest_unit: usize,
+        path: &mut Path,
+    ) -> u64 {
+        let seen = self.steps.partition_point(|&s| s < j);
+        let keep = self.prune.keep_steps.max(1);
+        if seen <= keep {
+            return cost;
+        }
+        let bound = self.steps[seen - keep].min(newest_unit);
+        // The fold cut is always the start of a foldable step (the carrier's), with at least one before it.
+        let mut next = self.fold_starts.partition_point(|&s| s <= c.fold).max(1);
+        while self.over(j, c, cost, lim) {
+            let Some(&to) = self.fold_starts.get(next).filter(|&&s| s <= bound) else {
+                break;
+            };
+            let from = if c.fold == 0 {
+                self.fold_starts[0]
+            } else {
+                c.fold
+            };
+            // What changes: the steps newly folded, the old carrier and the new one (`to + 1`).
+            let end = (to + 2).min(j);
+            let before = self.range_tokens(from, end, c);
+            c.fold = to;
+            cost = cost - before + self.range_tokens(from, end, c);
+            path.passed(c, cost, from, lim);
+            next += 1;
+        }
+        cost
+    }
+
+    /// The cheapest of the re-cuts `path` passed (from the cuts `from`, costing `from_cost`) that gets under the
+    /// threshold and removes `clear_at_least` (unless the request is over the hard limit), with its cost; the
+    /// deepest (the last option) when none does. Its forecast is set.
+    fn cheapest(
+        &mut self,
+        j: usize,
+        from: &Cuts,
+        from_cost: u64,
+        base: u64,
+        lim: Limits,
+        path: &Path,
+    ) -> (Cuts, u64) {
+        let enough = |size: u64| {
+            size <= lim.threshold
+                && (from_cost > lim.hard || from_cost.saturating_sub(size) >= lim.at_least)
+        };
+        let mut options: Vec<&(Cuts, u64, usize)> =
+            path.options.iter().filter(|o| enough(o.1)).collect();
+        if options.is_empty() {
+            options.extend(path.options.last());
+        }
+        // What the previous request keeps: nothing when this is the first rewrite and ctxgate's tools come with
+        // it; else its messages before the first one the re-cut changes, and never past the last message it
+        // had changed (where the recall note, which lists what was removed, rides).
+        let first_rewrite = *from == Cuts::default();
+        let tools_added = first_rewrite && self.recall_tool.is_some();
+        let last_changed = if first_rewrite {
+            j
+        } else {
+            (0..j.saturating_sub(1))
+                .rev()
+                .find(|&i| self.mode(i, from) != Mode::Keep)
+                .unwrap_or(j)
+        };
+        // The previous request's tokens before message `i`, for every `i` an option needs (counted once).
+        let upto = if tools_added {
+            0
+        } else {
+            options
+                .iter()
+                .map(|o| o.2.min(last_changed))
+                .max()
+                .unwrap_or(0)
+        };
+        let mut prefix = Vec::with_capacity(upto + 1);
+        prefix.push(base);
+        for i in 0..upto {
+            let summary = if from.summary > 0 && from.summary == i {
+                from.summary_tokens
+            } else {
+                0
+            };
+            let t = self.tokens(i, from);
+            prefix.push(prefix[i] + summary + t);
+        }
+        let choices: Vec<Choice<Cuts>> = options
+            .iter()
+            .map(|&&(cuts, size, first)| Choice {
+                cuts,
+                size,
+                kept: if tools_added {
+                    0
+                } else {
+                    prefix[first.min(last_changed)]
+                },
+            })
+            .collect();
+        let growth = cost::growth(&self.cum, &self.assistants, j);
+        let Some((best, rate)) = cost::cheapest(&choices, lim.threshold, growth, lim.cache_price)
+        else {
+            // not reached: the deepest option is always there
+            return (*from, from_cost);
+        };
+        let mut cuts = choices[best].cuts;
+        cuts.forecast = rate.round() as u64;
+        (cuts, choices[best].size)
+    }
+}
+
+impl Path {
+    /// The cuts `c` (costing `cost`) were passed on the way, changing message `first` (or a later one) first.
+    fn passed(&mut self, c: &Cuts, cost: u64, first: usize, lim: Limits) {
+        self.first = self.first.min(first);
+        if cost <= lim.threshold {
+            self.options.push((*c, cost, self.first));
+        }
+        // (the deepest is added by `recompute` whatever its cost)
     }
 }
 

@@ -275,6 +275,7 @@ fn hard_limit_drops_whole_units_and_keeps_system_and_newest_turn() {
     m.insert(3, sys("mid-way instructions"));
     let prune = PruneConfig {
         min_result_tokens: 1_000_000, // nothing clearable
+        keep_steps: 1_000,            // nothing foldable
         ..Default::default()
     };
     let window = count(&m) / 2;
@@ -317,7 +318,7 @@ fn a_request_that_cannot_fit_is_rejected() {
 fn later_turns_reuse_the_cuts_so_the_prefix_stays_identical() {
     let full = agent_run(80, 200);
     let window = 16_000;
-    let mut previous: Option<(Vec<Value>, [usize; 5])> = None;
+    let mut previous: Option<(Vec<Value>, [usize; 6])> = None;
     let mut moves = 0;
     let mut rewritten = 0;
     // the client's requests: every prefix ending with a tool result
@@ -625,7 +626,8 @@ fn check_with(i: PlanInput, ctx: &ContextConfig) -> Result<(), TestCaseError> {
         });
         prop_assert!(whole || pinned, "the task (first user message) is sent");
     }
-    if !r.record.stages.contains(&"truncated") && !r.record.stages.contains(&"summarized") {
+    let deep = ["truncated", "summarized", "folded"];
+    if !r.record.stages.iter().any(|s| deep.contains(s)) {
         // the current run loop keeps every message; only its older tool results may be cleared
         let current = run_loops(m, None).loops.last().map_or(0, |l| l.start);
         let tail = &m[current..];
@@ -700,5 +702,6 @@ proptest! {
     }
 }
 
+mod fold;
 mod round2;
 mod round3;

@@ -173,11 +173,12 @@ label_enum! {
 }
 
 impl RewriteOutcome {
-    /// The deepest of a compression record's stages (`cleared` < `pruned` < `summarized` < `truncated`);
-    /// `None` when no stage is known.
+    /// The deepest of a compression record's stages (`cleared` < `pruned` < `summarized` < `truncated`; steps
+    /// `folded` inside a run count as `pruned`); `None` when no stage is known.
     pub fn deepest<'a>(stages: impl IntoIterator<Item = &'a str>) -> Option<RewriteOutcome> {
         stages
             .into_iter()
+            .map(|s| if s == "folded" { "pruned" } else { s })
             .filter_map(|s| {
                 [
                     RewriteOutcome::Cleared,
@@ -337,6 +338,10 @@ mod tests {
         assert_eq!(
             RewriteOutcome::deepest(["cleared"]),
             Some(RewriteOutcome::Cleared)
+        );
+        assert_eq!(
+            RewriteOutcome::deepest(["cleared", "folded"]),
+            Some(RewriteOutcome::Pruned)
         );
         assert_eq!(
             RewriteOutcome::deepest(["truncated", "cleared", "pruned"]),

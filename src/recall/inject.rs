@@ -157,8 +157,10 @@ fn note(recallable: &[Recallable], cfg: &RecallConfig) -> String {
          newest first:",
         cfg.tool_name, cfg.search_tool_name
     );
+    // Folded calls are listed where their steps were (the carrier's fold lines), not again here.
+    let listable: Vec<&Recallable> = recallable.iter().filter(|r| !r.folded).collect();
     let mut listed = 0;
-    for r in recallable.iter().rev().take(cfg.max_note_calls) {
+    for r in listable.iter().rev().take(cfg.max_note_calls) {
         let line = format!("\n- {} {} {}", r.call_id, r.tool_name, r.digest);
         if s.len() + line.len() > NOTE_MAX_CHARS {
             break;
@@ -166,8 +168,14 @@ fn note(recallable: &[Recallable], cfg: &RecallConfig) -> String {
         s.push_str(&line);
         listed += 1;
     }
-    if listed < recallable.len() {
-        s.push_str(&format!("\n(and {} older)", recallable.len() - listed));
+    if listed < listable.len() {
+        s.push_str(&format!("\n(and {} older)", listable.len() - listed));
+    }
+    let folded = recallable.len() - listable.len();
+    if folded > 0 {
+        s.push_str(&format!(
+            "\n(and {folded} calls of folded steps, listed where the steps were)"
+        ));
     }
     s
 }
@@ -211,6 +219,7 @@ mod tests {
                 call_id: format!("call_{i}"),
                 tool_name: "read_file".into(),
                 digest: format!("{{\"path\":\"f{i}\"}}"),
+                folded: false,
             })
             .collect()
     }

@@ -2,6 +2,8 @@
 //! ctxgate itself from the session's full history; the client never sees them.
 
 mod answer;
+#[cfg(test)]
+mod folded_tests;
 mod inject;
 
 pub use crate::dialect::InjectedNames;

@@ -12,7 +12,7 @@ use rustc_hash::FxHashMap;
 use serde_json::{Map, Value};
 use xxhash_rust::xxh3::xxh3_64;
 
-/// Share of the price a cached input token costs.
+/// Share of the price a cached input token costs, by default (a replay bills at `context.cache_read_price`).
 pub const CACHED_PRICE: f64 = 0.1;
 
 /// Token weights of items, by content hash; shared by every replay that uses it (`Send + Sync`).
@@ -193,7 +193,12 @@ impl Sequence {
 
 /// What a request of `tokens` tokens is billed when `cached` of them are read from the cache.
 pub fn billed(tokens: u64, cached: u64) -> f64 {
-    tokens as f64 - (1.0 - CACHED_PRICE) * cached as f64
+    billed_at(tokens, cached, CACHED_PRICE)
+}
+
+/// [`billed`] with a cached token at `price` of an uncached one.
+pub fn billed_at(tokens: u64, cached: u64, price: f64) -> f64 {
+    tokens as f64 - (1.0 - price) * cached as f64
 }
 
 #[cfg(test)]

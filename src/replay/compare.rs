@@ -261,7 +261,7 @@ pub fn write_table(out: &mut impl Write, rows: &[CompareRow]) -> io::Result<()> 
     let width = rows.iter().map(|r| r.label.len()).max().unwrap_or(0).max(8);
     writeln!(
         out,
-        "{:<width$} {:>6} {:>9} {:>7} {:>8} {:>7} {:>7} {:>6} {:>6} {:>9} {:>5}",
+        "{:<width$} {:>6} {:>9} {:>7} {:>8} {:>7} {:>7} {:>6} {:>7} {:>6} {:>6} {:>9} {:>5}",
         "ROW",
         "SAVED",
         "RATIO>THR",
@@ -270,6 +270,8 @@ pub fn write_table(out: &mut impl Write, rows: &[CompareRow]) -> io::Result<()> 
         "OVERWIN",
         "STABLE",
         "CACHE",
+        "PREDICT",
+        "FOLDED",
         "TASK",
         "SUMMARIES",
         "ASKED"
@@ -278,7 +280,7 @@ pub fn write_table(out: &mut impl Write, rows: &[CompareRow]) -> io::Result<()> 
         let t = &r.totals;
         writeln!(
             out,
-            "{:<width$} {:>5.1}% {:>9} {:>7} {:>8} {:>7} {:>7} {:>6} {:>6} {:>9} {:>5}",
+            "{:<width$} {:>5.1}% {:>9} {:>7} {:>8} {:>7} {:>7} {:>6} {:>7} {:>6} {:>6} {:>9} {:>5}",
             r.label,
             t.savings * 100.0,
             ratio(t.mean_ratio_above),
@@ -287,6 +289,8 @@ pub fn write_table(out: &mut impl Write, rows: &[CompareRow]) -> io::Result<()> 
             t.over_window,
             percent(t.prefix_stable),
             ratio(t.cache_cost),
+            ratio(t.predicted_cost),
+            t.folded_steps,
             percent(t.task_whole_share),
             t.summary_calls,
             t.summaries_wanted,

@@ -30,7 +30,7 @@ use crate::message::{message_text, opens_turn};
 use crate::recall::Offer;
 use crate::summary::prompt::summary_message;
 use bytes::Bytes;
-use cache::{billed, Sequence, Weights};
+use cache::{billed_at, Sequence, Weights};
 use serde::Serialize;
 use serde_json::Value;
 use traces::Trace;
@@ -132,6 +132,16 @@ pub struct ReplayStep {
     /// A rewrite sends the client's first user message (the first opening a turn) byte for byte (`None`: not a
     /// rewrite; `true` when there is no user message).
     pub task_whole: Option<bool>,
+    /// Steps (a tool call with its results) folded into a line each.
+    pub folded_steps: usize,
+    /// Price of a cached input token (`context.cache_read_price`) the step is billed at.
+    pub cache_price: f64,
+    /// The billed input per turn the cost model expected when the cuts of this rewrite were made (estimator's
+    /// tokens; `None`: not a rewrite, or no forecast).
+    pub forecast: Option<u64>,
+    /// What the cost model predicts this step is billed, in the same tokens as `wire_tokens`: the forecast
+    /// scaled by this request's wire tokens per estimated token; what is measured when there is no forecast.
+    pub predicted_billed: f64,
 }
 
 /// Sums over steps (of one trace or several).
@@ -179,6 +189,12 @@ pub struct ReplayTotals {
     /// `billed / client_billed`: above 1, ctxgate costs more than sending everything; `None` when nothing was
     /// billed.
     pub cache_cost: Option<f64>,
+    /// The billed input the cost model predicted over the same steps (`ReplayStep::predicted_billed`).
+    pub predicted: f64,
+    /// `predicted / client_billed`: the cache cost the cost model expected; `None` when nothing was billed.
+    pub predicted_cost: Option<f64>,
+    /// Steps folded, over every rewrite.
+    pub folded_steps: usize,
     /// Rewrites that send the client's first user message whole.
     pub task_whole: usize,
     /// `task_whole / rewritten`; `None` without rewrites.
@@ -211,8 +227,11 @@ impl ReplayTotals {
             t.task_whole += usize::from(s.task_whole == Some(true));
             if s.outcome != Outcome::Reject {
                 sent_client += s.client_tokens;
-                t.billed += billed(s.wire_tokens, s.wire_cached);
-                t.client_billed += billed(s.client_wire_tokens, s.client_wire_cached);
+                t.billed += billed_at(s.wire_tokens, s.wire_cached, s.cache_price);
+                t.client_billed +=
+                    billed_at(s.client_wire_tokens, s.client_wire_cached, s.cache_price);
+                t.predicted += s.predicted_billed;
+                t.folded_steps += s.folded_steps;
                 if s.above_threshold && s.client_tokens > 0 {
                     ratios.push(s.upstream_tokens as f64 / s.client_tokens as f64);
                 }
@@ -228,6 +247,7 @@ impl ReplayTotals {
         t.valid_share = share(sent - t.invalid as f64, sent);
         t.prefix_stable = share(t.prefix_stable_pairs as f64, t.prefix_pairs as f64);
         t.cache_cost = share(t.billed, t.client_billed);
+        t.predicted_cost = share(t.predicted, t.client_billed);
         t.task_whole_share = share(t.task_whole as f64, t.rewritten as f64);
         t
     }
@@ -443,6 +463,13 @@ fn replay(
             let c = sent_seq.push(shape);
             (s.wire_tokens, s.wire_cached, s.prefix_stable) = (c.tokens, c.cached, c.extends);
         }
+        s.cache_price = cfg.context.cache_read_price;
+        s.predicted_billed = match s.forecast {
+            Some(f) if s.upstream_tokens > 0 => {
+                f as f64 * s.wire_tokens as f64 / s.upstream_tokens as f64
+            }
+            _ => billed_at(s.wire_tokens, s.wire_cached, s.cache_price),
+        };
         if let (Outcome::Rewrite, Some(shape)) = (s.outcome, sent_seq.last()) {
             // A task over `prune.max_pinned_tokens` is kept as its pinned head and tail, as designed.
             let pinned = rewritten.as_deref().is_some_and(|r| {
@@ -552,6 +579,10 @@ fn step(
         client_wire_cached: 0,
         prefix_stable: None,
         task_whole: None,
+        folded_steps: 0,
+        cache_price: cache::CACHED_PRICE,
+        forecast: None,
+        predicted_billed: 0.0,
     };
     match decision {
         Decision::Forward { .. } => {
@@ -581,6 +612,8 @@ fn step(
             s.dropped_loops = r.dropped_loops;
             s.dropped_messages = r.dropped_messages;
             s.pruned_calls = r.pruned_call_ids.len();
+            s.folded_steps = r.folded_steps;
+            s.forecast = rw.forecast;
             s.summary_upto = r.summary_upto;
             s.problem = check_rewrite(original, rewritten.unwrap_or_default()).err();
         }
