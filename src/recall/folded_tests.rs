@@ -46,6 +46,7 @@ proptest! {
             reserve: 0,
             summaries: None,
             precompute_at: 0.75,
+            strict_roles: true,
         };
         // cached input at the full price: the deepest re-cut, folding as far as it may
         let ctx = ContextConfig { cache_read_price: 1.0, ..ContextConfig::default() };
