@@ -346,6 +346,7 @@ fuzz_target!(|input: Input| {
         keep_run_loops,
         max_run_loops: keep_run_loops + usize::from(k.more_run_loops % 50),
         max_age: k.max_age.map(|a| DurationSpec(u64::from(a))),
+        ..PruneConfig::default()
     };
     let ctx = ContextConfig::default();
     let window = 256 + u64::from(input.window % 16_000);
