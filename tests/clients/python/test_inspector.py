@@ -260,7 +260,11 @@ def test_without_a_token_the_inspector_opens_on_the_sessions_and_each_has_an_add
         expect(second.locator("tr.turn.selected")).to_have_attribute("data-turn", "1")
         t1 = open_admin(base, f"/admin/sessions/{quoted}/turns?offset=1&limit=1")["turns"][0]
         expect(second.locator("#turn-sent .msg")).to_have_count(len(t1["messages_sent"]))
-        assert second.locator("#turn-history .msg.state-replaced").count() >= 1
+        # The rewrite shows on the history's side: what it replaced (cleared, summarised) or left out (folded, cut).
+        replaced = sum(len(f.get("replaces", [])) for f in t1["sent_from"])
+        assert second.locator("#turn-history .msg.state-replaced").count() == replaced
+        changed = second.locator("#turn-history .msg.state-replaced, #turn-history .msg.state-dropped").count()
+        assert changed >= 1
         assert not second.is_visible("#login")
         # Following the link in the first tab does the same.
         link.click()
