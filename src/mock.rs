@@ -129,12 +129,17 @@ impl MockReply {
 
     /// A 200 chat.completion carrying `message`.
     pub fn message(message: Value, finish_reason: &str) -> Self {
+        Self::message_with_prompt(message, finish_reason, 10)
+    }
+
+    /// [`MockReply::message`] whose usage reports `prompt_tokens` (and 5 completion tokens).
+    pub fn message_with_prompt(message: Value, finish_reason: &str, prompt_tokens: u64) -> Self {
         Self::json(
             200,
             json!({
                 "id": "chatcmpl-mock", "object": "chat.completion", "created": 1_700_000_000, "model": "mock-model",
                 "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": null}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 5, "total_tokens": prompt_tokens + 5},
             }),
         )
     }
@@ -550,15 +555,11 @@ fn default_reply(rec: &RecordedRequest) -> MockReply {
             == Some(true);
         MockReply::sse_text_with_prompt(&["mock ", "reply"], usage.then_some(prompt_tokens))
     } else {
-        let mut reply = MockReply::completion("mock reply");
-        if let MockReply::Json { body, .. } = &mut reply {
-            if let Ok(mut b) = serde_json::from_slice::<Value>(body) {
-                b["usage"]["prompt_tokens"] = json!(prompt_tokens);
-                b["usage"]["total_tokens"] = json!(prompt_tokens + 5);
-                *body = Bytes::from(b.to_string());
-            }
-        }
-        reply
+        MockReply::message_with_prompt(
+            json!({"role": "assistant", "content": "mock reply"}),
+            "stop",
+            prompt_tokens,
+        )
     }
 }
 
