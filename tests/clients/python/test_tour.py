@@ -136,7 +136,8 @@ def test_the_readme_tour_reaches_a_rewritten_request(tmp_path: Path):
         snippet.write_text(local(steps["snippet"]))
         said = subprocess.run([sys.executable, str(snippet)], cwd=checkout, env=env, capture_output=True, timeout=60)
         assert said.returncode == 0, said.stderr.decode()
-        assert said.stdout.decode().strip(), "the snippet printed no answer"
+        promised = re.findall(r'^print\(.*# "(.*)"$', steps["snippet"], re.M)
+        assert said.stdout.decode().splitlines() == promised, f"the snippet says it prints {promised}: {said.stdout!r}"
 
         # 5: the example agent, whose conversation outgrows the window.
         ran = shell("run")
