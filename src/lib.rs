@@ -4,8 +4,6 @@
 pub mod alloc;
 pub mod app;
 pub mod config;
-pub mod config_kinds;
-pub mod config_reference;
 pub mod context;
 pub mod dialect;
 pub mod error;

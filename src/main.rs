@@ -593,7 +593,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::ConfigReference => {
             let mut out = std::io::stdout().lock();
-            out.write_all(ctxgate::config_reference::render().as_bytes())?;
+            out.write_all(ctxgate::config::reference::render().as_bytes())?;
             Ok(())
         }
         Command::MockUpstream { listen } => {

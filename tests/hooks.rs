@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use common::{test_config, Harness};
-use ctxgate::config::{Config, StoreBackend};
+use ctxgate::config::{Config, DurationSpec, StoreBackend};
 use ctxgate::mock::MockUpstream;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
@@ -67,8 +67,8 @@ impl Receiver {
 fn hooked(c: &mut Config, url: &str) {
     c.hooks.session_idle_url = Some(url.to_string());
     c.hooks.secret = Some(SECRET.into());
-    c.hooks.session_idle_after = "1s".into();
-    c.hooks.max_backoff = "1s".into();
+    c.hooks.session_idle_after = DurationSpec::from_secs(1);
+    c.hooks.max_backoff = DurationSpec::from_secs(1);
 }
 
 async fn chat(h: &Harness, session: &str, text: &str) -> String {

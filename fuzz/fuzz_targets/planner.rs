@@ -345,7 +345,7 @@ fuzz_target!(|input: Input| {
         max_message_length: 16 + usize::from(k.max_message_length % 3000),
         keep_run_loops,
         max_run_loops: keep_run_loops + usize::from(k.more_run_loops % 50),
-        max_age: k.max_age.map(|a| DurationSpec(u64::from(a))),
+        max_age: k.max_age.map(|a| DurationSpec::from_secs(u64::from(a))),
         ..PruneConfig::default()
     };
     let ctx = ContextConfig::default();

@@ -5,10 +5,6 @@
 //! (or refused it with a 4xx other than 429). On a shared store a per-session lock keeps two instances from
 //! delivering the same period.
 
-mod config;
-
-pub use config::{parse_duration, HooksConfig};
-
 use crate::app::AppState;
 use crate::metrics::HookOutcome;
 use crate::session::manager::now_secs;

@@ -1,7 +1,7 @@
 //! The OTLP/HTTP protobuf exporter over opentelemetry-http's hyper client (rustls for `https` collectors). The SDK
 //! exports from a thread of its own; the client needs the Tokio runtime, so each export is sent on it.
 
-use super::config::OtelSettings;
+use crate::config::otel::OtelSettings;
 use bytes::Bytes;
 use opentelemetry_http::hyper::HyperClient;
 use opentelemetry_http::{HttpClient, HttpError, Request, Response};

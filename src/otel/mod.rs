@@ -4,7 +4,6 @@
 //! each recall call, summary jobs as their own linked traces (`spans.rs`). Spans are handed to a queue that a
 //! thread of the SDK exports in batches: a request never waits for, or fails because of, the collector.
 
-pub mod config;
 mod export;
 mod server;
 mod spans;
@@ -15,7 +14,7 @@ pub use spans::{
     UpstreamTrace,
 };
 
-use config::OtelSettings;
+use crate::config::otel::OtelSettings;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::{BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider};
 use opentelemetry_sdk::Resource;

@@ -16,7 +16,10 @@ pub fn render() -> String {
          Every key is optional. Set keys in a TOML file given with `--config PATH` (the documented default file is\n\
          [`config/ctxgate.toml`](../config/ctxgate.toml)), or from the environment as `CTXGATE_<SECTION>__<KEY>`\n\
          (e.g. `CTXGATE_UPSTREAM__BASE_URL`). Unknown keys and bad values stop start-up with one message naming\n\
-         every offending key.\n",
+         every offending key.\n\n\
+         **Durations** (keys of type *duration*) are strings: a whole number and a unit, `ms`, `s`, `m`, `h` or `d`\n\
+         (`\"500ms\"`, `\"90s\"`, `\"30m\"`, `\"24h\"`, `\"7d\"`); a number without a unit is refused. Keys named `…_secs`,\n\
+         `…_ms` or `…_days` are plain numbers in the unit their name gives.\n",
     );
     let Some(sections) = root.get("properties").and_then(Value::as_object) else {
         return out;
@@ -73,18 +76,22 @@ fn toml_value(v: &Value) -> String {
     }
 }
 
-/// Follows a `$ref` (also inside `anyOf` with `null`, as for `Option<Enum>`).
-fn resolve<'a>(p: &'a Value, root: &'a Value) -> &'a Value {
-    let target = p.get("$ref").or_else(|| {
-        p.get("anyOf")?
-            .as_array()?
-            .iter()
-            .find_map(|v| v.get("$ref"))
-    });
-    match target
+/// The name of the definition `p` refers to (also inside `anyOf` with `null`, as for `Option<Duration>`).
+fn ref_name(p: &Value) -> Option<&str> {
+    p.get("$ref")
+        .or_else(|| {
+            p.get("anyOf")?
+                .as_array()?
+                .iter()
+                .find_map(|v| v.get("$ref"))
+        })
         .and_then(Value::as_str)
         .and_then(|r| r.strip_prefix("#/$defs/"))
-    {
+}
+
+/// Follows a `$ref` (also inside `anyOf` with `null`, as for `Option<Enum>`).
+fn resolve<'a>(p: &'a Value, root: &'a Value) -> &'a Value {
+    match ref_name(p) {
         Some(name) => root.pointer(&format!("/$defs/{name}")).unwrap_or(p),
         None => p,
     }
@@ -99,22 +106,11 @@ fn description(p: &Value, root: &Value) -> String {
 }
 
 fn type_of(p: &Value, root: &Value) -> String {
+    if ref_name(p) == Some("Duration") {
+        return "duration".into();
+    }
     let def = resolve(p, root);
-    let choices: Vec<String> = def
-        .get("oneOf")
-        .and_then(Value::as_array)
-        .map(|vs| {
-            vs.iter()
-                .filter_map(|v| v.get("const").or_else(|| v.pointer("/enum/0")))
-                .map(|c| format!("`{}`", toml_value(c)))
-                .collect()
-        })
-        .or_else(|| {
-            def.get("enum")
-                .and_then(Value::as_array)
-                .map(|vs| vs.iter().map(|c| format!("`{}`", toml_value(c))).collect())
-        })
-        .unwrap_or_default();
+    let choices = choices(def);
     if !choices.is_empty() {
         return format!("one of {}", choices.join(", "));
     }
@@ -160,6 +156,24 @@ fn type_of(p: &Value, root: &Value) -> String {
     }
 }
 
+/// The values an enum allows (`oneOf` of constants, or `enum`), each quoted as in TOML.
+fn choices(def: &Value) -> Vec<String> {
+    def.get("oneOf")
+        .and_then(Value::as_array)
+        .map(|vs| {
+            vs.iter()
+                .filter_map(|v| v.get("const").or_else(|| v.pointer("/enum/0")))
+                .map(|c| format!("`{}`", toml_value(c)))
+                .collect()
+        })
+        .or_else(|| {
+            def.get("enum")
+                .and_then(Value::as_array)
+                .map(|vs| vs.iter().map(|c| format!("`{}`", toml_value(c))).collect())
+        })
+        .unwrap_or_default()
+}
+
 /// `string` → `strings`, for "array of strings".
 fn plural(t: &str) -> String {
     match t {
@@ -190,6 +204,9 @@ mod tests {
             "| `clear_tool_inputs` | boolean or array of strings |",
             "| `listen` | string |",
             "| `keep_recent` | integer |",
+            "| `max_age` | duration | unset |",
+            "| `session_idle_after` | duration | `\"30m\"` |",
+            "**Durations** (keys of type *duration*) are strings",
         ] {
             assert!(r.contains(needle), "missing {needle}");
         }

@@ -1,5 +1,5 @@
 //! `[otel]`: where traces go (OTLP/HTTP protobuf), under which service name, how many are kept, and the standard
-//! `OTEL_*` environment variables layered over them. Imports nothing of ours: `config` owns it.
+//! `OTEL_*` environment variables layered over them (what `otel` builds its exporter from).
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
