@@ -7,7 +7,7 @@
 pub mod config;
 mod export;
 mod server;
-mod spans;
+pub mod spans;
 
 pub use server::{inject, trace_request};
 pub use spans::{
