@@ -12,6 +12,10 @@ use std::path::Path;
 
 /// Every `.rs` file under `src/`, keyed by its path from the repository root (`src/…`, with `/`).
 fn sources() -> BTreeMap<String, String> {
+    sources_of(Path::new(env!("CARGO_MANIFEST_DIR")))
+}
+
+fn sources_of(root: &Path) -> BTreeMap<String, String> {
     fn visit(dir: &Path, root: &Path, out: &mut BTreeMap<String, String>) {
         let mut entries: Vec<_> = std::fs::read_dir(dir)
             .expect("read src")
@@ -29,7 +33,6 @@ fn sources() -> BTreeMap<String, String> {
             }
         }
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut out = BTreeMap::new();
     visit(&root.join("src"), root, &mut out);
     out
@@ -55,11 +58,13 @@ fn production_code_keeps_to_the_rules_and_has_no_module_cycle() {
     );
 }
 
-/// Prints the top-level module graph (`cargo test --test architecture -- --ignored --nocapture graph`).
+/// Prints the top-level module graph (`cargo test --test architecture -- --ignored --nocapture graph`), of this
+/// checkout or of the one `ARCH_ROOT` names.
 #[test]
 #[ignore = "prints the module graph; run by hand"]
 fn graph() {
-    let krate = scan::read(&sources(), "src/lib.rs");
+    let root = std::env::var("ARCH_ROOT").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    let krate = scan::read(&sources_of(Path::new(&root)), "src/lib.rs");
     let mut g: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
     for e in &krate.edges {
         g.entry(e.from.as_str()).or_default().insert(e.to.as_str());
@@ -72,7 +77,11 @@ fn graph() {
         .iter()
         .map(|(a, to)| (*a, to.iter().map(|b| (*b, ())).collect()))
         .collect();
-    println!("{count} edges; cycles: {:?}", rules::cycles(&graph));
+    println!(
+        "{count} edges; cycles: {:?}; tied together: {:?}",
+        rules::cycles(&graph),
+        rules::knots(&graph)
+    );
 }
 
 // The checker itself, on small synthetic crates.
