@@ -4,8 +4,8 @@
 
 use ctxgate::config::{SessionConfig, StoreBackend, StoreConfig};
 use ctxgate::dialect::Dialect;
-use ctxgate::session::tree::raw_message_hashes;
 use ctxgate::pipeline::identity::identify;
+use ctxgate::session::tree::raw_message_hashes;
 use ctxgate::session::{Sessions, TenantKey};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};

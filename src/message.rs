@@ -134,4 +134,3 @@ fn write_canonical(v: &Value, out: &mut String) {
         other => out.push_str(&other.to_string()),
     }
 }
-

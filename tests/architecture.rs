@@ -1,6 +1,7 @@
 //! The architecture the tests enforce: every `crate::` path of the production code (test modules left out) is a
 //! dependency between top-level modules that ARCHITECTURE.md's rules block allows, and no two top-level modules
 //! depend on each other, directly or around a cycle.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "architecture/rules.rs"]
 mod rules;
@@ -46,7 +47,10 @@ fn architecture_md() -> String {
 #[test]
 fn production_code_keeps_to_the_rules_and_has_no_module_cycle() {
     let krate = scan::read(&sources(), "src/lib.rs");
-    assert!(krate.modules.len() > 10, "lib.rs declares the top-level modules");
+    assert!(
+        krate.modules.len() > 10,
+        "lib.rs declares the top-level modules"
+    );
     assert!(!krate.edges.is_empty(), "the modules use each other");
     let rules = rules::parse(&architecture_md()).expect("ARCHITECTURE.md's rules block");
     let problems = rules::check(&krate, &rules);
@@ -71,7 +75,10 @@ fn graph() {
     }
     let count: usize = g.values().map(|s| s.len()).sum();
     for (from, to) in &g {
-        println!("{from} -> {}", to.iter().copied().collect::<Vec<_>>().join(" "));
+        println!(
+            "{from} -> {}",
+            to.iter().copied().collect::<Vec<_>>().join(" ")
+        );
     }
     let graph: BTreeMap<&str, BTreeMap<&str, ()>> = g
         .iter()
@@ -104,10 +111,16 @@ const LAYERS: &str = "app: store message\nstore: message\nmessage:";
 fn a_layered_crate_passes() {
     let p = problems(
         &[
-            ("src/lib.rs", "pub mod app;\npub mod message;\npub mod store;\n"),
+            (
+                "src/lib.rs",
+                "pub mod app;\npub mod message;\npub mod store;\n",
+            ),
             ("src/app.rs", "use crate::{store::Store, message};\n"),
             ("src/store/mod.rs", "mod rows;\nuse crate::message::M;\n"),
-            ("src/store/rows.rs", "fn f() { let _ = crate::message::new(); }\n"),
+            (
+                "src/store/rows.rs",
+                "fn f() { let _ = crate::message::new(); }\n",
+            ),
             ("src/message.rs", "pub struct M;\n"),
         ],
         LAYERS,
@@ -119,11 +132,17 @@ fn a_layered_crate_passes() {
 fn an_upward_import_fails_naming_file_and_line() {
     let p = problems(
         &[
-            ("src/lib.rs", "pub mod app;\npub mod message;\npub mod store;\n"),
+            (
+                "src/lib.rs",
+                "pub mod app;\npub mod message;\npub mod store;\n",
+            ),
             ("src/app.rs", "use crate::message::M;\n"),
             ("src/store/mod.rs", "mod rows;\n"),
             // the store reaches up into the app: in a group, on line 3
-            ("src/store/rows.rs", "//! rows\n\nuse crate::{message::M, app::AppState};\n"),
+            (
+                "src/store/rows.rs",
+                "//! rows\n\nuse crate::{message::M, app::AppState};\n",
+            ),
             ("src/message.rs", ""),
         ],
         LAYERS,
@@ -155,7 +174,8 @@ fn a_cycle_fails_even_where_the_rules_would_allow_each_edge() {
         "{p:?}"
     );
     assert!(
-        p.iter().any(|m| m.starts_with("ARCHITECTURE.md rules allow a cycle")),
+        p.iter()
+            .any(|m| m.starts_with("ARCHITECTURE.md rules allow a cycle")),
         "{p:?}"
     );
 }
@@ -193,7 +213,10 @@ fn test_code_comments_and_strings_are_not_dependencies() {
 fn a_module_without_a_rule_and_a_rule_without_a_module_fail() {
     let p = problems(
         &[
-            ("src/lib.rs", "pub mod app;\npub mod message;\npub mod store;\npub mod extra;\n"),
+            (
+                "src/lib.rs",
+                "pub mod app;\npub mod message;\npub mod store;\npub mod extra;\n",
+            ),
             ("src/app.rs", ""),
             ("src/message.rs", ""),
             ("src/store.rs", ""),
@@ -202,7 +225,11 @@ fn a_module_without_a_rule_and_a_rule_without_a_module_fail() {
         "app: store message\nstore: message sesion\nmessage:",
     );
     assert!(p.iter().any(|m| m.contains("`extra` has no line")), "{p:?}");
-    assert!(p.iter().any(|m| m.contains("`sesion` (in `store`'s line) is no module")), "{p:?}");
+    assert!(
+        p.iter()
+            .any(|m| m.contains("`sesion` (in `store`'s line) is no module")),
+        "{p:?}"
+    );
 }
 
 #[test]

@@ -117,7 +117,8 @@ mod tests {
     #[test]
     fn each_dialect_finds_its_own_keys() {
         let none = |_: &str| None;
-        let body = json!({"metadata": {"user_id": "{\"session_id\":\"s-1\"}"}, "prompt_cache_key": "k"});
+        let body =
+            json!({"metadata": {"user_id": "{\"session_id\":\"s-1\"}"}, "prompt_cache_key": "k"});
         let body = body.as_object().unwrap();
         assert_eq!(Dialect::Chat.client_key(none, body), None);
         assert_eq!(

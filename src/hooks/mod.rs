@@ -201,7 +201,9 @@ impl Sweeper {
             Err(e) => return Some(Attempt::Retry(format!("export: {e}"))),
         };
         let Some(headers) = headers(&self.secret, &body, m) else {
-            return Some(Attempt::Retry("the session id is not a header value".into()));
+            return Some(Attempt::Retry(
+                "the session id is not a header value".into(),
+            ));
         };
         let sent = self
             .client
@@ -225,10 +227,7 @@ impl Sweeper {
     }
 
     async fn mark(&self, sessions: &Sessions, m: &SessionMeta) {
-        if let Err(e) = sessions
-            .mark_idle_notified(&m.id, m.last_active)
-            .await
-        {
+        if let Err(e) = sessions.mark_idle_notified(&m.id, m.last_active).await {
             // Not marked: the next sweep delivers it again (the receiver sees the same x-ctxgate-delivery).
             tracing::warn!(error = %e, session = %m.id, "hooks: could not record the delivery");
         }

@@ -944,12 +944,7 @@ impl Sessions {
                 .filter(|n| n.partial)
                 .map(|n| n.position)
                 .collect(),
-            run_loops: run_loop_views(
-                self.neutral_history,
-                entry.dialect,
-                &messages,
-                &timestamps,
-            ),
+            run_loops: run_loop_views(self.neutral_history, entry.dialect, &messages, &timestamps),
             messages,
             ids,
             branches,

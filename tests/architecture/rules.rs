@@ -141,7 +141,10 @@ fn components<'a, V>(graph: &BTreeMap<&'a str, BTreeMap<&'a str, V>>) -> Vec<BTr
 }
 
 /// The shortest closed walk from the component's first module back to itself, staying inside it.
-fn walk_back<V>(component: &BTreeSet<&str>, graph: &BTreeMap<&str, BTreeMap<&str, V>>) -> Vec<String> {
+fn walk_back<V>(
+    component: &BTreeSet<&str>,
+    graph: &BTreeMap<&str, BTreeMap<&str, V>>,
+) -> Vec<String> {
     let start = component.iter().next().copied().unwrap_or_default();
     let mut prev: BTreeMap<&str, &str> = BTreeMap::new();
     let mut queue = std::collections::VecDeque::from([start]);

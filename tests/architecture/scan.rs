@@ -58,7 +58,13 @@ pub fn read(files: &BTreeMap<String, String>, root: &str) -> Crate {
 
 /// Reads one module file and the non-test modules it declares; `dir_owner`: the file owns its directory
 /// (`mod.rs`), so its children sit beside it rather than in a folder of its own name.
-fn walk(files: &BTreeMap<String, String>, file: &str, dir_owner: bool, path: &[String], out: &mut Crate) {
+fn walk(
+    files: &BTreeMap<String, String>,
+    file: &str,
+    dir_owner: bool,
+    path: &[String],
+    out: &mut Crate,
+) {
     let Some(text) = files.get(file) else {
         out.missing.push(file.to_string());
         return;
@@ -82,7 +88,11 @@ fn walk(files: &BTreeMap<String, String>, file: &str, dir_owner: bool, path: &[S
     };
     for (name, path_attr, _) in module_decls(text, &code) {
         // `#[path]` is relative to the directory of the declaring file.
-        let base = if path_attr.is_some() { parent(file) } else { dir.clone() };
+        let base = if path_attr.is_some() {
+            parent(file)
+        } else {
+            dir.clone()
+        };
         match child_file(files, &base, &name, path_attr.as_deref()) {
             Some((child, owner)) => {
                 let mut p = path.to_vec();
@@ -329,7 +339,8 @@ fn line_of(code: &str, offset: usize) -> usize {
 }
 
 fn parent(path: &str) -> String {
-    path.rsplit_once('/').map_or(String::new(), |(d, _)| d.to_string())
+    path.rsplit_once('/')
+        .map_or(String::new(), |(d, _)| d.to_string())
 }
 
 fn join(dir: &str, rel: &str) -> String {

@@ -82,8 +82,8 @@ mod tests {
     use crate::config::SessionConfig;
     use crate::dialect::Dialect;
     use crate::pipeline::identity::identify;
-    use crate::session::{IdSource, SessionIdentity};
     use crate::session::TenantKey;
+    use crate::session::{IdSource, SessionIdentity};
     use http::HeaderMap;
     use serde_json::json;
 
