@@ -4,8 +4,9 @@
 
 use ctxgate::config::{SessionConfig, StoreBackend, StoreConfig};
 use ctxgate::dialect::Dialect;
+use ctxgate::pipeline::identity::identify;
 use ctxgate::session::tree::raw_message_hashes;
-use ctxgate::session::{identify, Sessions, TenantKey};
+use ctxgate::session::{Sessions, TenantKey};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 

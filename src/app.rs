@@ -111,7 +111,8 @@ impl AppState {
             Sessions::new(store, config.store.cache_max_bytes)
                 .with_metrics(metrics.session_metrics())
                 .with_store_metrics(metrics.store_metrics(backend))
-                .with_timeout(Duration::from_millis(config.store.timeout_ms)),
+                .with_timeout(Duration::from_millis(config.store.timeout_ms))
+                .with_neutral_history(crate::dialect::Dialect::history_as_neutral),
         );
         let live = Live::build(config.clone(), &metrics)?;
         match &live.summarizer {
@@ -129,7 +130,7 @@ impl AppState {
         if config.store.retention_days > 0 {
             spawn_retention(sessions.clone(), config.store.retention_days);
         }
-        let state = Arc::new(Self {
+        Ok(Arc::new(Self {
             reload: crate::reload::Source::new(config.clone()),
             config: Arc::new(config),
             live: arc_swap::ArcSwap::from_pointee(live),
@@ -142,9 +143,7 @@ impl AppState {
             tenant_key,
             cut_streams: tokio_util::sync::CancellationToken::new(),
             otel,
-        });
-        crate::hooks::spawn(&state);
-        Ok(state)
+        }))
     }
 
     /// The reloadable part of the config as it is now: take it once per request and keep it.
@@ -155,6 +154,23 @@ impl AppState {
     /// Puts a reloaded snapshot in place: requests started before keep theirs.
     pub fn swap_live(&self, live: Live) {
         self.live.store(Arc::new(live));
+    }
+
+    /// Reloads the config's reloadable sections from where it came from (SIGHUP, `POST /admin/config/reload`):
+    /// [`crate::reload`] reads and checks the file, this builds and swaps the new snapshot. `Err` with every
+    /// problem when the file is refused (nothing changes).
+    pub async fn reload_config(&self) -> Result<crate::reload::Reloaded, Vec<String>> {
+        let _one = self.reload.one_at_a_time().await;
+        let result = self
+            .reload
+            .read(&self.live().config)
+            .and_then(|(config, report)| {
+                let next = Live::build(config, &self.metrics).map_err(|e| vec![e.to_string()])?;
+                self.swap_live(next);
+                Ok(report)
+            });
+        crate::reload::record(&result, &self.metrics);
+        result
     }
 
     /// Waits for background work (turn recording) and for every queued store write to be committed, however

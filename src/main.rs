@@ -223,7 +223,8 @@ async fn sessions_cmd(config: Option<PathBuf>, action: SessionsAction) -> anyhow
         anyhow::bail!("no store at {} (store.path)", cfg.store.path.display());
     }
     let store = ctxgate::store::open(&cfg.store)?;
-    let sessions = ctxgate::session::Sessions::new(store, cfg.store.cache_max_bytes);
+    let sessions = ctxgate::session::Sessions::new(store, cfg.store.cache_max_bytes)
+        .with_neutral_history(ctxgate::dialect::Dialect::history_as_neutral);
     let mut out = std::io::stdout().lock();
     match action {
         SessionsAction::List { limit, offset } => {
@@ -469,6 +470,35 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(run(cli))
 }
 
+/// Builds the tokenizer's tables on a thread of its own (`ctxgate-tokenizer`), so that the first conversation large
+/// enough to be counted does not wait for them (requests that need one meanwhile wait for it as they would have);
+/// the tiktoken tables they are read from are then handed back to the system. A table that fails to load is
+/// logged (its counts are then estimated from bytes); a thread that cannot start is logged too, and counting
+/// builds the tables on first use.
+fn load_tokenizer_in_background() {
+    let spawned = std::thread::Builder::new()
+        .name("ctxgate-tokenizer".into())
+        .spawn(|| {
+            let started = std::time::Instant::now();
+            let loaded = ctxgate::context::tokens::load_tables();
+            ctxgate::alloc::collect();
+            if loaded.contains(&false) {
+                tracing::warn!(
+                    ?loaded,
+                    "tokens: an encoding's tables failed to load; its counts are estimated from bytes"
+                );
+            } else {
+                tracing::debug!(
+                    ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                    "tokens: encodings loaded"
+                );
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "tokens: cannot load the encodings ahead; they load on first use");
+    }
+}
+
 /// Reloads the config on every SIGHUP; a refused file is logged (every problem) and changes nothing.
 async fn reload_on_sighup(state: std::sync::Arc<ctxgate::app::AppState>) {
     use tokio::signal::unix::{signal, SignalKind};
@@ -478,7 +508,7 @@ async fn reload_on_sighup(state: std::sync::Arc<ctxgate::app::AppState>) {
     };
     while hup.recv().await.is_some() {
         tracing::info!("config: SIGHUP received, reloading");
-        let _ = ctxgate::reload::reload(&state).await;
+        let _ = state.reload_config().await;
     }
 }
 
@@ -507,7 +537,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let addr = cfg.listen_addr()?;
             let upstream_url = cfg.upstream.base_url.clone();
             let state = ctxgate::app::AppState::new(cfg)?;
-            ctxgate::context::tokens::load_in_background();
+            load_tokenizer_in_background();
             state.reload.set(config.clone(), loaded);
             // SIGHUP reloads the config's reloadable sections (see ctxgate::reload).
             tokio::spawn(reload_on_sighup(state.clone()));

@@ -10,6 +10,9 @@ use serde_json::Value;
 /// one: text sent together with tool results (Anthropic puts both in one user message).
 pub const CONTINUES: &str = "ctxgate_continues";
 
+/// How the summary message ctxgate writes in place of older history begins (what marks it as ctxgate's).
+pub const SUMMARY_PREFIX: &str = "Summary of the earlier conversation: ";
+
 /// Where a message of a rewritten conversation comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -94,4 +97,40 @@ pub fn tool_call_id(m: &Value) -> &str {
     field(m, "tool_call_id")
         .and_then(Value::as_str)
         .unwrap_or("")
+}
+/// JSON with object keys sorted, so equal values give equal text whatever the key order.
+pub fn canonical_json(v: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(v, &mut out);
+    out
+}
+
+fn write_canonical(v: &Value, out: &mut String) {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String((*k).clone()).to_string());
+                out.push(':');
+                write_canonical(&m[k.as_str()], out);
+            }
+            out.push('}');
+        }
+        Value::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(x, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
 }

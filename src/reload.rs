@@ -1,12 +1,12 @@
 //! Live reload (SIGHUP, `POST /admin/config/reload`): the config file is read again (with the same `CTXGATE_*`
-//! environment layering as at start) and checked whole; `[context]`, `[prune]`, `[summary]`, `[recall]` and
-//! `[models]` are applied by swapping the snapshot requests take when they start (a request in flight keeps
-//! its own); every other changed key needs a restart and is named, not applied. A file with problems changes
-//! nothing and every problem is reported.
+//! environment layering as at start) and checked whole; the running config comes back with `[context]`,
+//! `[prune]`, `[summary]`, `[recall]` and `[models]` replaced, for its owner (`app::AppState::reload_config`) to
+//! swap into the snapshot requests take when they start (a request in flight keeps its own); every other changed
+//! key needs a restart and is named, not applied. A file with problems changes nothing and every problem is
+//! reported.
 
-use crate::app::{AppState, Live};
 use crate::config::Config;
-use crate::metrics::ReloadOutcome;
+use crate::metrics::{Metrics, ReloadOutcome};
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -40,6 +40,52 @@ impl Source {
         *self.path.lock() = path;
         *self.started.lock() = loaded;
     }
+
+    /// Holds off other reloads until the guard is dropped (the owner of the live config reads and swaps under it).
+    pub async fn one_at_a_time(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.busy.lock().await
+    }
+
+    /// Reads the file again and hands back `running` with its reloadable sections replaced, validated whole, and
+    /// what changed; `Err` with every problem when the file is refused. Applies nothing.
+    pub fn read(&self, running: &Config) -> Result<(Config, Reloaded), Vec<String>> {
+        let path = self.path.lock().clone();
+        let new = Config::load(path.as_deref()).map_err(|e| e.0)?;
+        let (old, new_v) = (to_value(running), to_value(&new));
+        let started = to_value(&self.started.lock());
+        let mut changed = Vec::new();
+        let mut restart_required = Vec::new();
+        if let (Value::Object(old_o), Value::Object(new_o), Value::Object(start_o)) =
+            (&old, &new_v, &started)
+        {
+            for (section, value) in new_o {
+                if RELOADABLE.contains(&section.as_str()) {
+                    diff(section, old_o.get(section), Some(value), &mut changed);
+                } else {
+                    diff(
+                        section,
+                        start_o.get(section),
+                        Some(value),
+                        &mut restart_required,
+                    );
+                }
+            }
+        }
+        // The running config, with the reloadable sections replaced.
+        let mut next = running.clone();
+        next.context = new.context;
+        next.prune = new.prune;
+        next.summary = new.summary;
+        next.recall = new.recall;
+        next.models = new.models;
+        next.validate().map_err(|e| e.0)?;
+        let report = Reloaded {
+            reloaded: true,
+            changed,
+            restart_required,
+        };
+        Ok((next, report))
+    }
 }
 
 /// What a reload did.
@@ -53,14 +99,11 @@ pub struct Reloaded {
     pub restart_required: Vec<String>,
 }
 
-/// Reloads `state`'s config (see the module docs): `Err` with every problem when the file is refused.
-pub async fn reload(state: &AppState) -> Result<Reloaded, Vec<String>> {
-    let _one = state.reload.busy.lock().await;
-    let path = state.reload.path.lock().clone();
-    let result = apply(state, path);
-    match &result {
+/// Logs and counts a reload's outcome.
+pub fn record(result: &Result<Reloaded, Vec<String>>, metrics: &Metrics) {
+    match result {
         Ok(r) => {
-            state.metrics.reload(ReloadOutcome::Applied);
+            metrics.reload(ReloadOutcome::Applied);
             tracing::info!(
                 changed = ?r.changed,
                 restart_required = ?r.restart_required,
@@ -71,53 +114,12 @@ pub async fn reload(state: &AppState) -> Result<Reloaded, Vec<String>> {
             }
         }
         Err(problems) => {
-            state.metrics.reload(ReloadOutcome::Rejected);
+            metrics.reload(ReloadOutcome::Rejected);
             for p in problems {
                 tracing::warn!(problem = %p, "config: reload refused; the running config is kept");
             }
         }
     }
-    result
-}
-
-fn apply(state: &AppState, path: Option<PathBuf>) -> Result<Reloaded, Vec<String>> {
-    let new = Config::load(path.as_deref()).map_err(|e| e.0)?;
-    let live = state.live();
-    let (old, new_v) = (to_value(&live.config), to_value(&new));
-    let started = to_value(&state.reload.started.lock());
-    let mut changed = Vec::new();
-    let mut restart_required = Vec::new();
-    if let (Value::Object(old_o), Value::Object(new_o), Value::Object(start_o)) =
-        (&old, &new_v, &started)
-    {
-        for (section, value) in new_o {
-            if RELOADABLE.contains(&section.as_str()) {
-                diff(section, old_o.get(section), Some(value), &mut changed);
-            } else {
-                diff(
-                    section,
-                    start_o.get(section),
-                    Some(value),
-                    &mut restart_required,
-                );
-            }
-        }
-    }
-    // The running config, with the reloadable sections replaced.
-    let mut running = (*live.config).clone();
-    running.context = new.context;
-    running.prune = new.prune;
-    running.summary = new.summary;
-    running.recall = new.recall;
-    running.models = new.models;
-    running.validate().map_err(|e| e.0)?;
-    let next = Live::build(running, &state.metrics).map_err(|e| vec![e.to_string()])?;
-    state.swap_live(next);
-    Ok(Reloaded {
-        reloaded: true,
-        changed,
-        restart_required,
-    })
 }
 
 fn to_value(c: &Config) -> Value {

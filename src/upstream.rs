@@ -181,6 +181,20 @@ impl Upstream {
         headers: HeaderMap,
         body: Body,
     ) -> Result<UpstreamResponse, GatewayError> {
+        self.send_within(method, url, headers, body, self.timeout)
+            .await
+    }
+
+    /// Sends a request over the same pooled client and waits at most `timeout` for the response headers (the
+    /// idle webhook, with its own `[hooks]` timeout).
+    pub async fn send_within(
+        &self,
+        method: http::Method,
+        url: &str,
+        headers: HeaderMap,
+        body: Body,
+        timeout: Duration,
+    ) -> Result<UpstreamResponse, GatewayError> {
         let uri: http::Uri = url.parse().map_err(|_| {
             GatewayError::UpstreamUnreachable("request failed: not a valid URL".into())
         })?;
@@ -188,10 +202,10 @@ impl Upstream {
         *req.method_mut() = method;
         *req.uri_mut() = uri;
         *req.headers_mut() = headers;
-        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+        match tokio::time::timeout(timeout, self.client.request(req)).await {
             Ok(Ok(resp)) => Ok(UpstreamResponse(resp)),
-            Ok(Err(e)) => Err(map_client_error(&e, self.timeout)),
-            Err(_) => Err(GatewayError::UpstreamTimeout(self.timeout.as_secs())),
+            Ok(Err(e)) => Err(map_client_error(&e, timeout)),
+            Err(_) => Err(GatewayError::UpstreamTimeout(timeout.as_secs())),
         }
     }
 }

@@ -97,42 +97,27 @@ impl Encoding {
     fn bpe(self) -> Option<&'static Ranks> {
         static O200K: OnceLock<Option<Ranks>> = OnceLock::new();
         static CL100K: OnceLock<Option<Ranks>> = OnceLock::new();
-        let (cell, load): (_, fn() -> anyhow::Result<tiktoken_rs::CoreBPE>) = match self {
-            Encoding::O200k => (&O200K, tiktoken_rs::o200k_base),
-            Encoding::Cl100k => (&CL100K, tiktoken_rs::cl100k_base),
-        };
-        cell.get_or_init(|| load().ok().map(|bpe| Ranks::from_tiktoken(&bpe)))
-            .as_ref()
+        match self {
+            Encoding::O200k => O200K.get_or_init(|| {
+                tiktoken_rs::o200k_base()
+                    .ok()
+                    .map(|bpe| Ranks::from_tiktoken(&bpe))
+            }),
+            Encoding::Cl100k => CL100K.get_or_init(|| {
+                tiktoken_rs::cl100k_base()
+                    .ok()
+                    .map(|bpe| Ranks::from_tiktoken(&bpe))
+            }),
+        }
+        .as_ref()
     }
 }
 
-/// Builds both encodings' tables on a thread of their own (`ctxgate-tokenizer`), so that the first conversation
-/// large enough to be counted does not wait for them (~0.25 s each in a release build; requests that need one
-/// meanwhile wait for it as they would have). The tiktoken tables they are read from are handed back to the
-/// system once done. A table that fails to load is logged (its counts are then estimated from bytes); a thread
-/// that cannot start is logged too, and counting builds the tables on first use.
-pub fn load_in_background() {
-    let spawned = std::thread::Builder::new()
-        .name("ctxgate-tokenizer".into())
-        .spawn(|| {
-            let started = std::time::Instant::now();
-            let loaded = [Encoding::O200k, Encoding::Cl100k].map(|e| e.bpe().is_some());
-            crate::alloc::collect();
-            if loaded.contains(&false) {
-                tracing::warn!(
-                    ?loaded,
-                    "tokens: an encoding's tables failed to load; its counts are estimated from bytes"
-                );
-            } else {
-                tracing::debug!(
-                    ms = started.elapsed().as_millis() as u64,
-                    "tokens: encodings loaded"
-                );
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::warn!(error = %e, "tokens: cannot load the encodings ahead; they load on first use");
-    }
+/// Builds both encodings' tables now (~0.25 s each in a release build) rather than on first use; which of
+/// `[o200k_base, cl100k_base]` loaded (one that failed is counted by an estimate from bytes). `serve` calls it on
+/// a start-up thread of its own, so that the first conversation large enough to be counted does not wait.
+pub fn load_tables() -> [bool; 2] {
+    [Encoding::O200k, Encoding::Cl100k].map(|e| e.bpe().is_some())
 }
 
 /// Forgets the pieces of text this thread has counted (benchmarks of a first sight use it; counts are unchanged).

@@ -6,6 +6,7 @@
 pub mod anthropic;
 pub mod chat;
 mod names;
+pub mod naming;
 pub mod reply;
 pub mod request;
 pub mod responses;
@@ -96,6 +97,16 @@ impl Dialect {
                 None, messages,
             ))),
         }
+    }
+
+    /// A stored history of dialect `name` as neutral messages, each with its position in the history; `None` for
+    /// chat, whose messages are neutral (what `session::Sessions` finds a view's run loops on).
+    pub fn history_as_neutral(name: &str, messages: &[Value]) -> Option<(Vec<Value>, Vec<usize>)> {
+        let c = Dialect::named(name).convert_history(messages)?;
+        let native = (0..c.messages().len())
+            .map(|i| c.native_index(i).unwrap_or(0))
+            .collect();
+        Some((c.messages().to_vec(), native))
     }
 
     /// The body field holding the conversation: `messages` (`input` for the Responses API).

@@ -103,6 +103,29 @@ pub fn usage_cached_tokens(u: &Value) -> Option<u64> {
 }
 
 impl AssembledReply {
+    /// What the answer tells its trace span: `usage` this round's usage (the reply's own when `None`).
+    pub fn answer<'a>(&'a self, usage: Option<&'a Value>) -> crate::otel::spans::Answer<'a> {
+        let usage = usage.or(self.usage.as_ref());
+        crate::otel::spans::Answer {
+            model: self.model.as_deref(),
+            id: self.id.as_deref(),
+            finish_reason: self.finish_reason.as_deref(),
+            input_tokens: usage.and_then(usage_prompt_tokens),
+            output_tokens: usage.and_then(|u| {
+                u.get("completion_tokens")
+                    .or_else(|| u.get("output_tokens"))
+                    .and_then(Value::as_u64)
+            }),
+            cached_tokens: usage.and_then(usage_cached_tokens),
+            message: (!self.is_empty()).then_some(&self.message),
+            error: self.error.as_ref().map(|e| {
+                e.get("type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("upstream_error")
+            }),
+        }
+    }
+
     /// `usage.prompt_tokens`, when reported; else Anthropic's whole prompt: `input_tokens` plus
     /// `cache_read_input_tokens` and `cache_creation_input_tokens`.
     pub fn prompt_tokens(&self) -> Option<u64> {

@@ -5,14 +5,18 @@
 //! (or refused it with a 4xx other than 429). On a shared store a per-session lock keeps two instances from
 //! delivering the same period.
 
-use crate::app::AppState;
-use crate::metrics::HookOutcome;
+use crate::config::HooksConfig;
+use crate::error::GatewayError;
+use crate::metrics::{HookOutcome, Metrics};
 use crate::session::manager::now_secs;
+use crate::session::Sessions;
 use crate::store::{Lock, SessionMeta};
+use crate::upstream::Upstream;
 use hmac::{Hmac, Mac};
+use http::{HeaderMap, HeaderValue};
 use sha2::Sha256;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// Header carrying the body's signature.
@@ -34,27 +38,20 @@ pub fn signature(secret: &str, body: &[u8]) -> String {
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
-/// Starts the sweeper when `[hooks] session_idle_url` is set.
-pub fn spawn(state: &Arc<AppState>) {
-    let cfg = &state.config.hooks;
+/// Starts the sweeper when `[hooks] session_idle_url` is set (the server does, once it is bound): it reads the
+/// `sessions`, counts in `metrics`, and posts through `client`, the upstream's pooled HTTP client. It ends when
+/// the sessions are dropped with the gateway.
+pub fn spawn(cfg: &HooksConfig, sessions: &Arc<Sessions>, metrics: Arc<Metrics>, client: Upstream) {
     let (Some(url), Some(secret)) = (cfg.session_idle_url.clone(), cfg.secret.clone()) else {
         return;
     };
-    let client = match reqwest::Client::builder()
-        .timeout(Duration::from_secs(cfg.timeout_secs))
-        .build()
-    {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!(error = %e, "hooks: cannot build the HTTP client; the idle webhook is off");
-            return;
-        }
-    };
     let sweeper = Sweeper {
-        state: Arc::downgrade(state),
+        sessions: Arc::downgrade(sessions),
+        metrics,
         url,
         secret,
         client,
+        timeout: Duration::from_secs(cfg.timeout_secs),
         idle_after: cfg.idle_after(),
         max_backoff: cfg.max_backoff(),
         backoff: HashMap::new(),
@@ -68,10 +65,13 @@ pub fn spawn(state: &Arc<AppState>) {
 
 struct Sweeper {
     /// Weak: the sweeper ends with the gateway.
-    state: std::sync::Weak<AppState>,
+    sessions: Weak<Sessions>,
+    metrics: Arc<Metrics>,
     url: String,
     secret: String,
-    client: reqwest::Client,
+    client: Upstream,
+    /// How long one delivery may wait for the receiver's answer.
+    timeout: Duration,
     idle_after: Duration,
     max_backoff: Duration,
     /// Failing deliveries: (attempts so far, not before).
@@ -92,21 +92,21 @@ impl Sweeper {
             (self.idle_after / 4).clamp(Duration::from_millis(200), Duration::from_secs(30));
         loop {
             tokio::time::sleep(every).await;
-            let Some(state) = self.state.upgrade() else {
+            let Some(sessions) = self.sessions.upgrade() else {
                 return;
             };
-            if let Err(e) = self.sweep(&state).await {
+            if let Err(e) = self.sweep(&sessions).await {
                 tracing::warn!(error = %e, "hooks: the sweep failed; trying again at the next one");
             }
         }
     }
 
-    async fn sweep(&mut self, state: &Arc<AppState>) -> Result<(), crate::store::StoreError> {
+    async fn sweep(&mut self, sessions: &Sessions) -> Result<(), crate::store::StoreError> {
         let cutoff = now_secs() - i64::try_from(self.idle_after.as_secs()).unwrap_or(i64::MAX);
         let mut due: Vec<SessionMeta> = Vec::new();
         let mut at = 0;
         loop {
-            let (rows, _) = state.sessions.list(PAGE, at).await?;
+            let (rows, _) = sessions.list(PAGE, at).await?;
             if rows.is_empty() {
                 break;
             }
@@ -116,21 +116,21 @@ impl Sweeper {
                     .filter(|m| m.last_active <= cutoff && m.idle_notified != Some(m.last_active)),
             );
         }
-        state.metrics.hooks_pending(due.len());
+        self.metrics.hooks_pending(due.len());
         self.backoff.retain(|id, _| due.iter().any(|m| &m.id == id));
         let now = Instant::now();
         for m in due {
             if self.backoff.get(&m.id).is_some_and(|(_, next)| *next > now) {
                 continue;
             }
-            self.deliver(state, &m).await;
+            self.deliver(sessions, &m).await;
         }
         Ok(())
     }
 
     /// One attempt for session `m`'s idle period, under the session's lock on a shared store.
-    async fn deliver(&mut self, state: &Arc<AppState>, m: &SessionMeta) {
-        let store = state.sessions.store().clone();
+    async fn deliver(&mut self, sessions: &Sessions, m: &SessionMeta) {
+        let store = sessions.store().clone();
         let token = match store.lock(&m.id, "idle-hook", 60_000).await {
             Ok(Lock::HeldElsewhere) => return,
             Ok(Lock::Acquired(t)) => Some(t),
@@ -157,22 +157,22 @@ impl Sweeper {
                 }
             }
         }
-        let outcome = self.attempt(state, m).await;
+        let outcome = self.attempt(sessions, m).await;
         match outcome {
             Some(Attempt::Delivered) => {
-                state.metrics.hook(HookOutcome::Delivered);
+                self.metrics.hook(HookOutcome::Delivered);
                 self.backoff.remove(&m.id);
-                self.mark(state, m).await;
+                self.mark(sessions, m).await;
                 tracing::info!(session = %m.id, "hooks: idle session delivered");
             }
             Some(Attempt::Refused(status)) => {
-                state.metrics.hook(HookOutcome::Failed);
+                self.metrics.hook(HookOutcome::Failed);
                 self.backoff.remove(&m.id);
-                self.mark(state, m).await;
+                self.mark(sessions, m).await;
                 tracing::warn!(session = %m.id, status, "hooks: the receiver refused the idle session; not retried for this idle period");
             }
             Some(Attempt::Retry(why)) => {
-                state.metrics.hook(HookOutcome::Retried);
+                self.metrics.hook(HookOutcome::Retried);
                 let (n, _) = self
                     .backoff
                     .get(&m.id)
@@ -191,21 +191,26 @@ impl Sweeper {
     }
 
     /// Posts the session's export; `None` when there is nothing to post (the session is gone).
-    async fn attempt(&self, state: &Arc<AppState>, m: &SessionMeta) -> Option<Attempt> {
-        let body = match crate::session::export::export_session(&state.sessions, &m.id).await {
+    async fn attempt(&self, sessions: &Sessions, m: &SessionMeta) -> Option<Attempt> {
+        let body = match crate::session::export::export_session(sessions, &m.id).await {
             Ok(Some(b)) => b,
             Ok(None) => return None,
             Err(e) => return Some(Attempt::Retry(format!("export: {e}"))),
         };
+        let Some(headers) = headers(&self.secret, &body, m) else {
+            return Some(Attempt::Retry(
+                "the session id is not a header value".into(),
+            ));
+        };
         let sent = self
             .client
-            .post(&self.url)
-            .header(http::header::CONTENT_TYPE, "application/x-ndjson")
-            .header(SIGNATURE_HEADER, signature(&self.secret, &body))
-            .header("x-ctxgate-session", &m.id)
-            .header(DELIVERY_HEADER, format!("{}:{}", m.id, m.last_active))
-            .body(body)
-            .send()
+            .send_within(
+                http::Method::POST,
+                &self.url,
+                headers,
+                axum::body::Body::from(body),
+                self.timeout,
+            )
             .await;
         Some(match sent {
             Ok(r) if r.status().is_success() => Attempt::Delivered,
@@ -213,24 +218,37 @@ impl Sweeper {
                 Attempt::Retry(format!("status {}", r.status().as_u16()))
             }
             Ok(r) => Attempt::Refused(r.status().as_u16()),
-            Err(e) => Attempt::Retry(if e.is_timeout() {
-                "timed out".into()
-            } else {
-                "connection failed".into()
-            }),
+            Err(GatewayError::UpstreamTimeout(_)) => Attempt::Retry("timed out".into()),
+            Err(_) => Attempt::Retry("connection failed".into()),
         })
     }
 
-    async fn mark(&self, state: &AppState, m: &SessionMeta) {
-        if let Err(e) = state
-            .sessions
-            .mark_idle_notified(&m.id, m.last_active)
-            .await
-        {
+    async fn mark(&self, sessions: &Sessions, m: &SessionMeta) {
+        if let Err(e) = sessions.mark_idle_notified(&m.id, m.last_active).await {
             // Not marked: the next sweep delivers it again (the receiver sees the same x-ctxgate-delivery).
             tracing::warn!(error = %e, session = %m.id, "hooks: could not record the delivery");
         }
     }
+}
+
+/// A delivery's headers: the body's type and signature, the session, the delivery's name; `None` when the
+/// session id cannot be a header value.
+fn headers(secret: &str, body: &[u8], m: &SessionMeta) -> Option<HeaderMap> {
+    let mut h = HeaderMap::new();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    h.insert(
+        SIGNATURE_HEADER,
+        HeaderValue::from_str(&signature(secret, body)).ok()?,
+    );
+    h.insert("x-ctxgate-session", HeaderValue::from_str(&m.id).ok()?);
+    h.insert(
+        DELIVERY_HEADER,
+        HeaderValue::from_str(&format!("{}:{}", m.id, m.last_active)).ok()?,
+    );
+    Some(h)
 }
 
 #[cfg(test)]

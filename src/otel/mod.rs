@@ -6,7 +6,7 @@
 
 mod export;
 mod server;
-mod spans;
+pub mod spans;
 
 pub use server::{inject, trace_request};
 pub use spans::{

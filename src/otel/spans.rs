@@ -2,13 +2,33 @@
 //! own `ctxgate.*` attributes. Nothing here reads message content unless `otel.capture_content` is on.
 
 use super::Tracing;
-use crate::dialect::reply::{usage_cached_tokens, usage_prompt_tokens};
-use crate::dialect::AssembledReply;
 use crate::error::GatewayError;
 use opentelemetry::trace::{Link, SpanContext, SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry::{Array, Context, KeyValue, StringValue, Value as OtelValue};
 use serde_json::Value;
 use std::sync::Arc;
+
+/// What an upstream answer tells its span, as its dialect reads it (`dialect::AssembledReply::answer`): `otel/`
+/// reads no wire format.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Answer<'a> {
+    /// The model the upstream reported.
+    pub model: Option<&'a str>,
+    /// The completion's id.
+    pub id: Option<&'a str>,
+    /// Why it stopped.
+    pub finish_reason: Option<&'a str>,
+    /// The prompt's tokens, as the upstream counted them.
+    pub input_tokens: Option<u64>,
+    /// The completion's tokens.
+    pub output_tokens: Option<u64>,
+    /// The prompt's tokens read from the provider's cache.
+    pub cached_tokens: Option<u64>,
+    /// The assistant message, when it has content (recorded only when `otel.capture_content` is on).
+    pub message: Option<&'a Value>,
+    /// The type of an error event inside a successful stream (`upstream_error` when it names none).
+    pub error: Option<&'a str>,
+}
 
 /// A request's trace: the context whose active span is the one new spans go under (the server span, or the plan
 /// span for what planning starts). Travels in the request's extensions.
@@ -217,43 +237,36 @@ impl ChatSpan {
         &self.cx
     }
 
-    /// Ends the span with the answer: `status` the upstream's, `reply` what it said, `usage` this round's usage
-    /// (the reply's own when `None`).
-    pub fn finish(self, status: u16, reply: &AssembledReply, usage: Option<&Value>) {
+    /// Ends the span with the answer: `status` the upstream's, `answer` what it said.
+    pub fn finish(self, status: u16, answer: &Answer<'_>) {
         let span = self.cx.span();
         let mut a = Vec::with_capacity(8);
-        if let Some(m) = &reply.model {
-            a.push(KeyValue::new("gen_ai.response.model", m.clone()));
+        if let Some(m) = answer.model {
+            a.push(KeyValue::new("gen_ai.response.model", m.to_string()));
         }
-        if let Some(id) = &reply.id {
-            a.push(KeyValue::new("gen_ai.response.id", id.clone()));
+        if let Some(id) = answer.id {
+            a.push(KeyValue::new("gen_ai.response.id", id.to_string()));
         }
-        if let Some(f) = &reply.finish_reason {
-            let reasons = vec![StringValue::from(f.clone())];
+        if let Some(f) = answer.finish_reason {
+            let reasons = vec![StringValue::from(f.to_string())];
             a.push(KeyValue::new(
                 "gen_ai.response.finish_reasons",
                 OtelValue::Array(Array::String(reasons)),
             ));
         }
-        if let Some(u) = usage.or(reply.usage.as_ref()) {
-            if let Some(n) = usage_prompt_tokens(u) {
-                a.push(KeyValue::new("gen_ai.usage.input_tokens", to_i64(n)));
-            }
-            if let Some(n) = u
-                .get("completion_tokens")
-                .or_else(|| u.get("output_tokens"))
-                .and_then(Value::as_u64)
-            {
-                a.push(KeyValue::new("gen_ai.usage.output_tokens", to_i64(n)));
-            }
-            if let Some(n) = usage_cached_tokens(u) {
-                a.push(KeyValue::new("ctxgate.tokens.cached", to_i64(n)));
-            }
+        if let Some(n) = answer.input_tokens {
+            a.push(KeyValue::new("gen_ai.usage.input_tokens", to_i64(n)));
         }
-        if self.capture && !reply.is_empty() {
+        if let Some(n) = answer.output_tokens {
+            a.push(KeyValue::new("gen_ai.usage.output_tokens", to_i64(n)));
+        }
+        if let Some(n) = answer.cached_tokens {
+            a.push(KeyValue::new("ctxgate.tokens.cached", to_i64(n)));
+        }
+        if let (true, Some(message)) = (self.capture, answer.message) {
             a.push(KeyValue::new(
                 "gen_ai.output.messages",
-                serde_json::to_string(&reply.message).unwrap_or_default(),
+                serde_json::to_string(message).unwrap_or_default(),
             ));
         }
         a.push(KeyValue::new(
@@ -263,12 +276,8 @@ impl ChatSpan {
         if status >= 400 {
             a.push(KeyValue::new("error.type", status.to_string()));
             span.set_status(Status::error(""));
-        } else if let Some(e) = reply.error.as_ref() {
+        } else if let Some(kind) = answer.error {
             // An error event inside a successful stream.
-            let kind = e
-                .get("type")
-                .and_then(Value::as_str)
-                .unwrap_or("upstream_error");
             a.push(KeyValue::new("error.type", kind.to_owned()));
             span.set_status(Status::error(""));
         }
@@ -414,20 +423,14 @@ impl UpstreamTrace {
 
     /// Ends the open round's span with its answer (see [`ChatSpan::finish`]); `body_error`: the upstream's body
     /// broke or stalled.
-    pub fn answered(
-        &mut self,
-        status: u16,
-        reply: &AssembledReply,
-        usage: Option<&Value>,
-        body_error: bool,
-    ) {
+    pub fn answered(&mut self, status: u16, answer: &Answer<'_>, body_error: bool) {
         if let Some(span) = self.current.take() {
             if body_error {
                 let s = span.cx.span();
                 s.set_attribute(KeyValue::new("error.type", "upstream_body"));
                 s.set_status(Status::error(""));
             }
-            span.finish(status, reply, usage);
+            span.finish(status, answer);
         }
     }
 
@@ -447,6 +450,7 @@ impl UpstreamTrace {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::AssembledReply;
     use opentelemetry_sdk::error::OTelSdkResult;
     use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
     use parking_lot::Mutex;
@@ -522,7 +526,7 @@ mod tests {
             complete: true,
             ..AssembledReply::default()
         };
-        up.answered(200, &reply, None, false);
+        up.answered(200, &reply.answer(None), false);
         let spans = spans.0.lock();
         let chat = named(&spans, "chat claude-x");
         assert_eq!(chat.span_kind, SpanKind::Client);
@@ -600,7 +604,7 @@ mod tests {
             message: json!({"role": "assistant", "content": "SECRET answer"}),
             ..AssembledReply::default()
         };
-        up.answered(200, &reply, None, false);
+        up.answered(200, &reply.answer(None), false);
         let spans = spans.0.lock();
         let chat = named(&spans, "chat m");
         let input = attr(chat, "gen_ai.input.messages")
@@ -623,7 +627,7 @@ mod tests {
         up.round(&mut http::HeaderMap::new(), None);
         up.failed(&GatewayError::UpstreamTimeout(30));
         up.round(&mut http::HeaderMap::new(), None);
-        up.answered(429, &AssembledReply::default(), None, false);
+        up.answered(429, &AssembledReply::default().answer(None), false);
         trace.tool("recall_tool_call", "c1").finish("error");
         let spans = spans.0.lock();
         let errors: Vec<String> = spans

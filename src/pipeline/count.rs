@@ -48,7 +48,7 @@ pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
         Err(e) => return fail(e, &mut timer),
     };
     // A strategy an operator pinned on the session counts as it does for its turns.
-    let session = crate::session::identify(
+    let session = super::identity::identify(
         &parts.headers,
         &cfg.session,
         &state.tenant_key,

@@ -3,6 +3,7 @@
 //! translates at the edges; nothing here knows a wire format.
 
 mod count;
+pub mod identity;
 mod measure;
 mod plan;
 mod request;
@@ -26,12 +27,13 @@ use crate::recall::{HistorySource, LazyHistory};
 use crate::relay::{self, RelayOutcome};
 use crate::session::manager::now_secs;
 use crate::session::tree::raw_item_hashes;
-use crate::session::{identify, RequestMark, SessionIdentity};
+use crate::session::{RequestMark, SessionIdentity};
 use crate::store::records::RewriteRecord;
 use crate::store::{Compression, Record, StoreError};
 use axum::extract::Request;
 use axum::response::Response;
 use http::Method;
+use identity::identify;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
@@ -558,7 +560,7 @@ impl Turn {
                 }
                 if let Some(mut t) = self.upstream_trace {
                     let broken = outcome.upstream_error.is_some();
-                    t.answered(self.status.as_u16(), &outcome.reply, None, broken);
+                    t.answered(self.status.as_u16(), &outcome.reply.answer(None), broken);
                 }
                 let actual = outcome.reply.prompt_tokens();
                 // Sent without a count (clearly under the threshold): counted now, off the request's path, for

@@ -167,7 +167,7 @@ impl Rounds {
                     |_| AssembledReply::default(),
                     |b| dialect.reply_from_body(b),
                 );
-                t.answered(status.as_u16(), &reply, None, body.is_err());
+                t.answered(status.as_u16(), &reply.answer(None), body.is_err());
             }
             let parsed = body
                 .as_ref()
@@ -326,7 +326,7 @@ impl Rounds {
                 } else {
                     Some(usage)
                 };
-                t.answered(200, &reply, usage, error.is_some());
+                t.answered(200, &reply.answer(usage), error.is_some());
             }
             round += 1;
             let rounds_left = error.is_none() && round <= max_rounds;
@@ -340,8 +340,7 @@ impl Rounds {
                             if let Some(t) = self.trace.as_mut() {
                                 t.answered(
                                     r.status().as_u16(),
-                                    &AssembledReply::default(),
-                                    None,
+                                    &AssembledReply::default().answer(None),
                                     false,
                                 );
                             }
@@ -411,7 +410,7 @@ impl Rounds {
 
     async fn gone(mut self, reply: AssembledReply, bytes: u64, first_byte_at: Option<Instant>) {
         if let Some(t) = self.trace.as_mut() {
-            t.answered(200, &reply, None, false);
+            t.answered(200, &reply.answer(None), false);
         }
         (self.finisher)(outcome(reply, true, None, bytes, first_byte_at)).await;
     }

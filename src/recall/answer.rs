@@ -4,7 +4,6 @@
 use super::InjectedNames;
 use crate::config::RecallConfig;
 use crate::message::message_text;
-use crate::session::tree::Tree;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,8 +18,10 @@ pub struct HistorySource {
 }
 
 impl HistorySource {
-    /// A snapshot of the request's messages and the session's nodes.
-    pub fn new(request: &[Value], session: Option<&Tree>) -> Self {
+    /// A snapshot of the request's messages and a session tree's nodes (how tests build one; the pipeline gives
+    /// the stored messages in their neutral form: [`HistorySource::from_parts`]).
+    #[cfg(test)]
+    pub fn new(request: &[Value], session: Option<&crate::session::tree::Tree>) -> Self {
         let stored: Vec<(u32, Arc<Value>)> = session
             .map(|t| t.nodes().map(|n| (n.position, n.message.clone())).collect())
             .unwrap_or_default();
@@ -353,6 +354,7 @@ fn floor(s: &str, mut i: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::session::tree::Tree;
 
     #[test]
     fn a_lazy_source_is_built_once_and_only_when_read() {

@@ -259,7 +259,7 @@ async fn patch(
 /// Reloads the config's reloadable sections: 200 with what changed (and what needs a restart), or 400 with every
 /// problem of the file (the running config is kept).
 async fn reload(State(state): State<Arc<AppState>>) -> Response {
-    match crate::reload::reload(&state).await {
+    match state.reload_config().await {
         Ok(r) => Json(r).into_response(),
         Err(problems) => (
             http::StatusCode::BAD_REQUEST,

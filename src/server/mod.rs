@@ -144,6 +144,13 @@ impl Server {
             }
             None => None,
         };
+        // The idle webhook's sweeper, handed what it needs; it ends with the gateway's sessions.
+        crate::hooks::spawn(
+            &state.config.hooks,
+            &state.sessions,
+            state.metrics.clone(),
+            state.upstream.clone(),
+        );
         Ok(Server {
             listener,
             metrics_listener,

@@ -2,20 +2,9 @@
 //! opening; always namespaced by the caller's tenant, a keyed hash of its credentials (see [`super::tenant`]).
 
 use super::tenant::{TenantKey, ANONYMOUS};
-use super::{anthropic_id, responses_id};
 use crate::config::SessionConfig;
-use crate::dialect::Dialect;
 use http::HeaderMap;
-use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
-
-/// Agent headers honoured after `[session] header` in chat requests, in this order.
-pub const AGENT_HEADERS: &[&str] = &[
-    "helicone-session-id",
-    "x-conversation-id",
-    "session_id",
-    "conversation_id",
-];
 
 /// A resolved session identity.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,8 +15,8 @@ pub struct SessionIdentity {
     pub id: String,
     /// How the id was found.
     pub source: IdSource,
-    /// The wire format of the request.
-    pub dialect: Dialect,
+    /// The wire format of the request (`chat`, `anthropic`, `responses`).
+    pub dialect: &'static str,
 }
 
 /// Where a session id came from.
@@ -35,14 +24,13 @@ pub struct SessionIdentity {
 pub enum IdSource {
     /// The configured session header.
     Header,
-    /// A client's own session header: one of [`AGENT_HEADERS`] (chat), `x-claude-code-session-id` (Anthropic) or
-    /// one of [`super::responses_id::SESSION_HEADERS`] (Responses: Codex's `session-id`, `thread-id`).
+    /// A client's own session header (its agent's: Helicone's, Claude Code's, Codex's…).
     AgentHeader,
     /// The `session_id` inside an Anthropic request's `metadata.user_id` (Claude Code).
     Metadata,
     /// The body's `prompt_cache_key` (Responses).
     PromptCacheKey,
-    /// A hash of model family, system prompt(s) and first user message.
+    /// A hash of the conversation's opening: model family, system prompt(s) and first user message.
     Fingerprint,
 }
 
@@ -56,24 +44,37 @@ fn id_prefix(tenant: &str) -> &str {
     tenant.get(..16).unwrap_or(tenant)
 }
 
-/// Resolves the session of a request in `dialect`. `None`: the request is proxied without history (an anonymous
-/// caller without a session header while `[session] anonymous_fingerprint` is off).
+/// How a request names its conversation, as its dialect reads it (`pipeline::identity` asks the dialect):
+/// `session/` reads no wire format.
+pub struct Naming<K, F> {
+    /// The dialect's name (`chat`, `anthropic`, `responses`): sessions of two dialects never mix.
+    pub dialect: &'static str,
+    /// The client's own id in the dialect's headers or body keys, and where it was; given the header reader this
+    /// module uses (trimmed, `None` when absent or blank, kept whatever its bytes).
+    pub client_key: K,
+    /// Hex SHA-256 of the conversation's opening; asked only when nothing names the session.
+    pub fingerprint: F,
+}
+
+/// Resolves the session of a request. `None`: the request is proxied without history (an anonymous caller
+/// without a session header while `[session] anonymous_fingerprint` is off).
 ///
-/// The id comes from, in this order: the configured `[session] header`; the dialect's own keys (chat: one of
-/// [`AGENT_HEADERS`]; Anthropic: `x-claude-code-session-id`, then the `session_id` inside `metadata.user_id`, see
-/// [`super::anthropic_id`]; Responses: Codex's `session-id`/`thread-id` headers, then `prompt_cache_key`, see
-/// [`super::responses_id`]); else a fingerprint of the conversation's opening ([`fingerprint`] for chat,
-/// [`super::anthropic_id::fingerprint`] for Anthropic, [`super::responses_id::fingerprint`] for Responses).
-/// Always namespaced by the caller's tenant.
-pub fn identify(
+/// The id comes from, in this order: the configured `[session] header`; the dialect's own keys
+/// ([`Naming::client_key`]); else a fingerprint of the conversation's opening ([`Naming::fingerprint`]). Always
+/// namespaced by the caller's tenant.
+pub fn identify<K, F>(
     headers: &HeaderMap,
     cfg: &SessionConfig,
     key: &TenantKey,
-    dialect: Dialect,
-    body: &Map<String, Value>,
-) -> Option<SessionIdentity> {
+    naming: Naming<K, F>,
+) -> Option<SessionIdentity>
+where
+    K: FnOnce(&dyn Fn(&str) -> Option<String>) -> Option<(String, IdSource)>,
+    F: FnOnce() -> String,
+{
     let tenant = key.tenant(headers);
     let prefix = id_prefix(&tenant);
+    let dialect = naming.dialect;
     let header_value = |name: &str| headers.get(name).and_then(header_text);
     let named = |v: String, source: IdSource| SessionIdentity {
         id: scoped_id(prefix, &v),
@@ -84,27 +85,13 @@ pub fn identify(
     if let Some(v) = header_value(&cfg.header) {
         return Some(named(v, IdSource::Header));
     }
-    let client_key = match dialect {
-        Dialect::Chat => AGENT_HEADERS
-            .iter()
-            .find_map(|h| header_value(h))
-            .map(|v| (v, IdSource::AgentHeader)),
-        Dialect::Anthropic => header_value(anthropic_id::CLAUDE_CODE_SESSION_HEADER)
-            .map(|v| (v, IdSource::AgentHeader))
-            .or_else(|| anthropic_id::metadata_session(body).map(|v| (v, IdSource::Metadata))),
-        Dialect::Responses => responses_id::client_key(header_value, body),
-    };
-    if let Some((v, source)) = client_key {
+    if let Some((v, source)) = (naming.client_key)(&header_value) {
         return Some(named(v, source));
     }
     if tenant == ANONYMOUS && !cfg.anonymous_fingerprint {
         return None;
     }
-    let fp = match dialect {
-        Dialect::Chat => fingerprint(body),
-        Dialect::Anthropic => anthropic_id::fingerprint(body),
-        Dialect::Responses => responses_id::fingerprint(body),
-    };
+    let fp = (naming.fingerprint)();
     Some(SessionIdentity {
         id: format!("{prefix}-fp{}", &fp[..24]),
         tenant,
@@ -147,85 +134,13 @@ pub fn client_id_part(v: &str) -> String {
     }
 }
 
-/// The model family: lower case, without a date or version suffix (`gpt-4o-2024-08-06` → `gpt-4o`).
-pub fn model_family(model: &str) -> String {
-    let m = model.trim().to_ascii_lowercase();
-    let parts: Vec<&str> = m.split('-').collect();
-    let mut end = parts.len();
-    while end > 1 {
-        let p = parts[end - 1];
-        let is_date_part = !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && p.len() >= 2;
-        if is_date_part || p == "latest" || p == "preview" {
-            end -= 1;
-        } else {
-            break;
-        }
-    }
-    parts[..end].join("-")
-}
-
-/// Hash of model family, the system message(s) and the first user message.
-pub fn fingerprint(body: &Map<String, Value>) -> String {
-    let model = body.get("model").and_then(Value::as_str).unwrap_or("");
-    let mut h = Sha256::new();
-    h.update(model_family(model).as_bytes());
-    h.update([0]);
-    if let Some(msgs) = body.get("messages").and_then(Value::as_array) {
-        for m in msgs {
-            let role = m.get("role").and_then(Value::as_str).unwrap_or("");
-            if role == "system" || role == "developer" {
-                h.update(canonical_json(m.get("content").unwrap_or(&Value::Null)).as_bytes());
-                h.update([1]);
-            } else if role == "user" {
-                h.update(canonical_json(m.get("content").unwrap_or(&Value::Null)).as_bytes());
-                break;
-            }
-        }
-    }
-    hex::encode(h.finalize())
-}
-
-/// JSON with object keys sorted, so equal values give equal text whatever the key order.
-pub fn canonical_json(v: &Value) -> String {
-    let mut out = String::new();
-    write_canonical(v, &mut out);
-    out
-}
-
-fn write_canonical(v: &Value, out: &mut String) {
-    match v {
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, k) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String((*k).clone()).to_string());
-                out.push(':');
-                write_canonical(&m[k.as_str()], out);
-            }
-            out.push('}');
-        }
-        Value::Array(a) => {
-            out.push('[');
-            for (i, x) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_canonical(x, out);
-            }
-            out.push(']');
-        }
-        other => out.push_str(&other.to_string()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::dialect::Dialect;
+    use crate::message::canonical_json;
+    use crate::pipeline::identity::identify;
+    use serde_json::{json, Map, Value};
 
     fn cfg() -> SessionConfig {
         SessionConfig::default()
@@ -459,10 +374,7 @@ mod tests {
     }
 
     #[test]
-    fn families_and_canonical_json() {
-        assert_eq!(model_family("gpt-4o-2024-08-06"), "gpt-4o");
-        assert_eq!(model_family("GPT-4.1"), "gpt-4.1");
-        assert_eq!(model_family("o3-mini"), "o3-mini");
+    fn canonical_json_sorts_keys() {
         assert_eq!(
             canonical_json(&json!({"b":1,"a":[{"d":2,"c":3}]})),
             r#"{"a":[{"c":3,"d":2}],"b":1}"#

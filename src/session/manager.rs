@@ -23,7 +23,6 @@ use super::identity::SessionIdentity;
 use super::registry::Registry;
 use super::tree::{NodeId, Tree};
 use crate::context::runloop::run_loops;
-use crate::dialect::Dialect;
 use crate::message::message_text;
 use crate::metrics::{CacheResult, SessionMetrics, StoreMetrics, StoreOp};
 use crate::store::{
@@ -125,17 +124,22 @@ fn preview(m: &Value) -> String {
     p
 }
 
+/// A stored history of the named dialect as neutral messages, each with its position in the history; `None`
+/// when the history is neutral already (chat). Handed in by the wiring (`dialect::Dialect::history_as_neutral`), so that
+/// `session/` reads no wire format.
+pub type NeutralHistory = fn(&str, &[Value]) -> Option<(Vec<Value>, Vec<usize>)>;
+
 /// The run loops of a history in `dialect`'s shape, found on its neutral form; positions are the history's.
-fn run_loop_views(dialect: Dialect, messages: &[Value], timestamps: &[i64]) -> Vec<RunLoopView> {
-    let converted = dialect.convert_history(messages);
+fn run_loop_views(
+    neutral_history: Option<NeutralHistory>,
+    dialect: &str,
+    messages: &[Value],
+    timestamps: &[i64],
+) -> Vec<RunLoopView> {
+    let converted = neutral_history.and_then(|f| f(dialect, messages));
     let (neutral, native_of): (&[Value], Vec<usize>) = match &converted {
         None => (messages, (0..messages.len()).collect()),
-        Some(c) => (
-            c.messages(),
-            (0..c.messages().len())
-                .map(|i| c.native_index(i).unwrap_or(0))
-                .collect(),
-        ),
+        Some((m, native)) => (m, native.clone()),
     };
     let at = |i: usize| native_of.get(i).copied().unwrap_or(i);
     let times: Vec<i64> = (0..neutral.len())
@@ -204,7 +208,7 @@ fn entry_from_stored(s: StoredSession) -> SessionEntry {
     for i in s.internal {
         st.push_record(Record::Internal(i));
     }
-    let dialect = Dialect::named(&s.meta.dialect).as_str();
+    let dialect = dialect_name(&s.meta.dialect);
     SessionEntry::new(s.meta.id, s.meta.tenant, dialect, s.meta.created_at, st)
 }
 
@@ -240,6 +244,15 @@ fn apply_tail(entry: &SessionEntry, t: Tail) -> bool {
     grew
 }
 
+/// A stored session's dialect as one of the names requests carry (`chat` for any it does not know).
+fn dialect_name(stored: &str) -> &'static str {
+    match stored {
+        "anthropic" => "anthropic",
+        "responses" => "responses",
+        _ => "chat",
+    }
+}
+
 /// How many dialect-scoped ids (`<id>.<dialect>`) a request tries before it is proxied without history: a request
 /// in another dialect than its session's starts a session of its own rather than mixing message shapes.
 const DIALECT_SCOPES: usize = 3;
@@ -257,6 +270,8 @@ pub struct Sessions {
     /// Every entry in memory (new sessions the upstream has not accepted yet are never in the cache), and the
     /// sessions waiting for a rewrite.
     registry: Arc<Registry>,
+    /// How a view finds its run loops in a history of another shape than chat's.
+    neutral_history: Option<NeutralHistory>,
 }
 
 /// How long a request waits for the store unless configured (`store.timeout_ms`).
@@ -281,7 +296,15 @@ impl Sessions {
             timeout: DEFAULT_TIMEOUT,
             breaker,
             registry: Arc::new(Registry::new()),
+            neutral_history: None,
         }
+    }
+
+    /// Reads stored histories of other dialects than chat as neutral messages with `f` (for the run loops of
+    /// [`Sessions::view`]); without it they are read as they are.
+    pub fn with_neutral_history(mut self, f: NeutralHistory) -> Self {
+        self.neutral_history = Some(f);
+        self
     }
 
     /// Counts cache hits and misses in `metrics`.
@@ -544,7 +567,7 @@ impl Sessions {
             SessionEntry::new(
                 ident.id.clone(),
                 ident.tenant.clone(),
-                ident.dialect.as_str(),
+                ident.dialect,
                 now,
                 EntryState::new(Tree::new(), now, false),
             )
@@ -569,10 +592,10 @@ impl Sessions {
             if entry.tenant != ident.tenant {
                 return Err(StoreError::TenantMismatch);
             }
-            if entry.dialect == ident.dialect.as_str() {
+            if entry.dialect == ident.dialect {
                 return Ok(entry);
             }
-            let scoped = format!("{}.{}", ident.id, ident.dialect.as_str());
+            let scoped = format!("{}.{}", ident.id, ident.dialect);
             ident.to_mut().id = scoped;
         }
         Err(StoreError::Backend {
@@ -921,7 +944,7 @@ impl Sessions {
                 .filter(|n| n.partial)
                 .map(|n| n.position)
                 .collect(),
-            run_loops: run_loop_views(Dialect::named(entry.dialect), &messages, &timestamps),
+            run_loops: run_loop_views(self.neutral_history, entry.dialect, &messages, &timestamps),
             messages,
             ids,
             branches,

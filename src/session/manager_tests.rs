@@ -16,7 +16,7 @@ fn ident(id: &str) -> SessionIdentity {
         tenant: "t".into(),
         id: id.into(),
         source: IdSource::Header,
-        dialect: crate::dialect::Dialect::Chat,
+        dialect: "chat",
     }
 }
 

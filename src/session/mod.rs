@@ -1,6 +1,5 @@
 //! Conversations: who a request belongs to, its history as a message tree, and the cache over the store.
 
-pub mod anthropic_id;
 pub mod breaker;
 mod entry;
 pub mod export;
@@ -8,11 +7,10 @@ pub mod identity;
 pub mod manager;
 pub mod migrate;
 mod registry;
-pub mod responses_id;
 pub mod tenant;
 pub mod tree;
 pub mod turns;
 
-pub use identity::{identify, SessionIdentity};
+pub use identity::{identify, IdSource, Naming, SessionIdentity};
 pub use manager::{RequestMark, SessionView, Sessions};
 pub use tenant::TenantKey;

@@ -2,7 +2,7 @@
 //! hash of its parent's id and its canonical content, so identical resends create nothing, regenerated answers
 //! become siblings and edits start a branch. Nothing is ever overwritten or removed.
 
-use super::identity::canonical_json;
+use crate::message::canonical_json;
 pub use crate::store::NodeKind;
 use crate::store::NodeRow;
 use serde_json::Value;

@@ -8,8 +8,7 @@ use serde_json::{json, Value};
 
 /// The shipped prompt (`config/summary_prompt.txt`).
 pub const SHIPPED_PROMPT: &str = include_str!("../../config/summary_prompt.txt");
-/// How the summary message that replaces older history begins.
-pub const SUMMARY_PREFIX: &str = "Summary of the earlier conversation: ";
+pub use crate::message::SUMMARY_PREFIX;
 /// Characters of one message kept in the transcript (long tool results are cut: they stay recallable).
 const MAX_MESSAGE_CHARS: usize = 2_000;
 /// Characters of the whole transcript (the newest part is kept when longer).

@@ -8,6 +8,7 @@ pub mod from_chat;
 mod rebuild;
 pub mod request;
 pub mod rounds;
+pub mod session_id;
 pub mod splice;
 pub mod validate;
 

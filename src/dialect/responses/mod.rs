@@ -9,6 +9,7 @@ pub mod from_chat;
 mod rebuild;
 pub mod request;
 pub mod rounds;
+pub mod session_id;
 pub mod splice;
 pub mod unmanaged;
 pub mod validate;

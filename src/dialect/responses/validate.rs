@@ -104,7 +104,7 @@ pub fn check_rewrite(client: &Value, sent: &Value) -> Result<(), String> {
 /// `phase` of the client's to keep.
 fn ctxgates(m: &Value) -> bool {
     let text = item_text(m);
-    text.starts_with("[ctxgate]") || text.starts_with(crate::summary::prompt::SUMMARY_PREFIX)
+    text.starts_with("[ctxgate]") || text.starts_with(crate::message::SUMMARY_PREFIX)
 }
 
 /// The text of a message item: its string content or its text parts joined by newlines.

@@ -25,7 +25,7 @@ use crate::metrics::{StoreMetrics, StoreOp};
 use codec::Keys;
 use conn::Conn;
 use futures_util::future::BoxFuture;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
@@ -119,7 +119,7 @@ impl Store for RedisStore {
         let record_ids = ops
             .iter()
             .filter(|op| codec::needs_id(op))
-            .map(|_| uuid::Uuid::new_v4().simple().to_string())
+            .map(|_| record_id())
             .collect();
         let writes = !ops.is_empty();
         if let Err(mpsc::error::SendError(Cmd::Write(_, _, tx))) =
@@ -263,5 +263,34 @@ impl Store for RedisStore {
                 .map(|_| ())
                 .map_err(err)
         })
+    }
+}
+
+/// A fresh id for a record or turn: 128 random bits in hex. Without the system's randomness (never seen), the
+/// clock and a per-process counter, which still never repeat within the process.
+fn record_id() -> String {
+    let mut b = [0u8; 16];
+    if getrandom::fill(&mut b).is_err() {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        b[..8].copy_from_slice(&nanos.to_be_bytes());
+        b[8..].copy_from_slice(&NEXT.fetch_add(1, Ordering::Relaxed).to_be_bytes());
+    }
+    hex::encode(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::record_id;
+
+    #[test]
+    fn record_ids_are_128_bits_in_hex_and_never_repeat() {
+        let ids: std::collections::HashSet<String> = (0..1000).map(|_| record_id()).collect();
+        assert_eq!(ids.len(), 1000);
+        assert!(ids
+            .iter()
+            .all(|id| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())));
     }
 }

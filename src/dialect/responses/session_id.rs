@@ -1,7 +1,8 @@
 //! Where an OpenAI Responses request names its conversation: Codex's session headers, the body's
 //! `prompt_cache_key`, or a fingerprint of its opening (`instructions` and the first user message item).
 
-use super::identity::{canonical_json, model_family, IdSource};
+use crate::dialect::naming::{model_family, KeyKind};
+use crate::message::canonical_json;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
@@ -18,17 +19,17 @@ pub const PROMPT_CACHE_KEY: &str = "prompt_cache_key";
 pub fn client_key(
     header: impl Fn(&str) -> Option<String>,
     body: &Map<String, Value>,
-) -> Option<(String, IdSource)> {
+) -> Option<(String, KeyKind)> {
     SESSION_HEADERS
         .iter()
         .find_map(|h| header(h))
-        .map(|v| (v, IdSource::AgentHeader))
+        .map(|v| (v, KeyKind::AgentHeader))
         .or_else(|| {
             body.get(PROMPT_CACHE_KEY)
                 .and_then(Value::as_str)
                 .map(str::trim)
                 .filter(|v| !v.is_empty())
-                .map(|v| (v.to_string(), IdSource::PromptCacheKey))
+                .map(|v| (v.to_string(), KeyKind::PromptCacheKey))
         })
 }
 
@@ -81,15 +82,16 @@ fn parts(content: &Value) -> Value {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::session::anthropic_id::fingerprint as anthropic_fingerprint;
-    use crate::session::identity::fingerprint as chat_fingerprint;
+    use crate::dialect::anthropic::session_id::fingerprint as anthropic_fingerprint;
+    use crate::dialect::naming::chat_fingerprint;
+    use crate::session::IdSource;
     use std::collections::HashMap;
 
     fn obj(v: Value) -> Map<String, Value> {
         v.as_object().cloned().unwrap()
     }
 
-    fn key(pairs: &[(&str, &str)], body: &Map<String, Value>) -> Option<(String, IdSource)> {
+    fn key(pairs: &[(&str, &str)], body: &Map<String, Value>) -> Option<(String, KeyKind)> {
         let h: HashMap<&str, &str> = pairs.iter().copied().collect();
         client_key(
             |name| {
@@ -123,28 +125,28 @@ mod tests {
         let body = codex_body();
         assert_eq!(
             key(&[("session-id", "s1"), ("thread-id", "t1")], &body),
-            Some(("s1".into(), IdSource::AgentHeader))
+            Some(("s1".into(), KeyKind::AgentHeader))
         );
         assert_eq!(
             key(&[("session_id", "old"), ("thread-id", "t1")], &body),
-            Some(("old".into(), IdSource::AgentHeader))
+            Some(("old".into(), KeyKind::AgentHeader))
         );
         assert_eq!(
             key(&[("thread-id", "t1")], &body),
-            Some(("t1".into(), IdSource::AgentHeader))
+            Some(("t1".into(), KeyKind::AgentHeader))
         );
         assert_eq!(
             key(&[("session-id", " "), ("thread_id", "t2")], &body),
-            Some(("t2".into(), IdSource::AgentHeader))
+            Some(("t2".into(), KeyKind::AgentHeader))
         );
         assert_eq!(
             key(&[], &body),
-            Some(("019a6f6e-cache".into(), IdSource::PromptCacheKey))
+            Some(("019a6f6e-cache".into(), KeyKind::PromptCacheKey))
         );
         // chat's agent headers are not Responses' keys
         assert_eq!(
             key(&[("helicone-session-id", "h")], &body),
-            Some(("019a6f6e-cache".into(), IdSource::PromptCacheKey))
+            Some(("019a6f6e-cache".into(), KeyKind::PromptCacheKey))
         );
         for none in [json!(""), json!("  "), json!(7), Value::Null] {
             let mut b = body.clone();
@@ -153,7 +155,7 @@ mod tests {
         }
         let mut b = body.clone();
         b.insert(PROMPT_CACHE_KEY.into(), json!(" k "));
-        assert_eq!(key(&[], &b), Some(("k".into(), IdSource::PromptCacheKey)));
+        assert_eq!(key(&[], &b), Some(("k".into(), KeyKind::PromptCacheKey)));
     }
 
     #[test]
@@ -204,7 +206,7 @@ mod tests {
     fn identify_keys_responses_sessions_by_header_then_codex_then_cache_key_then_fingerprint() {
         use crate::config::SessionConfig;
         use crate::dialect::Dialect;
-        use crate::session::identity::identify;
+        use crate::pipeline::identity::identify;
         use crate::session::TenantKey;
         let key = TenantKey::from_bytes([9; 32]).unwrap();
         let ident = |pairs: &[(&str, &str)], body: &Map<String, Value>| {
@@ -231,7 +233,7 @@ mod tests {
         assert!(mine.id.ends_with("-mine") && mine.source == IdSource::Header);
         let codex = ident(&[auth, sid, ("thread-id", "019a-t")], &body);
         assert!(codex.id.ends_with("-019a-s") && codex.source == IdSource::AgentHeader);
-        assert_eq!(codex.dialect, Dialect::Responses);
+        assert_eq!(codex.dialect, "responses");
         let cache = ident(&[auth], &body);
         assert!(cache.id.ends_with("-019a6f6e-cache") && cache.source == IdSource::PromptCacheKey);
         let mut bare = body.clone();

@@ -1,7 +1,8 @@
 //! Where an Anthropic Messages request names its conversation: Claude Code's session header, the `session_id`
 //! inside `metadata.user_id`, or a fingerprint of its opening (top-level `system` and first user message).
 
-use super::identity::{canonical_json, model_family};
+use crate::dialect::naming::model_family;
+use crate::message::canonical_json;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
@@ -80,8 +81,9 @@ mod tests {
     use super::*;
     use crate::config::SessionConfig;
     use crate::dialect::Dialect;
-    use crate::session::identity::{identify, IdSource, SessionIdentity};
+    use crate::pipeline::identity::identify;
     use crate::session::TenantKey;
+    use crate::session::{IdSource, SessionIdentity};
     use http::HeaderMap;
     use serde_json::json;
 

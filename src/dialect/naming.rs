@@ -1,0 +1,138 @@
+//! How a request names its conversation, in each dialect's terms: the client's own id (its agent's headers, its
+//! body's keys) and a fingerprint of the conversation's opening. `session/` scopes what is found here by tenant
+//! and reads no wire format itself.
+
+use super::anthropic::session_id as anthropic;
+use super::responses::session_id as responses;
+use super::Dialect;
+use crate::message::canonical_json;
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+/// Where a client's own id for its conversation was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind {
+    /// A client's own session header: one of [`AGENT_HEADERS`] (chat), `x-claude-code-session-id` (Anthropic) or
+    /// one of [`responses::SESSION_HEADERS`] (Responses: Codex's `session-id`, `thread-id`).
+    AgentHeader,
+    /// The `session_id` inside an Anthropic request's `metadata.user_id` (Claude Code).
+    Metadata,
+    /// The body's `prompt_cache_key` (Responses).
+    PromptCacheKey,
+}
+
+impl Dialect {
+    /// The id the request gives its conversation in this dialect's own keys, and where: chat: one of
+    /// [`AGENT_HEADERS`]; Anthropic: `x-claude-code-session-id`, then the `session_id` inside `metadata.user_id`;
+    /// Responses: Codex's `session-id`/`thread-id` headers, then `prompt_cache_key`. `header` reads a header's
+    /// value (trimmed, `None` when absent or blank).
+    pub fn client_key(
+        self,
+        header: impl Fn(&str) -> Option<String>,
+        body: &Map<String, Value>,
+    ) -> Option<(String, KeyKind)> {
+        match self {
+            Dialect::Chat => AGENT_HEADERS
+                .iter()
+                .find_map(|h| header(h))
+                .map(|v| (v, KeyKind::AgentHeader)),
+            Dialect::Anthropic => header(anthropic::CLAUDE_CODE_SESSION_HEADER)
+                .map(|v| (v, KeyKind::AgentHeader))
+                .or_else(|| anthropic::metadata_session(body).map(|v| (v, KeyKind::Metadata))),
+            Dialect::Responses => responses::client_key(header, body),
+        }
+    }
+
+    /// Hex SHA-256 of the conversation's opening in this dialect ([`chat_fingerprint`],
+    /// [`anthropic::fingerprint`], [`responses::fingerprint`]); the same opening in two dialects is two
+    /// fingerprints.
+    pub fn fingerprint(self, body: &Map<String, Value>) -> String {
+        match self {
+            Dialect::Chat => chat_fingerprint(body),
+            Dialect::Anthropic => anthropic::fingerprint(body),
+            Dialect::Responses => responses::fingerprint(body),
+        }
+    }
+}
+
+/// Agent headers honoured after `[session] header` in chat requests, in this order.
+pub const AGENT_HEADERS: &[&str] = &[
+    "helicone-session-id",
+    "x-conversation-id",
+    "session_id",
+    "conversation_id",
+];
+
+/// The model family: lower case, without a date or version suffix (`gpt-4o-2024-08-06` → `gpt-4o`).
+pub fn model_family(model: &str) -> String {
+    let m = model.trim().to_ascii_lowercase();
+    let parts: Vec<&str> = m.split('-').collect();
+    let mut end = parts.len();
+    while end > 1 {
+        let p = parts[end - 1];
+        let is_date_part = !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && p.len() >= 2;
+        if is_date_part || p == "latest" || p == "preview" {
+            end -= 1;
+        } else {
+            break;
+        }
+    }
+    parts[..end].join("-")
+}
+
+/// Hash of model family, the system message(s) and the first user message of a chat request.
+pub fn chat_fingerprint(body: &Map<String, Value>) -> String {
+    let model = body.get("model").and_then(Value::as_str).unwrap_or("");
+    let mut h = Sha256::new();
+    h.update(model_family(model).as_bytes());
+    h.update([0]);
+    if let Some(msgs) = body.get("messages").and_then(Value::as_array) {
+        for m in msgs {
+            let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+            if role == "system" || role == "developer" {
+                h.update(canonical_json(m.get("content").unwrap_or(&Value::Null)).as_bytes());
+                h.update([1]);
+            } else if role == "user" {
+                h.update(canonical_json(m.get("content").unwrap_or(&Value::Null)).as_bytes());
+                break;
+            }
+        }
+    }
+    hex::encode(h.finalize())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn families() {
+        assert_eq!(model_family("gpt-4o-2024-08-06"), "gpt-4o");
+        assert_eq!(model_family("GPT-4.1"), "gpt-4.1");
+        assert_eq!(model_family("o3-mini"), "o3-mini");
+    }
+
+    #[test]
+    fn each_dialect_finds_its_own_keys() {
+        let none = |_: &str| None;
+        let body =
+            json!({"metadata": {"user_id": "{\"session_id\":\"s-1\"}"}, "prompt_cache_key": "k"});
+        let body = body.as_object().unwrap();
+        assert_eq!(Dialect::Chat.client_key(none, body), None);
+        assert_eq!(
+            Dialect::Anthropic.client_key(none, body),
+            Some(("s-1".into(), KeyKind::Metadata))
+        );
+        assert_eq!(
+            Dialect::Responses.client_key(none, body),
+            Some(("k".into(), KeyKind::PromptCacheKey))
+        );
+        let helicone = |h: &str| (h == "helicone-session-id").then(|| "h-1".to_string());
+        assert_eq!(
+            Dialect::Chat.client_key(helicone, body),
+            Some(("h-1".into(), KeyKind::AgentHeader))
+        );
+    }
+}
