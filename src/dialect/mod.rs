@@ -10,8 +10,7 @@ pub mod reply;
 pub mod request;
 pub mod responses;
 pub mod rounds;
-#[cfg(test)]
-mod test_arguments;
+pub mod shared;
 
 pub use names::InjectedNames;
 pub use reply::{AssembledReply, MAX_ASSEMBLED_BYTES};
