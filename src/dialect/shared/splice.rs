@@ -8,20 +8,9 @@ use crate::sse::SseEvent;
 use bytes::Bytes;
 use serde_json::Value;
 
-/// How a round of a dialect's stream splicer ended.
-#[derive(Debug)]
-pub enum RoundEnd {
-    /// The round called ctxgate's tools (and showed no client call before them): answer `calls` and ask again
-    /// with the round's `assistant` turn and the answers appended to the conversation.
-    Continue {
-        /// The round's answer, as the dialect carries it into the next request.
-        assistant: Value,
-        /// Our calls, in order, in the dialect's shape (see [`StreamSplice::neutral_call`]).
-        calls: Vec<Value>,
-    },
-    /// The answer is over: send these events (they end the client's stream when the round ended properly).
-    Finish(Vec<Bytes>),
-}
+/// How a round of a dialect's stream splicer ended: [`SpliceEnd`], its calls in the dialect's own shape (see
+/// [`StreamSplice::neutral_call`]).
+pub use crate::dialect::rounds::SpliceEnd as RoundEnd;
 
 /// A dialect's splicer of the SSE streams of successive upstream rounds into one client stream.
 pub trait StreamSplice: Send {

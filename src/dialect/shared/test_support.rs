@@ -136,6 +136,43 @@ pub fn unchanged_renders_the_client_bytes<H: Harness>(
         && serde_json::to_string(&same).unwrap() == serde_json::to_string(native).unwrap()
 }
 
+/// The client's body sent with the neutral arguments of the calls in `new` (call index, arguments) of its first
+/// neutral message with calls replaced, every other message unchanged; and which rendered messages are borrowed.
+pub fn sent_with<H: Harness>(client: &Value, new: &[(usize, &str)]) -> (Value, Vec<bool>) {
+    let key = H::DIALECT.conversation_key();
+    let native = client[key].as_array().unwrap();
+    let neutral = H::to_neutral(client.get(H::SYSTEM), native);
+    let messages = H::messages(&neutral);
+    let j = messages
+        .iter()
+        .position(|m| m.get("tool_calls").is_some())
+        .unwrap();
+    let mut m = messages[j].clone();
+    for (call, args) in new {
+        m["tool_calls"][*call]["function"]["arguments"] = json!(args);
+    }
+    let out: Vec<Cow<'_, Value>> = messages
+        .iter()
+        .enumerate()
+        .map(|(k, x)| {
+            if k == j {
+                Cow::Owned(m.clone())
+            } else {
+                Cow::Borrowed(x)
+            }
+        })
+        .collect();
+    let sources: Vec<Source> = (0..out.len()).map(Source::Client).collect();
+    let rendered = H::from_neutral(native, &neutral, &out, &sources);
+    let borrowed = rendered
+        .iter()
+        .map(|m| matches!(m, Cow::Borrowed(_)))
+        .collect();
+    let mut sent = client.clone();
+    sent[key] = serde_json::to_value(&rendered).unwrap();
+    (sent, borrowed)
+}
+
 /// Arguments the engine may put in place of a past call's (tool-input clearing): a placeholder object, any JSON
 /// object, or any string at all (not JSON, or JSON but not an object).
 pub fn new_arguments() -> impl Strategy<Value = String> {

@@ -226,7 +226,7 @@ fn build(c: &Conv) -> Value {
 }
 
 /// The Messages API as the property tests drive it.
-struct Anthropic;
+pub(super) struct Anthropic;
 
 impl Harness for Anthropic {
     const DIALECT: Dialect = Dialect::Anthropic;

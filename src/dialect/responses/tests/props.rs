@@ -194,7 +194,7 @@ fn build(c: &Conv) -> Value {
 }
 
 /// The Responses API as the property tests drive it.
-struct Responses;
+pub(super) struct Responses;
 
 impl Harness for Responses {
     const DIALECT: Dialect = Dialect::Responses;
