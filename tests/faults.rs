@@ -33,7 +33,7 @@ async fn expect_error(resp: reqwest::Response, status: u16, code: &str) {
 
 async fn session(h: &Harness, resp: &reqwest::Response) -> String {
     let _ = h;
-    session_header(&resp)
+    session_header(resp)
 }
 
 async fn view(h: &Harness, id: &str) -> SessionView {

@@ -477,8 +477,11 @@ async fn one_id_in_three_dialects_keeps_three_sessions() {
     )
     .await
     .unwrap();
-    let id = |r: &reqwest::Response| session_header(&r);
-    let (c, a, r) = (id(&chat), id(&anthropic), id(&responses));
+    let (c, a, r) = (
+        session_header(&chat),
+        session_header(&anthropic),
+        session_header(&responses),
+    );
     for resp in [chat, anthropic, responses] {
         assert_eq!(resp.status(), 200);
         resp.text().await.unwrap();
@@ -520,7 +523,7 @@ async fn one_id_in_three_dialects_keeps_three_sessions() {
         .send()
         .await
         .unwrap();
-    assert_eq!(id(&again), a);
+    assert_eq!(session_header(&again), a);
 }
 
 /// The admin API takes the id a client sent: exactly one session with that raw id (any tenant) is found by it;
