@@ -31,8 +31,8 @@ pub trait StreamSplice: Send {
     }
     /// A call of [`RoundEnd::Continue`] as a neutral tool call (`{id, type, function: {name, arguments}}`); calls
     /// that are neutral already stay as they are.
-    fn neutral_call(call: &Value) -> Value {
-        call.clone()
+    fn neutral_call(call: Value) -> Value {
+        call
     }
 }
 
@@ -48,7 +48,7 @@ impl<S: StreamSplice> Splice for Spliced<S> {
         match self.0.end_round(rounds_left) {
             RoundEnd::Continue { assistant, calls } => SpliceEnd::Continue {
                 assistant,
-                calls: calls.iter().map(S::neutral_call).collect(),
+                calls: calls.into_iter().map(S::neutral_call).collect(),
             },
             RoundEnd::Finish(tail) => SpliceEnd::Finish(tail),
         }

@@ -214,8 +214,8 @@ impl StreamSplice for StreamSplicer {
         Self::ping()
     }
 
-    fn neutral_call(call: &Value) -> Value {
-        as_chat_call(call)
+    fn neutral_call(call: Value) -> Value {
+        as_chat_call(&call)
     }
 
     /// The reply as the client saw it so far, with the usage of each upstream round that ended.
