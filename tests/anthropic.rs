@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::Harness;
+use common::{session_header, Harness};
 use ctxgate::context::shape::PLACEHOLDER_PREFIX;
 use ctxgate::dialect::anthropic::validate::{check_rewrite, check_sequence};
 use ctxgate::mock::AnthropicReply;
@@ -39,32 +39,19 @@ fn body(messages: &[Value]) -> Value {
 }
 
 async fn post(h: &Harness, path: &str, body: &Value) -> reqwest::Response {
-    h.client
-        .post(h.url(path))
-        .header("x-api-key", "sk-ant-test-key")
-        .header("anthropic-version", "2023-06-01")
-        .header(
+    let headers = [
+        ("x-api-key", "sk-ant-test-key"),
+        ("anthropic-version", "2023-06-01"),
+        (
             "anthropic-beta",
             "interleaved-thinking-2025-05-14,fine-grained-tool-streaming",
-        )
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(body).unwrap())
-        .send()
-        .await
-        .unwrap()
+        ),
+    ];
+    h.post_json(path, &headers, body).await
 }
 
 async fn small_window() -> Harness {
-    Harness::start_with(|c| {
-        c.context.default_context_window = 6_000;
-        c.models.insert(
-            "claude-*".into(),
-            ctxgate::config::ModelEntry {
-                context_window: 6_000,
-            },
-        );
-    })
-    .await
+    common::small_window("claude-*", 6_000).await
 }
 
 #[tokio::test]
@@ -100,10 +87,7 @@ async fn claude_code_turns_share_one_session_and_the_admin_api_shows_anthropic_m
     let mut m = history(1, 5);
     h.mock.push_anthropic(AnthropicReply::text("First."));
     let r1 = post(&h, "/v1/messages", &body(&m)).await;
-    let sid = r1.headers()["x-ctxgate-session"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let sid = session_header(&r1);
     r1.text().await.unwrap();
     h.next_turn().await;
     m.push(json!({"role":"assistant","content":[{"type":"text","text":"First."}]}));

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{agent_history, Harness};
+use common::{agent_history, session_header, Harness};
 use ctxgate::context::shape::PLACEHOLDER_PREFIX;
 use ctxgate::context::units::check_sequence;
 use ctxgate::mock::MockReply;
@@ -32,10 +32,7 @@ async fn an_oversized_request_is_rewritten_and_recorded() {
     let body = json!({"model":"mock-model","messages":messages,"tools":[{"type":"function","function":{"name":"read_file","parameters":{"type":"object"}}}],"temperature":0.2});
     let resp = send(&h, &body, &[]).await;
     assert_eq!(resp.status(), 200);
-    let sid = resp.headers()["x-ctxgate-session"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let sid = session_header(&resp);
     resp.text().await.unwrap();
     let sent = h.mock.requests()[0].json();
     let out = sent["messages"].as_array().unwrap();

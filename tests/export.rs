@@ -25,20 +25,8 @@ fn history(turns: usize) -> Vec<Value> {
 }
 
 async fn chat(h: &Harness, messages: &[Value]) -> (String, Value) {
-    let r = h
-        .client
-        .post(h.url("/v1/chat/completions"))
-        .header("authorization", "Bearer sk-export")
-        .header("x-session-id", "export-1")
-        .json(&json!({"model": "mock-model", "messages": messages}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let sid = r.headers()["x-ctxgate-session"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let body = json!({"model": "mock-model", "messages": messages});
+    let (sid, r) = h.chat_ok("sk-export", "export-1", &body).await;
     (sid, r.json().await.unwrap())
 }
 

@@ -5,7 +5,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::Harness;
+use common::{session_header, Harness};
 use ctxgate::mock::{chunk, MockReply};
 use ctxgate::session::manager::SessionView;
 use ctxgate::sse::{SseParser, MAX_LINE_BYTES};
@@ -33,10 +33,7 @@ async fn expect_error(resp: reqwest::Response, status: u16, code: &str) {
 
 async fn session(h: &Harness, resp: &reqwest::Response) -> String {
     let _ = h;
-    resp.headers()["x-ctxgate-session"]
-        .to_str()
-        .unwrap()
-        .to_string()
+    session_header(resp)
 }
 
 async fn view(h: &Harness, id: &str) -> SessionView {

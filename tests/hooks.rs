@@ -72,20 +72,8 @@ fn hooked(c: &mut Config, url: &str) {
 }
 
 async fn chat(h: &Harness, session: &str, text: &str) -> String {
-    let r = h
-        .client
-        .post(h.url("/v1/chat/completions"))
-        .header("authorization", "Bearer sk-hooks")
-        .header("x-session-id", session)
-        .json(&json!({"model": "mock-model", "messages": [{"role": "user", "content": text}]}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let sid = r.headers()["x-ctxgate-session"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let body = json!({"model": "mock-model", "messages": [{"role": "user", "content": text}]});
+    let (sid, r) = h.chat_ok("sk-hooks", session, &body).await;
     r.text().await.unwrap();
     sid
 }

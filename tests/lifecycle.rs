@@ -2,6 +2,9 @@
 //! acknowledged turn, and a damaged database refuses start-up with a recovery path.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
+use common::{session_header, support_chat};
 use ctxgate::mock::{MockReply, MockUpstream, RecordedRequest};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
@@ -132,22 +135,6 @@ fn show(config: &Path, id: &str) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// A support chat of `loops` finished questions and a new one (as in tests/summary.rs).
-fn support_chat(loops: usize) -> Vec<Value> {
-    let mut m = vec![json!({"role":"system","content":"You help travellers."})];
-    for l in 0..loops {
-        let id = format!("call_{l}");
-        m.push(json!({"role":"user","content":format!("question {l}: {}", "please help ".repeat(120))}));
-        m.push(json!({"role":"assistant","content":null,"tool_calls":[{"id":id,"type":"function","function":{"name":"lookup","arguments":format!("{{\"q\":{l}}}")}}]}));
-        m.push(json!({"role":"tool","tool_call_id":id,"content":format!("RESULT-{l} {}", "data ".repeat(60))}));
-        m.push(
-            json!({"role":"assistant","content":format!("answer {l}: {}", "indeed ".repeat(120))}),
-        );
-    }
-    m.push(json!({"role":"user","content":"and now?"}));
-    m
-}
-
 fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
@@ -162,10 +149,7 @@ async fn chat(gw: &Gateway, session: &str, body: &Value) -> (String, String) {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    let sid = resp.headers()["x-ctxgate-session"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let sid = session_header(&resp);
     (sid, resp.text().await.unwrap())
 }
 

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{read_until_closed, Harness};
+use common::{read_until_closed, session_header, Harness};
 use ctxgate::mock::MockReply;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
@@ -387,10 +387,7 @@ async fn a_stream_past_the_grace_period_is_closed_and_recorded_partial_before_ru
                 .to_string(),
         )
         .await;
-    let sid = resp.headers()["x-ctxgate-session"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let sid = session_header(&resp);
     let mut body = resp.bytes_stream();
     let first = body.next().await.unwrap().unwrap();
     assert!(String::from_utf8_lossy(&first).contains("first words"));
@@ -430,10 +427,7 @@ async fn the_drain_gives_up_on_work_that_never_ends_and_still_commits_the_store(
         )
         .await;
     assert_eq!(resp.status(), 200);
-    let sid = resp.headers()["x-ctxgate-session"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let sid = session_header(&resp);
     resp.text().await.unwrap();
     h.state.tasks.spawn(std::future::pending::<()>());
     let drained = tokio::time::timeout(

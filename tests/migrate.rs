@@ -6,7 +6,7 @@
 mod common;
 
 use common::redis::RedisServer;
-use common::{test_config, Harness};
+use common::{session_header, test_config, Harness};
 use ctxgate::config::{Config, StoreBackend};
 use ctxgate::mock::{MockReply, MockUpstream};
 use serde_json::{json, Value};
@@ -24,10 +24,7 @@ async fn turn(h: &Harness, sid: &str, messages: &Value) -> String {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    r.headers()["x-ctxgate-session"]
-        .to_str()
-        .unwrap()
-        .to_string()
+    session_header(&r)
 }
 
 async fn contents(h: &Harness, sid: &str) -> Vec<String> {

@@ -6,7 +6,7 @@
 mod common;
 
 use common::redis::RedisServer;
-use common::{agent_history, test_config, Harness};
+use common::{agent_history, session_header, test_config, Harness};
 use ctxgate::config::{Config, StoreBackend};
 use ctxgate::mock::MockUpstream;
 use serde_json::{json, Value};
@@ -32,10 +32,7 @@ async fn chat(h: &Harness, messages: &[Value], header: Option<&str>) -> String {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    let sid = resp.headers()["x-ctxgate-session"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let sid = session_header(&resp);
     resp.text().await.unwrap();
     sid
 }

@@ -13,20 +13,7 @@ use std::time::Duration;
 const RECALL: &str = "recall_tool_call";
 
 async fn chat(h: &Harness, sid: &str, body: &Value) -> (String, String) {
-    let resp = h
-        .client
-        .post(h.url("/v1/chat/completions"))
-        .header("authorization", "Bearer sk-replies")
-        .header("x-session-id", sid)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let id = resp.headers()["x-ctxgate-session"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let (id, resp) = h.chat_ok("sk-replies", sid, body).await;
     (id, resp.text().await.unwrap())
 }
 

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::Harness;
+use common::{session_header, Harness};
 use ctxgate::context::shape::PLACEHOLDER_PREFIX;
 use ctxgate::dialect::responses::validate::{check_rewrite, check_sequence};
 use ctxgate::mock::ResponsesReply;
@@ -36,28 +36,15 @@ fn body(input: &[Value]) -> Value {
 }
 
 async fn post(h: &Harness, body: &Value) -> reqwest::Response {
-    h.client
-        .post(h.url("/v1/responses"))
-        .header("authorization", "Bearer sk-test")
-        .header("session-id", "codex-session-1")
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(body).unwrap())
-        .send()
-        .await
-        .unwrap()
+    let headers = [
+        ("authorization", "Bearer sk-test"),
+        ("session-id", "codex-session-1"),
+    ];
+    h.post_json("/v1/responses", &headers, body).await
 }
 
 async fn small_window() -> Harness {
-    Harness::start_with(|c| {
-        c.context.default_context_window = 6_000;
-        c.models.insert(
-            "gpt-5*".into(),
-            ctxgate::config::ModelEntry {
-                context_window: 6_000,
-            },
-        );
-    })
-    .await
+    common::small_window("gpt-5*", 6_000).await
 }
 
 #[tokio::test]
@@ -68,10 +55,7 @@ async fn an_untouched_request_goes_upstream_byte_for_byte_in_a_session_of_its_ow
     let raw = serde_json::to_vec(&b).unwrap();
     let resp = post(&h, &b).await;
     assert_eq!(resp.status(), 200);
-    let sid = resp.headers()["x-ctxgate-session"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let sid = session_header(&resp);
     assert!(sid.ends_with("-codex-session-1"), "{sid}");
     let answer: Value = resp.json().await.unwrap();
     assert_eq!(answer["object"], "response");

@@ -6,7 +6,7 @@
 mod common;
 
 use common::redis::RedisServer;
-use common::{test_config, Harness};
+use common::{support_chat, test_config, Harness};
 use ctxgate::config::{Config, StoreBackend};
 use ctxgate::mock::{MockReply, MockUpstream};
 use serde_json::{json, Value};
@@ -29,20 +29,7 @@ async fn pair(redis: &RedisServer, f: impl Fn(&mut Config)) -> (Harness, Harness
 }
 
 async fn chat(h: &Harness, sid: &str, body: &Value) -> (String, Value) {
-    let resp = h
-        .client
-        .post(h.url("/v1/chat/completions"))
-        .header("authorization", "Bearer sk-a")
-        .header("x-session-id", sid)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let id = resp.headers()["x-ctxgate-session"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let (id, resp) = h.chat_ok("sk-a", sid, body).await;
     (id, resp.json().await.unwrap())
 }
 
@@ -272,17 +259,6 @@ async fn concurrent_turns_on_two_instances_lose_nothing() {
     }
 }
 
-async fn metrics_text(h: &Harness) -> String {
-    h.client
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 /// The sum of a metric's series whose labels contain `labels`.
 fn metric_sum(text: &str, name: &str, labels: &str) -> f64 {
     text.lines()
@@ -356,7 +332,7 @@ async fn redis_stopped_mid_run_degrades_to_proxying_and_history_resumes_after_it
     assert_eq!(why["circuit"], "open");
     assert_eq!(why["store"], "redis");
     assert!(!why["reason"].as_str().unwrap().is_empty());
-    let m = metrics_text(&h).await;
+    let m = h.metrics_text().await;
     assert!(
         metric_sum(&m, "ctxgate_store_errors_total", r#"backend="redis""#) >= 1.0,
         "store errors are counted"
@@ -386,22 +362,6 @@ async fn redis_stopped_mid_run_degrades_to_proxying_and_history_resumes_after_it
 // --- summaries across instances ---------------------------------------------------------------------------------
 
 const SUMMARIZER: &str = "summarizer-model";
-
-/// A support chat: `loops` finished questions with one small tool call each, then a new question.
-fn support_chat(loops: usize) -> Vec<Value> {
-    let mut m = vec![json!({"role":"system","content":"You help travellers."})];
-    for l in 0..loops {
-        let id = format!("call_{l}");
-        m.push(json!({"role":"user","content":format!("question {l}: {}", "please help ".repeat(120))}));
-        m.push(json!({"role":"assistant","content":null,"tool_calls":[{"id":id,"type":"function","function":{"name":"lookup","arguments":format!("{{\"q\":{l}}}")}}]}));
-        m.push(json!({"role":"tool","tool_call_id":id,"content":format!("RESULT-{l} {}", "data ".repeat(60))}));
-        m.push(
-            json!({"role":"assistant","content":format!("answer {l}: {}", "indeed ".repeat(120))}),
-        );
-    }
-    m.push(json!({"role":"user","content":"and now?"}));
-    m
-}
 
 /// Summary requests answered with `text` after `delay`; everything else as usual.
 fn summarizer(mock: &MockUpstream, text: &'static str, delay: std::time::Duration) {

@@ -4,7 +4,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{test_config, Harness};
+use common::{session_header, test_config, Harness};
 use ctxgate::config::StoreBackend;
 use ctxgate::mock::{chunk, MockReply, MockUpstream};
 use serde_json::{json, Value};
@@ -17,19 +17,9 @@ async fn chat(
     messages: &Value,
     stream: bool,
 ) -> (String, Value) {
-    let mut req = h
-        .client
-        .post(h.url("/v1/chat/completions"))
-        .header("authorization", format!("Bearer {key}"))
-        .json(&json!({"model": "gpt-4o", "messages": messages, "stream": stream}));
-    if let Some(s) = sid {
-        req = req.header("x-session-id", s);
-    }
-    let resp = req.send().await.unwrap();
-    let id = resp.headers()["x-ctxgate-session"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let body = json!({"model": "gpt-4o", "messages": messages, "stream": stream});
+    let resp = h.chat_as(key, sid, &body).await;
+    let id = session_header(&resp);
     let text = resp.text().await.unwrap();
     let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
     (id, v)
@@ -236,10 +226,7 @@ async fn client_disconnect_is_recorded_as_partial() {
         .send()
         .await
         .unwrap();
-    let id = resp.headers()["x-ctxgate-session"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let id = session_header(&resp);
     let mut body = resp.bytes_stream();
     use futures_util::StreamExt;
     body.next().await.unwrap().unwrap();
@@ -422,10 +409,7 @@ async fn a_prefix_answered_last_never_rewinds_the_history() {
                 .await
                 .unwrap();
             assert_eq!(resp.status(), 200);
-            resp.headers()["x-ctxgate-session"]
-                .to_str()
-                .unwrap()
-                .to_string()
+            session_header(&resp)
         }));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -493,13 +477,11 @@ async fn one_id_in_three_dialects_keeps_three_sessions() {
     )
     .await
     .unwrap();
-    let id = |r: &reqwest::Response| {
-        r.headers()["x-ctxgate-session"]
-            .to_str()
-            .unwrap()
-            .to_string()
-    };
-    let (c, a, r) = (id(&chat), id(&anthropic), id(&responses));
+    let (c, a, r) = (
+        session_header(&chat),
+        session_header(&anthropic),
+        session_header(&responses),
+    );
     for resp in [chat, anthropic, responses] {
         assert_eq!(resp.status(), 200);
         resp.text().await.unwrap();
@@ -541,7 +523,7 @@ async fn one_id_in_three_dialects_keeps_three_sessions() {
         .send()
         .await
         .unwrap();
-    assert_eq!(id(&again), a);
+    assert_eq!(session_header(&again), a);
 }
 
 /// The admin API takes the id a client sent: exactly one session with that raw id (any tenant) is found by it;

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::Harness;
+use common::{support_chat, Harness};
 use ctxgate::context::units::check_sequence;
 use ctxgate::mock::{MockReply, RecordedRequest};
 use ctxgate::session::SessionView;
@@ -15,23 +15,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const SUMMARIZER: &str = "summarizer-model";
-
-/// A support chat: `loops` finished questions, each with one tool call (a result too small to clear), then a
-/// new question.
-fn chat(loops: usize) -> Vec<Value> {
-    let mut m = vec![json!({"role":"system","content":"You help travellers."})];
-    for l in 0..loops {
-        let id = format!("call_{l}");
-        m.push(json!({"role":"user","content":format!("question {l}: {}", "please help ".repeat(120))}));
-        m.push(json!({"role":"assistant","content":null,"tool_calls":[{"id":id,"type":"function","function":{"name":"lookup","arguments":format!("{{\"q\":{l}}}")}}]}));
-        m.push(json!({"role":"tool","tool_call_id":id,"content":format!("RESULT-{l} {}", "data ".repeat(60))}));
-        m.push(
-            json!({"role":"assistant","content":format!("answer {l}: {}", "indeed ".repeat(120))}),
-        );
-    }
-    m.push(json!({"role":"user","content":"and now?"}));
-    m
-}
 
 fn is_summary(r: &RecordedRequest) -> bool {
     r.json()["model"] == SUMMARIZER
@@ -57,12 +40,12 @@ fn summarizer(h: &Harness, status: u16, text: &'static str, delay: Duration) {
 
 async fn harness(wait_ms: u64, timeout_secs: u64) -> Harness {
     Harness::start_with(|c| {
-        c.context.default_context_window = 4_000; // chat(6) ≈ 0.67 of it, chat(8) ≈ 0.88
+        c.context.default_context_window = 4_000; // support_chat(6) ≈ 0.67 of it, support_chat(8) ≈ 0.88
         c.summary.model = Some(SUMMARIZER.into());
         c.summary.wait_ms = wait_ms;
         c.summary.timeout_secs = timeout_secs;
         c.summary.keep_recent = 4;
-        c.summary.precompute_at = 0.6; // chat(6) is past it
+        c.summary.precompute_at = 0.6; // support_chat(6) is past it
     })
     .await
 }
@@ -125,7 +108,7 @@ async fn crossing_the_threshold_replaces_old_history_by_the_summary_then_reuses_
         "Goals: travel help. Calls: call_0 looked up q0.",
         Duration::ZERO,
     );
-    let mut m = chat(8);
+    let mut m = support_chat(8);
     send(&h, &m).await;
     let s = summaries(&h);
     assert_eq!(s.len(), 1);
@@ -184,11 +167,11 @@ async fn crossing_the_threshold_replaces_old_history_by_the_summary_then_reuses_
 async fn later_summaries_are_made_from_the_previous_one() {
     let h = harness(5_000, 30).await;
     summarizer(&h, 200, "S1 (call_0)", Duration::ZERO);
-    let mut m = chat(8);
+    let mut m = support_chat(8);
     send(&h, &m).await;
     for l in 8..20 {
         m.pop();
-        m.extend(chat(l + 1).drain(1 + 4 * l..));
+        m.extend(support_chat(l + 1).drain(1 + 4 * l..));
         send(&h, &m).await;
     }
     let s = summaries(&h);
@@ -208,7 +191,7 @@ async fn later_summaries_are_made_from_the_previous_one() {
 async fn a_summary_precomputed_in_the_background_serves_the_threshold_turn() {
     let h = harness(0, 30).await;
     summarizer(&h, 200, "Precomputed (call_0).", Duration::ZERO);
-    let m = chat(6); // ~0.7 of the window: past precompute_at, under the threshold
+    let m = support_chat(6); // ~0.7 of the window: past precompute_at, under the threshold
     send(&h, &m).await;
     h.state.drain().await; // the background summary is stored
     assert_eq!(summaries(&h).len(), 1);
@@ -219,7 +202,7 @@ async fn a_summary_precomputed_in_the_background_serves_the_threshold_turn() {
     );
     let mut m2 = m.clone();
     m2.pop();
-    m2.extend(chat(8).drain(1 + 4 * 6..));
+    m2.extend(support_chat(8).drain(1 + 4 * 6..));
     send(&h, &m2).await;
     assert_eq!(
         summaries(&h).len(),
@@ -244,7 +227,7 @@ async fn failed_slow_or_empty_summaries_fall_back_to_pruning() {
     ] {
         let h = harness(3_000, timeout).await;
         summarizer(&h, status, text, delay);
-        let m = chat(8);
+        let m = support_chat(8);
         let v = send(&h, &m).await;
         assert_eq!(v["choices"][0]["message"]["content"], "mock reply");
         let sent = &chats(&h)[0]["messages"];
@@ -265,7 +248,7 @@ async fn failed_slow_or_empty_summaries_fall_back_to_pruning() {
 async fn an_operator_can_compress_a_session_now() {
     let h = harness(0, 30).await;
     summarizer(&h, 200, "Manual summary (call_1).", Duration::ZERO);
-    let m = chat(3);
+    let m = support_chat(3);
     h.client
         .post(h.url("/v1/chat/completions"))
         .header("x-session-id", "manual")

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::Harness;
+use common::{session_header, Harness};
 use ctxgate::mock::{MockReply, RecordedRequest};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -153,10 +153,7 @@ async fn post(h: &Harness, d: &Dialect, body: &Value, extra: &[(&str, &str)]) ->
     }
     let resp = r.json(body).send().await.unwrap();
     assert_eq!(resp.status(), 200);
-    let sid = resp.headers()["x-ctxgate-session"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let sid = session_header(&resp);
     (sid, resp.json().await.unwrap())
 }
 

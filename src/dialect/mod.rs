@@ -1,4 +1,5 @@
-//! Dialects: the wire formats ctxgate speaks (OpenAI chat completions, Anthropic Messages). A dialect parses a
+//! Dialects: the wire formats ctxgate speaks (OpenAI chat completions, Anthropic Messages, OpenAI Responses:
+//! `chat/`, `anthropic/`, `responses/`; what the last two share in `shared/`). A dialect parses a
 //! request body into the neutral conversation (`crate::message`), renders a rewritten conversation back into its
 //! own bytes, and knows its answers: reply assembly, SSE events, recall rounds, errors and usage. Nothing outside
 //! `dialect/` knows a wire format.
@@ -11,8 +12,7 @@ pub mod reply;
 pub mod request;
 pub mod responses;
 pub mod rounds;
-#[cfg(test)]
-mod test_arguments;
+pub mod shared;
 
 pub use names::InjectedNames;
 pub use reply::{AssembledReply, MAX_ASSEMBLED_BYTES};

@@ -2,7 +2,8 @@
 //! answers into the next request, the client's final JSON answer, and a splicer that turns the streams of several
 //! upstream rounds into one client stream.
 
-use super::{AssembledReply, Dialect, InjectedNames};
+use super::shared::Spliced;
+use super::{anthropic, responses, AssembledReply, Dialect, InjectedNames};
 use crate::sse::SseEvent;
 use bytes::Bytes;
 use serde_json::{Map, Value};
@@ -48,8 +49,8 @@ impl Dialect {
     pub fn splicer(self, names: InjectedNames, body: &Map<String, Value>) -> Box<dyn Splice> {
         match self {
             Dialect::Chat => Box::new(super::chat::rounds::ChatSplice::new(names, body)),
-            Dialect::Anthropic => Box::new(super::anthropic::rounds::AnthropicSplice::new(names)),
-            Dialect::Responses => Box::new(super::responses::rounds::ResponsesSplice::new(names)),
+            Dialect::Anthropic => Box::new(Spliced(anthropic::splice::StreamSplicer::new(names))),
+            Dialect::Responses => Box::new(Spliced(responses::splice::StreamSplicer::new(names))),
         }
     }
 

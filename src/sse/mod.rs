@@ -1,5 +1,5 @@
-//! Server-sent events over raw bytes: an incremental parser that accepts any chunking, and the assembler of an
-//! assistant message from chat-completion chunks. Pure: no I/O.
+//! Server-sent events over raw bytes: an incremental parser that accepts any chunking (the dialects assemble
+//! replies from its events: `dialect/*/assemble.rs`). Pure: no I/O.
 
 /// One dispatched SSE event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

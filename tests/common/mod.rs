@@ -80,17 +80,68 @@ impl Harness {
             .unwrap()
     }
 
-    /// The value of one series of `/metrics` (`name{labels}` exactly as exported; 0 when absent).
-    pub async fn metric(&self, series: &str) -> f64 {
-        let text = self
+    /// `POST /v1/chat/completions` with `body` as JSON, the bearer `key` and, when given, `x-session-id`.
+    pub async fn chat_as(
+        &self,
+        key: &str,
+        session: Option<&str>,
+        body: &Value,
+    ) -> reqwest::Response {
+        let mut req = self
             .client
+            .post(self.url("/v1/chat/completions"))
+            .header("authorization", format!("Bearer {key}"));
+        if let Some(s) = session {
+            req = req.header("x-session-id", s);
+        }
+        req.json(body).send().await.unwrap()
+    }
+
+    /// [`Harness::chat_as`] in session `session`, asserting a 200 answer; with the session the gateway named.
+    pub async fn chat_ok(
+        &self,
+        key: &str,
+        session: &str,
+        body: &Value,
+    ) -> (String, reqwest::Response) {
+        let resp = self.chat_as(key, Some(session), body).await;
+        assert_eq!(resp.status(), 200);
+        (session_header(&resp), resp)
+    }
+
+    /// `POST path` with `body` serialised as JSON and the given headers (`content-type: application/json` added).
+    pub async fn post_json(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &Value,
+    ) -> reqwest::Response {
+        let mut req = self.client.post(self.url(path));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req.header("content-type", "application/json")
+            .body(serde_json::to_vec(body).unwrap())
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// The `/metrics` text.
+    pub async fn metrics_text(&self) -> String {
+        self.client
             .get(self.url("/metrics"))
             .send()
             .await
             .unwrap()
             .text()
             .await
-            .unwrap();
+            .unwrap()
+    }
+
+    /// The value of one series of `/metrics` (`name{labels}` exactly as exported; 0 when absent).
+    pub async fn metric(&self, series: &str) -> f64 {
+        let text = self.metrics_text().await;
         text.lines()
             .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
             .unwrap_or(0.0)
@@ -125,6 +176,45 @@ impl Harness {
             let _ = h.await;
         }
     }
+}
+
+/// The session the gateway named in an answer (`x-ctxgate-session`).
+pub fn session_header(resp: &reqwest::Response) -> String {
+    resp.headers()["x-ctxgate-session"]
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+/// A gateway whose models (`models`, a model pattern) and default have a context window of `window` tokens.
+pub async fn small_window(models: &str, window: u64) -> Harness {
+    Harness::start_with(|c| {
+        c.context.default_context_window = window;
+        c.models.insert(
+            models.into(),
+            ctxgate::config::ModelEntry {
+                context_window: window,
+            },
+        );
+    })
+    .await
+}
+
+/// A support conversation: a system prompt, then `loops` runs of a long question, a `lookup` call, its result
+/// (`RESULT-<l>`) and a long answer; then a short user question.
+pub fn support_chat(loops: usize) -> Vec<Value> {
+    let mut m = vec![json!({"role":"system","content":"You help travellers."})];
+    for l in 0..loops {
+        let id = format!("call_{l}");
+        m.push(json!({"role":"user","content":format!("question {l}: {}", "please help ".repeat(120))}));
+        m.push(json!({"role":"assistant","content":null,"tool_calls":[{"id":id,"type":"function","function":{"name":"lookup","arguments":format!("{{\"q\":{l}}}")}}]}));
+        m.push(json!({"role":"tool","tool_call_id":id,"content":format!("RESULT-{l} {}", "data ".repeat(60))}));
+        m.push(
+            json!({"role":"assistant","content":format!("answer {l}: {}", "indeed ".repeat(120))}),
+        );
+    }
+    m.push(json!({"role":"user","content":"and now?"}));
+    m
 }
 
 /// A coding-agent run: a task, then `n` file reads of ~`words` words each, every result carrying `MARKER-<i>`.

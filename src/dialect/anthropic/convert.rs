@@ -236,27 +236,7 @@ fn assistant(content: Option<&Value>) -> Value {
 /// The strings of a block a model reads (ids, signatures and encrypted or base64 data skipped), in document order,
 /// joined by newlines. Walks with an explicit stack: no recursion on deep values.
 pub(super) fn opaque_text(v: &Value) -> String {
-    let mut out = String::new();
-    let mut stack = vec![v];
-    while let Some(v) = stack.pop() {
-        match v {
-            Value::String(s) if !s.is_empty() => {
-                if !out.is_empty() {
-                    out.push('\n');
-                }
-                out.push_str(s);
-            }
-            Value::Array(a) => stack.extend(a.iter().rev()),
-            Value::Object(o) => stack.extend(
-                o.iter()
-                    .rev()
-                    .filter(|(k, _)| !NOT_TEXT.contains(&k.as_str()))
-                    .map(|(_, v)| v),
-            ),
-            _ => {}
-        }
-    }
-    out
+    crate::dialect::shared::opaque_text(v, &NOT_TEXT)
 }
 
 /// The client's messages after a rewrite of their neutral form. `out[k]` is the k-th rewritten neutral message and

@@ -2,6 +2,7 @@
 //! the property tests run on every rewritten request (and that a caller may run before sending one).
 
 use crate::context::shape::TRUNCATED_MARKER;
+use crate::dialect::shared::{check_fields, conversation};
 use serde_json::{Map, Value};
 use std::collections::HashSet;
 
@@ -157,8 +158,8 @@ pub fn check_rewrite(client: &Value, sent: &Value) -> Result<(), String> {
     let (Some(c), Some(s)) = (client.as_object(), sent.as_object()) else {
         return Err("both bodies must be JSON objects".into());
     };
-    check_fields(c, s)?;
-    let (cm, sm) = (messages(c), messages(s));
+    check_fields(c, s, "messages")?;
+    let (cm, sm) = (conversation(c, "messages"), conversation(s, "messages"));
     check_markers(c, s, cm, sm)?;
     check_thinking(cm, sm)?;
     let mut rest = sm.iter();
@@ -173,36 +174,6 @@ pub fn check_rewrite(client: &Value, sent: &Value) -> Result<(), String> {
         return Err("the client's newest message is not the last message sent".into());
     }
     Ok(())
-}
-
-fn messages(o: &Map<String, Value>) -> &[Value] {
-    o.get("messages")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-}
-
-fn check_fields(c: &Map<String, Value>, s: &Map<String, Value>) -> Result<(), String> {
-    let skip = |k: &str| matches!(k, "messages" | "tools");
-    for (k, v) in c.iter().filter(|(k, _)| !skip(k)) {
-        if s.get(k) != Some(v) {
-            return Err(format!("top-level field `{k}` changed or missing"));
-        }
-    }
-    if let Some(k) = s.keys().find(|k| !skip(k) && !c.contains_key(*k)) {
-        return Err(format!("top-level field `{k}` was added"));
-    }
-    let order = |o: &Map<String, Value>| -> Vec<String> {
-        o.keys().filter(|k| c.contains_key(*k)).cloned().collect()
-    };
-    if order(c) != order(s) {
-        return Err("the client's top-level fields were reordered".into());
-    }
-    match (c.get("tools"), s.get("tools")) {
-        (None | Some(Value::Null), _) => Ok(()),
-        (Some(Value::Array(ct)), Some(Value::Array(st))) if st.starts_with(ct) => Ok(()),
-        _ => Err("the client's `tools` are not an identical prefix of the tools sent".into()),
-    }
 }
 
 /// The marked blocks of messages with their message's role (tool_result contents included).

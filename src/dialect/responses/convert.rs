@@ -290,27 +290,7 @@ const NOT_TEXT: [&str; 8] = [
 
 /// The strings of an item a model reads, in document order, joined by newlines; an explicit stack, no recursion.
 pub(super) fn opaque_text(v: &Value) -> String {
-    let mut out = String::new();
-    let mut stack = vec![v];
-    while let Some(v) = stack.pop() {
-        match v {
-            Value::String(s) if !s.is_empty() => {
-                if !out.is_empty() {
-                    out.push('\n');
-                }
-                out.push_str(s);
-            }
-            Value::Array(a) => stack.extend(a.iter().rev()),
-            Value::Object(o) => stack.extend(
-                o.iter()
-                    .rev()
-                    .filter(|(k, _)| !NOT_TEXT.contains(&k.as_str()))
-                    .map(|(_, v)| v),
-            ),
-            _ => {}
-        }
-    }
-    out
+    crate::dialect::shared::opaque_text(v, &NOT_TEXT)
 }
 
 /// The client's items after a rewrite of their neutral form (`out[k]` rewritten, `sources[k]` where it came from).

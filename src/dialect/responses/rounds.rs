@@ -1,68 +1,12 @@
 //! The Responses API in recall rounds: ctxgate's calls are `function_call` items answered by
 //! `function_call_output` items appended to the next request's `input`; the client's stream is spliced by
-//! [`StreamSplicer`] and kept alive with SSE comments.
+//! [`splice::StreamSplicer`] and kept alive with SSE comments.
 
 use super::assemble::{output_items, reply_message};
-use super::splice::{self, RoundEnd, StreamSplicer};
-use crate::dialect::rounds::{Splice, SpliceEnd};
-use crate::dialect::{AssembledReply, InjectedNames};
-use crate::error::GatewayError;
-use crate::sse::SseEvent;
-use bytes::Bytes;
+use super::splice;
+use crate::dialect::shared::splice::answers;
+use crate::dialect::InjectedNames;
 use serde_json::Value;
-
-/// The Responses splicer behind the dialect-neutral [`Splice`].
-pub struct ResponsesSplice {
-    inner: StreamSplicer,
-}
-
-impl ResponsesSplice {
-    /// A splicer hiding the tools named in `names`.
-    pub fn new(names: InjectedNames) -> Self {
-        Self {
-            inner: StreamSplicer::new(names),
-        }
-    }
-
-    /// The `error` event ending the client's stream after a failure, numbered after the events sent (the
-    /// Responses API numbers every event: the pipeline should send this rather than `Dialect::error_event`).
-    pub fn error_event(&mut self, e: &GatewayError) -> Option<Bytes> {
-        self.inner.error_event(e)
-    }
-}
-
-impl Splice for ResponsesSplice {
-    fn on_event(&mut self, ev: &SseEvent) -> Vec<Bytes> {
-        self.inner.on_event(ev)
-    }
-
-    fn end_round(&mut self, rounds_left: bool) -> SpliceEnd {
-        match self.inner.end_round(rounds_left) {
-            RoundEnd::Continue { assistant, calls } => SpliceEnd::Continue { assistant, calls },
-            RoundEnd::Finish(tail) => SpliceEnd::Finish(tail),
-        }
-    }
-
-    fn abort(&mut self) -> Vec<Bytes> {
-        self.inner.abort()
-    }
-
-    fn reply(&self) -> AssembledReply {
-        self.inner.reply()
-    }
-
-    fn done(&self) -> Option<Bytes> {
-        None
-    }
-
-    fn keepalive(&self) -> Option<Bytes> {
-        Some(StreamSplicer::keepalive())
-    }
-
-    fn error_event(&mut self, e: &GatewayError) -> Option<Bytes> {
-        ResponsesSplice::error_event(self, e)
-    }
-}
 
 /// The assistant message of a whole JSON answer (a `response` object): its output items.
 pub fn answer_message(answer: &Value) -> Option<Value> {
@@ -85,15 +29,7 @@ pub fn round_messages(
     calls: &[Value],
     results: &[String],
 ) -> Vec<Value> {
-    let answers: Vec<(String, String)> = calls
-        .iter()
-        .zip(results)
-        .map(|(c, r)| {
-            let id = c.get("id").and_then(Value::as_str).unwrap_or_default();
-            (id.to_string(), r.clone())
-        })
-        .collect();
-    splice::round_items(output_items(assistant), names, &answers)
+    splice::round_items(output_items(assistant), names, &answers(calls, results))
 }
 
 /// Adds a round's usage.
@@ -110,6 +46,8 @@ pub use splice::finalize_body as finalize;
 mod tests {
     use super::*;
     use crate::config::RecallConfig;
+    use crate::dialect::rounds::Splice;
+    use crate::dialect::shared::Spliced;
     use serde_json::json;
 
     #[test]
@@ -137,7 +75,9 @@ mod tests {
 
     #[test]
     fn the_splicer_keeps_the_stream_alive_with_a_comment_and_ends_it_with_its_terminal_event() {
-        let s = ResponsesSplice::new(InjectedNames::from_config(&RecallConfig::default()));
+        let s = Spliced(splice::StreamSplicer::new(InjectedNames::from_config(
+            &RecallConfig::default(),
+        )));
         assert_eq!(s.keepalive().as_deref(), Some(&b": keep-alive\n\n"[..]));
         assert_eq!(s.done(), None);
     }

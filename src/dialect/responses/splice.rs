@@ -7,7 +7,8 @@
 
 mod stream;
 
-pub use stream::{RoundEnd, StreamSplicer};
+pub use crate::dialect::shared::{RoundEnd, StreamSplice};
+pub use stream::StreamSplicer;
 
 use crate::dialect::reply::add_numbers;
 use crate::dialect::reply::with_round_totals;

@@ -2,7 +2,8 @@
 //! property tests run on every rewritten request (and that a caller may run before sending one).
 
 use super::convert::{call_id, kind, Kind};
-use serde_json::{Map, Value};
+use crate::dialect::shared::{check_fields, conversation};
+use serde_json::Value;
 use std::collections::HashSet;
 
 /// Checks an input as the Responses API does: every `function_call_output` / `custom_tool_call_output` answers a
@@ -72,8 +73,8 @@ pub fn check_rewrite(client: &Value, sent: &Value) -> Result<(), String> {
     let (Some(c), Some(s)) = (client.as_object(), sent.as_object()) else {
         return Err("both bodies must be JSON objects".into());
     };
-    check_fields(c, s)?;
-    let (ci, si) = (input(c), input(s));
+    check_fields(c, s, "input")?;
+    let (ci, si) = (conversation(c, "input"), conversation(s, "input"));
     let carried = |it: &&Value| matches!(kind(it), Kind::Reasoning | Kind::Opaque);
     let mut rest = ci.iter().filter(carried);
     for (i, it) in si.iter().enumerate().filter(|(_, it)| carried(it)) {
@@ -147,34 +148,4 @@ pub fn check_roles(client: &[Value], sent: &[Value]) -> Result<(), String> {
             .collect()
     };
     crate::context::roles::check_roles(&as_messages(client), &as_messages(sent))
-}
-
-fn input(o: &Map<String, Value>) -> &[Value] {
-    o.get("input")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-}
-
-fn check_fields(c: &Map<String, Value>, s: &Map<String, Value>) -> Result<(), String> {
-    let skip = |k: &str| matches!(k, "input" | "tools");
-    for (k, v) in c.iter().filter(|(k, _)| !skip(k)) {
-        if s.get(k) != Some(v) {
-            return Err(format!("top-level field `{k}` changed or missing"));
-        }
-    }
-    if let Some(k) = s.keys().find(|k| !skip(k) && !c.contains_key(*k)) {
-        return Err(format!("top-level field `{k}` was added"));
-    }
-    let order = |o: &Map<String, Value>| -> Vec<String> {
-        o.keys().filter(|k| c.contains_key(*k)).cloned().collect()
-    };
-    if order(c) != order(s) {
-        return Err("the client's top-level fields were reordered".into());
-    }
-    match (c.get("tools"), s.get("tools")) {
-        (None | Some(Value::Null), _) => Ok(()),
-        (Some(Value::Array(ct)), Some(Value::Array(st))) if st.starts_with(ct) => Ok(()),
-        _ => Err("the client's `tools` are not an identical prefix of the tools sent".into()),
-    }
 }

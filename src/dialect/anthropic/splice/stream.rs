@@ -1,30 +1,15 @@
 //! One client SSE stream out of several upstream rounds: one `message_start`, contiguous block indexes, ctxgate's
 //! `tool_use` blocks swallowed, one `message_delta` with the usage summed over the rounds, one `message_stop`.
 
-use super::{add_usage, injected_calls, is_injected_call, round_assistant};
+use super::{add_usage, as_chat_call, injected_calls, is_injected_call, round_assistant};
 use crate::dialect::anthropic::assemble::{overlay, Assembler};
+use crate::dialect::shared::{RoundEnd, StreamSplice};
 use crate::dialect::AssembledReply;
 use crate::dialect::InjectedNames;
 use crate::sse::SseEvent;
 use bytes::Bytes;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-
-/// How a round ended.
-#[derive(Debug)]
-pub enum RoundEnd {
-    /// The round called ctxgate's tools (and only after them, if at all, the client's): answer `calls` and ask
-    /// again with `assistant` and the answers (`super::results_message`) appended to the messages.
-    Continue {
-        /// The assistant message for the next request ([`super::round_assistant`] of the round's answer).
-        assistant: Value,
-        /// Our `tool_use` blocks, in order.
-        calls: Vec<Value>,
-    },
-    /// The answer is over: send these events. They end with `message_delta` and `message_stop` when the round
-    /// ended properly (see [`StreamSplicer::ended`]).
-    Finish(Vec<Bytes>),
-}
 
 /// What becomes of an upstream block of the current round.
 #[derive(Debug, Clone, Copy)]
@@ -106,60 +91,6 @@ impl StreamSplicer {
         self.usage.as_ref()
     }
 
-    /// The reply as the client saw it so far, with the usage of each upstream round that ended.
-    pub fn reply(&self) -> AssembledReply {
-        let mut reply = self.seen.finish();
-        reply.round_usage.clone_from(&self.round_usage);
-        reply
-    }
-
-    /// Takes one upstream event; returns the encoded events the client gets now.
-    pub fn on_event(&mut self, ev: &SseEvent) -> Vec<Bytes> {
-        let mut out = Vec::new();
-        if self.ended {
-            return out;
-        }
-        let Ok(v) = serde_json::from_str::<Value>(ev.data.trim()) else {
-            return out;
-        };
-        let kind = v
-            .get("type")
-            .and_then(Value::as_str)
-            .or(ev.event.as_deref())
-            .unwrap_or("")
-            .to_string();
-        self.round.answer.on_value(Some(&kind), &v);
-        match kind.as_str() {
-            "message_start" => {
-                if let Some(u) = v.pointer("/message/usage").filter(|u| u.is_object()) {
-                    overlay(&mut self.round.usage, u);
-                }
-                if !std::mem::replace(&mut self.started, true) {
-                    out.push(self.emit(&kind, &v, Some(&ev.data)));
-                }
-            }
-            "content_block_start" => self.block_start(&kind, v, &ev.data, &mut out),
-            "content_block_delta" | "content_block_stop" => {
-                self.block_event(&kind, v, &ev.data, &mut out)
-            }
-            "message_delta" => {
-                if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-                    overlay(&mut self.round.usage, u);
-                }
-                self.round.last_delta = Some(v).filter(Value::is_object);
-            }
-            "message_stop" => self.round.stopped = true,
-            "error" => {
-                out.push(self.emit(&kind, &v, Some(&ev.data)));
-                self.ended = true;
-            }
-            // `ping` and event types added to the API later pass through (once the message has started).
-            _ if self.started => out.push(self.emit(&kind, &v, Some(&ev.data))),
-            _ => {}
-        }
-        out
-    }
-
     fn block_start(&mut self, kind: &str, v: Value, raw: &str, out: &mut Vec<Bytes>) {
         let Some(i) = v.get("index").and_then(Value::as_u64) else {
             return;
@@ -224,46 +155,6 @@ impl StreamSplicer {
         }
     }
 
-    /// Ends the current upstream round. `rounds_left`: whether another round may be made.
-    pub fn end_round(&mut self, rounds_left: bool) -> RoundEnd {
-        let round = std::mem::take(&mut self.round);
-        if let Some(u) = &round.usage {
-            add_usage(&mut self.usage, u);
-            self.round_usage.push(u.clone());
-        }
-        if self.ended {
-            return RoundEnd::Finish(Vec::new());
-        }
-        let answer = round.answer.finish();
-        let calls = injected_calls(&answer.message, &self.names);
-        if !calls.is_empty() && !round.client_call_relayed && round.stopped && rounds_left {
-            return RoundEnd::Continue {
-                assistant: round_assistant(&answer.message, &self.names),
-                calls,
-            };
-        }
-        let mut out = self.release(round.held);
-        if round.stopped {
-            out.extend(self.close(&round.open, round.last_delta));
-        }
-        RoundEnd::Finish(out)
-    }
-
-    /// Ends the client stream cleanly after a failed follow-up round (or a round cut short): open blocks closed,
-    /// the usage so far, `end_turn` (or the round's own stop reason), `message_stop`. Nothing when the stream
-    /// never started or is already over.
-    pub fn abort(&mut self) -> Vec<Bytes> {
-        let round = std::mem::take(&mut self.round);
-        if let Some(u) = &round.usage {
-            add_usage(&mut self.usage, u);
-            self.round_usage.push(u.clone());
-        }
-        if !self.started || self.ended {
-            return Vec::new();
-        }
-        self.close(&round.open, round.last_delta)
-    }
-
     /// Sends the held blocks under the next client indexes.
     fn release(&mut self, held: Vec<Value>) -> Vec<Bytes> {
         let mut map = HashMap::new();
@@ -315,6 +206,110 @@ impl StreamSplicer {
         out.push(self.emit("message_stop", &json!({"type": "message_stop"}), None));
         self.ended = true;
         out
+    }
+}
+
+impl StreamSplice for StreamSplicer {
+    fn keepalive() -> Bytes {
+        Self::ping()
+    }
+
+    fn neutral_call(call: Value) -> Value {
+        as_chat_call(&call)
+    }
+
+    /// The reply as the client saw it so far, with the usage of each upstream round that ended.
+    fn reply(&self) -> AssembledReply {
+        let mut reply = self.seen.finish();
+        reply.round_usage.clone_from(&self.round_usage);
+        reply
+    }
+
+    /// Takes one upstream event; returns the encoded events the client gets now.
+    fn on_event(&mut self, ev: &SseEvent) -> Vec<Bytes> {
+        let mut out = Vec::new();
+        if self.ended {
+            return out;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(ev.data.trim()) else {
+            return out;
+        };
+        let kind = v
+            .get("type")
+            .and_then(Value::as_str)
+            .or(ev.event.as_deref())
+            .unwrap_or("")
+            .to_string();
+        self.round.answer.on_value(Some(&kind), &v);
+        match kind.as_str() {
+            "message_start" => {
+                if let Some(u) = v.pointer("/message/usage").filter(|u| u.is_object()) {
+                    overlay(&mut self.round.usage, u);
+                }
+                if !std::mem::replace(&mut self.started, true) {
+                    out.push(self.emit(&kind, &v, Some(&ev.data)));
+                }
+            }
+            "content_block_start" => self.block_start(&kind, v, &ev.data, &mut out),
+            "content_block_delta" | "content_block_stop" => {
+                self.block_event(&kind, v, &ev.data, &mut out)
+            }
+            "message_delta" => {
+                if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+                    overlay(&mut self.round.usage, u);
+                }
+                self.round.last_delta = Some(v).filter(Value::is_object);
+            }
+            "message_stop" => self.round.stopped = true,
+            "error" => {
+                out.push(self.emit(&kind, &v, Some(&ev.data)));
+                self.ended = true;
+            }
+            // `ping` and event types added to the API later pass through (once the message has started).
+            _ if self.started => out.push(self.emit(&kind, &v, Some(&ev.data))),
+            _ => {}
+        }
+        out
+    }
+
+    /// Ends the current upstream round. `rounds_left`: whether another round may be made.
+    fn end_round(&mut self, rounds_left: bool) -> RoundEnd {
+        let round = std::mem::take(&mut self.round);
+        if let Some(u) = &round.usage {
+            add_usage(&mut self.usage, u);
+            self.round_usage.push(u.clone());
+        }
+        if self.ended {
+            return RoundEnd::Finish(Vec::new());
+        }
+        let answer = round.answer.finish();
+        let calls = injected_calls(&answer.message, &self.names);
+        if !calls.is_empty() && !round.client_call_relayed && round.stopped && rounds_left {
+            return RoundEnd::Continue {
+                assistant: round_assistant(&answer.message, &self.names),
+                calls,
+            };
+        }
+        let mut out = self.release(round.held);
+        if round.stopped {
+            out.extend(self.close(&round.open, round.last_delta));
+        }
+        RoundEnd::Finish(out)
+    }
+
+    /// Ends the client stream cleanly after a failed follow-up round (or a round cut short): open blocks closed,
+    /// the usage so far, `end_turn` (or the round's own stop reason), `message_stop`. Nothing when the stream
+    /// never started or is already over.
+    fn abort(&mut self) -> Vec<Bytes> {
+        let round = std::mem::take(&mut self.round);
+        if let Some(u) = &round.usage {
+            add_usage(&mut self.usage, u);
+            self.round_usage.push(u.clone());
+        }
+        if !self.started || self.ended {
+            return Vec::new();
+        }
+        self.close(&round.open, round.last_delta)
     }
 }
 

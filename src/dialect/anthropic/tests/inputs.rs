@@ -2,11 +2,11 @@
 //! with the new arguments as its `tool_use` input, every other field and block (signed thinking, text, markers)
 //! byte-exact and in place; arguments that are not a JSON object leave the client's input.
 
-use super::super::convert::{from_neutral, to_neutral};
+use super::super::convert::to_neutral;
 use super::super::validate::{check_rewrite, check_sequence};
-use crate::message::Source;
+use super::props::Anthropic;
+use crate::dialect::shared::test_support::sent_with;
 use serde_json::{json, Value};
-use std::borrow::Cow;
 
 const CLEARED: &str = r#"{"cleared":"input removed to save space","call_id":"toolu_w","tool":"write_file","tokens":7012}"#;
 
@@ -29,41 +29,10 @@ fn client() -> Value {
         {"role":"user","content":"thanks, and next?"}]})
 }
 
-/// The client's body sent with the arguments of `call` in its neutral message replaced by `args`.
-fn sent_with(client: &Value, call: usize, args: &str) -> (Value, Vec<bool>) {
-    let native = client["messages"].as_array().unwrap();
-    let neutral = to_neutral(client.get("system"), native);
-    let j = neutral
-        .messages
-        .iter()
-        .position(|m| m.get("tool_calls").is_some())
-        .unwrap();
-    let mut m = neutral.messages[j].clone();
-    m["tool_calls"][call]["function"]["arguments"] = json!(args);
-    let out: Vec<Cow<'_, Value>> = neutral
-        .messages
-        .iter()
-        .enumerate()
-        .map(|(k, x)| {
-            if k == j {
-                Cow::Owned(m.clone())
-            } else {
-                Cow::Borrowed(x)
-            }
-        })
-        .collect();
-    let sources: Vec<Source> = (0..out.len()).map(Source::Client).collect();
-    let msgs = from_neutral(native, &neutral, &out, &sources);
-    let borrowed = msgs.iter().map(|m| matches!(m, Cow::Borrowed(_))).collect();
-    let mut sent = client.clone();
-    sent["messages"] = serde_json::to_value(&msgs).unwrap();
-    (sent, borrowed)
-}
-
 #[test]
 fn cleared_arguments_become_the_tool_use_input_and_nothing_else_changes() {
     let client = client();
-    let (sent, borrowed) = sent_with(&client, 0, CLEARED);
+    let (sent, borrowed) = sent_with::<Anthropic>(&client, &[(0, CLEARED)]);
     let (cm, sm) = (&client["messages"], &sent["messages"]);
     assert_eq!(sm.as_array().unwrap().len(), 5);
     // Only the assistant message that made the call is rebuilt; the others are the client's own values.
@@ -97,7 +66,7 @@ fn cleared_arguments_become_the_tool_use_input_and_nothing_else_changes() {
 fn the_second_of_parallel_calls_is_cleared_alone() {
     let client = client();
     let args = r#"{"cleared":"input removed to save space","call_id":"toolu_r","tool":"read_file","tokens":9}"#;
-    let (sent, _) = sent_with(&client, 1, args);
+    let (sent, _) = sent_with::<Anthropic>(&client, &[(1, args)]);
     let (before, after) = (
         &client["messages"][1]["content"],
         &sent["messages"][1]["content"],
@@ -118,7 +87,7 @@ fn unchanged_arguments_render_the_client_bytes() {
         .as_str()
         .unwrap()
         .to_owned();
-    let (sent, borrowed) = sent_with(&client, 0, &args);
+    let (sent, borrowed) = sent_with::<Anthropic>(&client, &[(0, &args)]);
     assert!(borrowed.iter().all(|b| *b));
     assert_eq!(sent.to_string(), client.to_string());
 }
@@ -134,7 +103,7 @@ fn arguments_that_are_not_an_object_keep_the_client_input() {
         "",
         "{\"open\":",
     ] {
-        let (sent, _) = sent_with(&client, 0, args);
+        let (sent, _) = sent_with::<Anthropic>(&client, &[(0, args)]);
         let after = &sent["messages"][1]["content"][2];
         assert_eq!(
             after.to_string(),
@@ -149,7 +118,7 @@ fn arguments_that_are_not_an_object_keep_the_client_input() {
 #[test]
 fn the_validators_refuse_a_bad_input_a_broken_pair_and_a_moved_marker() {
     let client = client();
-    let (sent, _) = sent_with(&client, 0, CLEARED);
+    let (sent, _) = sent_with::<Anthropic>(&client, &[(0, CLEARED)]);
     let msgs = sent["messages"].as_array().unwrap();
 
     let mut bad = msgs.clone();

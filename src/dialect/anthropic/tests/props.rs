@@ -2,12 +2,14 @@
 //! redacted thinking, images, server tools, mid-conversation system messages, cache markers, long results) through
 //! the real planner with a window small enough to make it rewrite.
 
-use super::super::convert::{from_neutral, to_neutral};
+use super::super::convert::{from_neutral, to_neutral, Neutral};
 use super::super::validate::{check_rewrite, check_sequence};
-use crate::config::{ContextConfig, PruneConfig, Strategy as Rewriting};
-use crate::context::plan::{plan, Plan, PlanInput, Summaries};
-use crate::context::tokens::{Encoding, TokenCounter};
-use crate::dialect::test_arguments::{new_arguments, replace_arguments, Replaced};
+use crate::context::plan::Rewrite;
+use crate::context::tokens::TokenCounter;
+use crate::dialect::shared::test_support::{
+    new_arguments, rewritten, rewritten_with, unchanged_renders_the_client_bytes, words, Harness,
+};
+use crate::dialect::Dialect;
 use crate::message::{is_system, Source};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -94,13 +96,6 @@ fn conv() -> impl Strategy<Value = Conv> {
             markers,
             words,
         })
-}
-
-fn words(tag: &str, n: usize) -> String {
-    (0..n)
-        .map(|w| format!("{tag}{w}"))
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 fn thinking(kind: u8, tag: &str) -> Option<Value> {
@@ -230,88 +225,46 @@ fn build(c: &Conv) -> Value {
     body
 }
 
-fn strategy(k: u8) -> Rewriting {
-    match k {
-        0 => Rewriting::Prune,
-        1 => Rewriting::Summarize,
-        _ => Rewriting::Hybrid,
+/// The Messages API as the property tests drive it.
+pub(super) struct Anthropic;
+
+impl Harness for Anthropic {
+    const DIALECT: Dialect = Dialect::Anthropic;
+    const SYSTEM: &'static str = "system";
+    type Neutral = Neutral;
+
+    fn to_neutral(system: Option<&Value>, native: &[Value]) -> Neutral {
+        to_neutral(system, native)
     }
-}
 
-/// The client's body as sent upstream after planning with a window of `frac` of its estimated size: `None` when
-/// the planner forwards or refuses.
-fn rewritten(
-    client: &Value,
-    frac: f64,
-    strat: u8,
-    counter: &TokenCounter,
-) -> Option<(Value, bool)> {
-    rewritten_with(client, frac, strat, counter, &[])
-        .map(|(sent, summarized, _)| (sent, summarized))
-}
+    fn messages(neutral: &Neutral) -> &[Value] {
+        &neutral.messages
+    }
 
-/// Like [`rewritten`], with the neutral calls of the rewrite given new arguments (`args`, in order).
-fn rewritten_with(
-    client: &Value,
-    frac: f64,
-    strat: u8,
-    counter: &TokenCounter,
-    args: &[Option<String>],
-) -> Option<(Value, bool, Replaced)> {
-    let native = client["messages"].as_array()?;
-    let neutral = to_neutral(client.get("system"), native);
-    let total: u64 = neutral
-        .messages
-        .iter()
-        .map(|m| counter.message_tokens(Encoding::O200k, m))
-        .sum();
-    let ready: Vec<(usize, Value)> = (1..=neutral.messages.len())
-        .map(|u| {
-            (
-                u,
-                json!({"role":"system","content":format!("Summary of the first {u} messages.")}),
-            )
-        })
-        .collect();
-    let input = PlanInput {
-        messages: &neutral.messages,
-        tools: client.get("tools"),
-        first_seen: None,
-        now: 1_000_000,
-        encoding: Encoding::O200k,
-        ratio: 1.0,
-        strategy: strategy(strat),
-        window: ((total as f64 * frac) as u64).max(200),
-        recall_tool: Some("recall_tool_call"),
-        reserve: 0,
-        summaries: Some(Summaries {
-            keep_recent: 4,
-            max_tokens: 50,
-            ready: &ready,
-        }),
-        precompute_at: 0.6,
-        strict_roles: false,
-    };
-    let Plan::Rewrite(rw) = plan(
-        &input,
-        &ContextConfig::default(),
-        &PruneConfig::default(),
-        counter,
-    ) else {
-        return None;
-    };
-    let summarized = rw.sources.contains(&Source::Added);
-    // The recall note, where the gateway puts it for Anthropic: a message after the leading system messages.
-    let (mut out, mut sources) = (rw.messages.clone(), rw.sources.clone());
-    let replaced = replace_arguments(&mut out, args);
-    let at = out.iter().position(|m| !is_system(m)).unwrap_or(out.len());
-    let note = json!({"role":"system","content":"Results of earlier tool calls were left out; recall them."});
-    out.insert(at, Cow::Owned(note));
-    sources.insert(at, Source::Added);
-    let msgs = from_neutral(native, &neutral, &out, &sources);
-    let mut sent = client.clone();
-    sent["messages"] = serde_json::to_value(&msgs).ok()?;
-    Some((sent, summarized, replaced))
+    fn from_neutral<'a>(
+        native: &'a [Value],
+        neutral: &Neutral,
+        out: &[Cow<'_, Value>],
+        sources: &[Source],
+    ) -> Vec<Cow<'a, Value>> {
+        from_neutral(native, neutral, out, sources)
+    }
+
+    fn summary(upto: usize) -> Value {
+        json!({"role":"system","content":format!("Summary of the first {upto} messages.")})
+    }
+
+    fn summarized(rewrite: &Rewrite<'_>) -> bool {
+        rewrite.sources.contains(&Source::Added)
+    }
+
+    /// The recall note, where the gateway puts it for Anthropic: a message after the leading system messages.
+    fn add_note(_: &Rewrite<'_>, out: &mut Vec<Cow<'_, Value>>, sources: &mut Vec<Source>) {
+        let at = out.iter().position(|m| !is_system(m)).unwrap_or(out.len());
+        let note = json!({"role":"system","content":"Results of earlier tool calls were left out; recall them."});
+        out.insert(at, Cow::Owned(note));
+        sources.insert(at, Source::Added);
+    }
 }
 
 proptest! {
@@ -326,20 +279,16 @@ proptest! {
         prop_assert_eq!(crate::context::units::check_sequence(&neutral.messages), Ok(()));
 
         // An unchanged plan renders the client's bytes.
-        let out: Vec<Cow<'_, Value>> = neutral.messages.iter().map(Cow::Borrowed).collect();
-        let src: Vec<Source> = (0..out.len()).map(Source::Client).collect();
-        let same = from_neutral(native, &neutral, &out, &src);
-        prop_assert!(same.iter().all(|m| matches!(m, Cow::Borrowed(_))));
-        prop_assert_eq!(serde_json::to_string(&same).unwrap(), serde_json::to_string(native).unwrap());
+        prop_assert!(unchanged_renders_the_client_bytes::<Anthropic>(native, &neutral));
 
         let counter = TokenCounter::new();
-        if let Some((sent, _)) = rewritten(&client, frac, strat, &counter) {
+        if let Some((sent, _)) = rewritten::<Anthropic>(&client, frac, strat, &counter) {
             let msgs = sent["messages"].as_array().unwrap();
             prop_assert_eq!(check_sequence(msgs), Ok(()), "{}", serde_json::to_string_pretty(msgs).unwrap());
             prop_assert_eq!(check_rewrite(&client, &sent), Ok(()));
             // Deterministic: a fresh parse of the same bytes and a fresh counter give the same bytes.
             let again: Value = serde_json::from_str(&client.to_string()).unwrap();
-            let (sent2, _) = rewritten(&again, frac, strat, &TokenCounter::new()).unwrap();
+            let (sent2, _) = rewritten::<Anthropic>(&again, frac, strat, &TokenCounter::new()).unwrap();
             prop_assert_eq!(sent.to_string(), sent2.to_string());
         }
     }
@@ -360,8 +309,8 @@ proptest! {
     ) {
         let client = build(&c);
         let counter = TokenCounter::new();
-        if let Some((plain, _, _)) = rewritten_with(&client, frac, strat, &counter, &[]) {
-            let (sent, _, replaced) = rewritten_with(&client, frac, strat, &counter, &args).unwrap();
+        if let Some((plain, _, _)) = rewritten_with::<Anthropic>(&client, frac, strat, &counter, &[]) {
+            let (sent, _, replaced) = rewritten_with::<Anthropic>(&client, frac, strat, &counter, &args).unwrap();
             let msgs = sent["messages"].as_array().unwrap();
             prop_assert_eq!(check_sequence(msgs), Ok(()), "{}", serde_json::to_string_pretty(msgs).unwrap());
             prop_assert_eq!(check_rewrite(&client, &sent), Ok(()));
@@ -392,7 +341,7 @@ fn the_generator_reaches_rewrites_of_every_kind() {
         let client = build(&c);
         let native = client["messages"].as_array().unwrap();
         for (strat, frac) in [(0, 0.4), (0, 0.8), (1, 0.4), (2, 0.4)] {
-            let Some((sent, s)) = rewritten(&client, frac, strat, &counter) else {
+            let Some((sent, s)) = rewritten::<Anthropic>(&client, frac, strat, &counter) else {
                 continue;
             };
             rewrites += 1;

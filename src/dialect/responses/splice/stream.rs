@@ -9,27 +9,13 @@ use super::{
 };
 use crate::dialect::responses::assemble::{output_items, Assembler, TERMINAL};
 use crate::dialect::responses::errors;
+use crate::dialect::shared::{RoundEnd, StreamSplice};
 use crate::dialect::{AssembledReply, InjectedNames};
 use crate::error::GatewayError;
 use crate::sse::SseEvent;
 use bytes::Bytes;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-
-/// How a round ended.
-#[derive(Debug)]
-pub enum RoundEnd {
-    /// The round called ctxgate's tools (and showed no client call before them): answer `calls` and ask again
-    /// with `super::round_items` of `assistant` appended to the input.
-    Continue {
-        /// The round's answer (`assemble::reply_message` of all its output items).
-        assistant: Value,
-        /// Our calls, neutral, in order.
-        calls: Vec<Value>,
-    },
-    /// The answer is over: send these events. They end with the terminal event when the round had one.
-    Finish(Vec<Bytes>),
-}
 
 /// What becomes of an upstream output item of the current round.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -121,12 +107,6 @@ impl StreamSplicer {
         }
     }
 
-    /// An SSE comment, to keep the client's stream alive while a follow-up round is in flight (the Responses API
-    /// has no ping event; SSE decoders, the openai SDKs' included, skip comment lines).
-    pub fn keepalive() -> Bytes {
-        Bytes::from_static(b": keep-alive\n\n")
-    }
-
     /// The client stream is over: its terminal event or an `error` was sent.
     pub fn ended(&self) -> bool {
         self.ended
@@ -140,73 +120,6 @@ impl StreamSplicer {
     /// The usage summed over the rounds that ended.
     pub fn usage(&self) -> Option<&Value> {
         self.usage.as_ref()
-    }
-
-    /// The reply as the client saw it so far, with the usage of each upstream round that ended.
-    pub fn reply(&self) -> AssembledReply {
-        let mut reply = self.seen.finish();
-        reply.round_usage.clone_from(&self.round_usage);
-        reply
-    }
-
-    /// The `error` event that ends the client's stream after a failure, numbered after the events sent (nothing
-    /// once the stream is over).
-    pub fn error_event(&mut self, e: &GatewayError) -> Option<Bytes> {
-        if self.ended {
-            return None;
-        }
-        self.ended = true;
-        Some(self.emit("error", errors::error_value(e), None, None))
-    }
-
-    /// Takes one upstream event; returns the encoded events the client gets now.
-    pub fn on_event(&mut self, ev: &SseEvent) -> Vec<Bytes> {
-        let mut out = Vec::new();
-        if self.ended {
-            return out;
-        }
-        let Ok(v @ Value::Object(_)) = serde_json::from_str::<Value>(ev.data.trim()) else {
-            return out;
-        };
-        let kind = v
-            .get("type")
-            .and_then(Value::as_str)
-            .or(ev.event.as_deref())
-            .unwrap_or("")
-            .to_string();
-        self.round.answer.on_value(Some(&kind), &v);
-        let raw = Some(ev.data.as_str());
-        match kind.as_str() {
-            "response.created" | "response.in_progress" | "response.queued" => {
-                let mut v = v;
-                let changed = v
-                    .get_mut("response")
-                    .is_some_and(|r| hide_tools(r, &self.names));
-                self.last_response = v.get("response").cloned();
-                if self.rounds_ended == 0 {
-                    if kind == "response.created" && !self.started {
-                        self.started = true;
-                        self.first_id = v.pointer("/response/id").cloned();
-                    }
-                    out.push(self.emit(&kind, v, raw.filter(|_| !changed), None));
-                }
-            }
-            k if TERMINAL.contains(&k) => {
-                self.last_response = v.get("response").cloned();
-                self.round.terminal = Some(v);
-            }
-            "error" => {
-                out.push(self.emit(&kind, v, raw, None));
-                self.ended = true;
-            }
-            "response.output_item.added" => self.item_added(&kind, v, raw, &mut out),
-            _ => match output_index(&v) {
-                Some(i) => self.item_event(i, &kind, v, raw, &mut out),
-                None if self.started => out.push(self.emit(&kind, v, raw, None)),
-                None => {}
-            },
-        }
-        out
     }
 
     fn item_added(&mut self, kind: &str, v: Value, raw: Option<&str>, out: &mut Vec<Bytes>) {
@@ -334,8 +247,116 @@ impl StreamSplicer {
         }
     }
 
+    /// Closes the client stream: `response.output_item.done` for items left open, then `terminal` carrying the
+    /// output the client was shown, the summed usage and the first round's id.
+    fn close(&mut self, mut terminal: Value, open: &[u64]) -> Vec<Bytes> {
+        let mut out = Vec::new();
+        for &ci in open {
+            let item = self.seen.item(ci).unwrap_or_else(|| json!({}));
+            let done = json!({"type": "response.output_item.done", "sequence_number": 0,
+                              "output_index": ci, "item": item});
+            out.push(self.emit("response.output_item.done", done, None, Some(ci)));
+        }
+        let kind = terminal
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("response.completed")
+            .to_string();
+        let output = self.seen.items().unwrap_or_default();
+        if let Some(r) = terminal.get_mut("response") {
+            hide_tools(r, &self.names);
+        }
+        if let Some(r) = terminal.get_mut("response").and_then(Value::as_object_mut) {
+            r.insert("output".into(), Value::Array(output));
+            if let Some(u) = &self.usage {
+                r.insert("usage".into(), u.clone());
+            }
+            if let Some(id) = &self.first_id {
+                r.insert("id".into(), id.clone());
+            }
+        }
+        out.push(self.emit(&kind, terminal, None, None));
+        self.ended = true;
+        out
+    }
+}
+
+impl StreamSplice for StreamSplicer {
+    /// An SSE comment, to keep the client's stream alive while a follow-up round is in flight (the Responses API
+    /// has no ping event; SSE decoders, the openai SDKs' included, skip comment lines).
+    fn keepalive() -> Bytes {
+        Bytes::from_static(b": keep-alive\n\n")
+    }
+
+    /// The reply as the client saw it so far, with the usage of each upstream round that ended.
+    fn reply(&self) -> AssembledReply {
+        let mut reply = self.seen.finish();
+        reply.round_usage.clone_from(&self.round_usage);
+        reply
+    }
+
+    /// The `error` event that ends the client's stream after a failure, numbered after the events sent (nothing
+    /// once the stream is over).
+    fn error_event(&mut self, e: &GatewayError) -> Option<Bytes> {
+        if self.ended {
+            return None;
+        }
+        self.ended = true;
+        Some(self.emit("error", errors::error_value(e), None, None))
+    }
+
+    /// Takes one upstream event; returns the encoded events the client gets now.
+    fn on_event(&mut self, ev: &SseEvent) -> Vec<Bytes> {
+        let mut out = Vec::new();
+        if self.ended {
+            return out;
+        }
+        let Ok(v @ Value::Object(_)) = serde_json::from_str::<Value>(ev.data.trim()) else {
+            return out;
+        };
+        let kind = v
+            .get("type")
+            .and_then(Value::as_str)
+            .or(ev.event.as_deref())
+            .unwrap_or("")
+            .to_string();
+        self.round.answer.on_value(Some(&kind), &v);
+        let raw = Some(ev.data.as_str());
+        match kind.as_str() {
+            "response.created" | "response.in_progress" | "response.queued" => {
+                let mut v = v;
+                let changed = v
+                    .get_mut("response")
+                    .is_some_and(|r| hide_tools(r, &self.names));
+                self.last_response = v.get("response").cloned();
+                if self.rounds_ended == 0 {
+                    if kind == "response.created" && !self.started {
+                        self.started = true;
+                        self.first_id = v.pointer("/response/id").cloned();
+                    }
+                    out.push(self.emit(&kind, v, raw.filter(|_| !changed), None));
+                }
+            }
+            k if TERMINAL.contains(&k) => {
+                self.last_response = v.get("response").cloned();
+                self.round.terminal = Some(v);
+            }
+            "error" => {
+                out.push(self.emit(&kind, v, raw, None));
+                self.ended = true;
+            }
+            "response.output_item.added" => self.item_added(&kind, v, raw, &mut out),
+            _ => match output_index(&v) {
+                Some(i) => self.item_event(i, &kind, v, raw, &mut out),
+                None if self.started => out.push(self.emit(&kind, v, raw, None)),
+                None => {}
+            },
+        }
+        out
+    }
+
     /// Ends the current upstream round. `rounds_left`: whether another round may be made.
-    pub fn end_round(&mut self, rounds_left: bool) -> RoundEnd {
+    fn end_round(&mut self, rounds_left: bool) -> RoundEnd {
         self.rounds_ended += 1;
         let usage = self
             .round
@@ -382,7 +403,7 @@ impl StreamSplicer {
     /// Ends the client stream cleanly after a failed follow-up round (or a round cut short): open items done, one
     /// terminal event (the round's own, else `response.completed`) with the output shown and the usage so far.
     /// Nothing when the stream never started or is already over.
-    pub fn abort(&mut self) -> Vec<Bytes> {
+    fn abort(&mut self) -> Vec<Bytes> {
         let round = std::mem::take(&mut self.round);
         if let Some(u) = round
             .terminal
@@ -404,39 +425,6 @@ impl StreamSplicer {
             json!({"type": "response.completed", "response": r})
         });
         self.close(terminal, &round.open)
-    }
-
-    /// Closes the client stream: `response.output_item.done` for items left open, then `terminal` carrying the
-    /// output the client was shown, the summed usage and the first round's id.
-    fn close(&mut self, mut terminal: Value, open: &[u64]) -> Vec<Bytes> {
-        let mut out = Vec::new();
-        for &ci in open {
-            let item = self.seen.item(ci).unwrap_or_else(|| json!({}));
-            let done = json!({"type": "response.output_item.done", "sequence_number": 0,
-                              "output_index": ci, "item": item});
-            out.push(self.emit("response.output_item.done", done, None, Some(ci)));
-        }
-        let kind = terminal
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or("response.completed")
-            .to_string();
-        let output = self.seen.items().unwrap_or_default();
-        if let Some(r) = terminal.get_mut("response") {
-            hide_tools(r, &self.names);
-        }
-        if let Some(r) = terminal.get_mut("response").and_then(Value::as_object_mut) {
-            r.insert("output".into(), Value::Array(output));
-            if let Some(u) = &self.usage {
-                r.insert("usage".into(), u.clone());
-            }
-            if let Some(id) = &self.first_id {
-                r.insert("id".into(), id.clone());
-            }
-        }
-        out.push(self.emit(&kind, terminal, None, None));
-        self.ended = true;
-        out
     }
 }
 

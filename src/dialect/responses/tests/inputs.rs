@@ -2,11 +2,11 @@
 //! with them as its `function_call` `arguments` (a `custom_tool_call`'s `input`), every other field and item
 //! (reasoning with encrypted content, messages, outputs) byte-exact and in place.
 
-use super::super::convert::{from_neutral, to_neutral};
+use super::super::convert::to_neutral;
 use super::super::validate::{check_rewrite, check_sequence};
-use crate::message::Source;
+use super::props::Responses;
+use crate::dialect::shared::test_support::sent_with;
 use serde_json::{json, Value};
-use std::borrow::Cow;
 
 const CLEARED: &str = r#"{"cleared":"input removed to save space","call_id":"call_w","tool":"write_file","tokens":7012}"#;
 
@@ -27,46 +27,10 @@ fn client() -> Value {
         {"role":"user","content":"thanks, and next?"}]})
 }
 
-/// The client's body sent with the neutral arguments of the calls in `new` replaced (call index, arguments).
-fn sent_with(client: &Value, new: &[(usize, &str)]) -> (Value, Vec<bool>) {
-    let native = client["input"].as_array().unwrap();
-    let neutral = to_neutral(client.get("instructions"), native);
-    let j = neutral
-        .messages
-        .iter()
-        .position(|m| m.get("tool_calls").is_some())
-        .unwrap();
-    let mut m = neutral.messages[j].clone();
-    for (call, args) in new {
-        m["tool_calls"][*call]["function"]["arguments"] = json!(args);
-    }
-    let out: Vec<Cow<'_, Value>> = neutral
-        .messages
-        .iter()
-        .enumerate()
-        .map(|(k, x)| {
-            if k == j {
-                Cow::Owned(m.clone())
-            } else {
-                Cow::Borrowed(x)
-            }
-        })
-        .collect();
-    let sources: Vec<Source> = (0..out.len()).map(Source::Client).collect();
-    let items = from_neutral(native, &neutral, &out, &sources);
-    let borrowed = items
-        .iter()
-        .map(|m| matches!(m, Cow::Borrowed(_)))
-        .collect();
-    let mut sent = client.clone();
-    sent["input"] = serde_json::to_value(&items).unwrap();
-    (sent, borrowed)
-}
-
 #[test]
 fn cleared_arguments_replace_the_function_call_arguments_and_nothing_else() {
     let client = client();
-    let (sent, borrowed) = sent_with(&client, &[(0, CLEARED)]);
+    let (sent, borrowed) = sent_with::<Responses>(&client, &[(0, CLEARED)]);
     let (ci, si) = (&client["input"], &sent["input"]);
     assert_eq!(si.as_array().unwrap().len(), 9);
     for (i, b) in borrowed.iter().enumerate() {
@@ -92,7 +56,7 @@ fn cleared_arguments_replace_the_function_call_arguments_and_nothing_else() {
 fn a_custom_tool_call_gets_the_new_text_as_its_input() {
     let client = client();
     let cleared = r#"{"cleared":"input removed to save space","call_id":"call_p","tool":"apply_patch","tokens":1500}"#;
-    let (sent, borrowed) = sent_with(&client, &[(1, cleared)]);
+    let (sent, borrowed) = sent_with::<Responses>(&client, &[(1, cleared)]);
     let si = &sent["input"];
     assert_eq!(borrowed.iter().filter(|b| !**b).count(), 1);
     assert_eq!(si[3].to_string(), client["input"][3].to_string());
@@ -121,7 +85,7 @@ fn unchanged_arguments_render_the_client_bytes() {
         .as_str()
         .unwrap()
         .to_owned();
-    let (sent, borrowed) = sent_with(&client, &[(0, &same)]);
+    let (sent, borrowed) = sent_with::<Responses>(&client, &[(0, &same)]);
     assert!(borrowed.iter().all(|b| *b));
     assert_eq!(sent.to_string(), client.to_string());
 }
@@ -129,7 +93,7 @@ fn unchanged_arguments_render_the_client_bytes() {
 #[test]
 fn the_validator_refuses_arguments_that_are_not_a_string_and_broken_pairs() {
     let client = client();
-    let (sent, _) = sent_with(&client, &[(0, CLEARED)]);
+    let (sent, _) = sent_with::<Responses>(&client, &[(0, CLEARED)]);
     let items = sent["input"].as_array().unwrap();
 
     let mut parsed = items.clone();

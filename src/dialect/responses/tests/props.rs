@@ -2,12 +2,14 @@
 //! reasoning items carrying encrypted content, long outputs, compaction and unknown items, developer messages)
 //! through the real planner with a window small enough to make it rewrite.
 
-use super::super::convert::{from_neutral, to_neutral};
+use super::super::convert::{from_neutral, to_neutral, Neutral};
 use super::super::validate::{check_rewrite, check_roles, check_sequence};
-use crate::config::{ContextConfig, PruneConfig, Strategy as Rewriting};
-use crate::context::plan::{plan, Plan, PlanInput, Summaries};
-use crate::context::tokens::{Encoding, TokenCounter};
-use crate::dialect::test_arguments::{new_arguments, replace_arguments, Replaced};
+use crate::context::plan::Rewrite;
+use crate::context::tokens::TokenCounter;
+use crate::dialect::shared::test_support::{
+    new_arguments, rewritten, rewritten_with, unchanged_renders_the_client_bytes, words, Harness,
+};
+use crate::dialect::Dialect;
 use crate::message::Source;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -95,13 +97,6 @@ fn conv() -> impl Strategy<Value = Conv> {
                 words,
             },
         )
-}
-
-fn words(tag: &str, n: usize) -> String {
-    (0..n)
-        .map(|w| format!("{tag}{w}"))
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 fn reasoning(tag: &str) -> Value {
@@ -198,88 +193,46 @@ fn build(c: &Conv) -> Value {
     body
 }
 
-fn strategy(k: u8) -> Rewriting {
-    match k {
-        0 => Rewriting::Prune,
-        1 => Rewriting::Summarize,
-        _ => Rewriting::Hybrid,
-    }
-}
+/// The Responses API as the property tests drive it.
+pub(super) struct Responses;
 
-/// The client's body as sent upstream after planning with a window of `frac` of its estimated size: `None` when
-/// the planner forwards or refuses.
-fn rewritten(
-    client: &Value,
-    frac: f64,
-    strat: u8,
-    counter: &TokenCounter,
-) -> Option<(Value, bool)> {
-    rewritten_with(client, frac, strat, counter, &[])
-        .map(|(sent, summarized, _)| (sent, summarized))
-}
+impl Harness for Responses {
+    const DIALECT: Dialect = Dialect::Responses;
+    const SYSTEM: &'static str = "instructions";
+    type Neutral = Neutral;
 
-/// Like [`rewritten`], with the neutral calls of the rewrite given new arguments (`args`, in order).
-fn rewritten_with(
-    client: &Value,
-    frac: f64,
-    strat: u8,
-    counter: &TokenCounter,
-    args: &[Option<String>],
-) -> Option<(Value, bool, Replaced)> {
-    let native = client["input"].as_array()?;
-    let neutral = to_neutral(client.get("instructions"), native);
-    let total: u64 = neutral
-        .messages
-        .iter()
-        .map(|m| counter.message_tokens(Encoding::O200k, m))
-        .sum();
-    let ready: Vec<(usize, Value)> = (1..=neutral.messages.len())
-        .map(|u| {
-            (
-                u,
-                json!({"role":"system","content":format!("{}the first {u} messages.", crate::summary::prompt::SUMMARY_PREFIX)}),
-            )
-        })
-        .collect();
-    let input = PlanInput {
-        messages: &neutral.messages,
-        tools: client.get("tools"),
-        first_seen: None,
-        now: 1_000_000,
-        encoding: Encoding::O200k,
-        ratio: 1.0,
-        strategy: strategy(strat),
-        window: ((total as f64 * frac) as u64).max(200),
-        recall_tool: Some("recall_tool_call"),
-        reserve: 0,
-        summaries: Some(Summaries {
-            keep_recent: 4,
-            max_tokens: 50,
-            ready: &ready,
-        }),
-        precompute_at: 0.6,
-        strict_roles: true,
-    };
-    let Plan::Rewrite(rw) = plan(
-        &input,
-        &ContextConfig::default(),
-        &PruneConfig::default(),
-        counter,
-    ) else {
-        return None;
-    };
-    let summarized = rw.record.stages.contains(&"summarized");
-    // The recall note, at the end of the message the planner names (strict role order).
-    let (mut out, sources) = (rw.messages.clone(), rw.sources.clone());
-    let replaced = replace_arguments(&mut out, args);
-    let note = "[ctxgate] Results of earlier tool calls were left out; recall them.";
-    if let Some(m) = rw.note_in.and_then(|k| out.get_mut(k)) {
-        *m = Cow::Owned(crate::context::roles::with_text_last(m, note));
+    fn to_neutral(system: Option<&Value>, native: &[Value]) -> Neutral {
+        to_neutral(system, native)
     }
-    let items = from_neutral(native, &neutral, &out, &sources);
-    let mut sent = client.clone();
-    sent["input"] = serde_json::to_value(&items).ok()?;
-    Some((sent, summarized, replaced))
+
+    fn messages(neutral: &Neutral) -> &[Value] {
+        &neutral.messages
+    }
+
+    fn from_neutral<'a>(
+        native: &'a [Value],
+        neutral: &Neutral,
+        out: &[Cow<'_, Value>],
+        sources: &[Source],
+    ) -> Vec<Cow<'a, Value>> {
+        from_neutral(native, neutral, out, sources)
+    }
+
+    fn summary(upto: usize) -> Value {
+        json!({"role":"system","content":format!("{}the first {upto} messages.", crate::summary::prompt::SUMMARY_PREFIX)})
+    }
+
+    fn summarized(rewrite: &Rewrite<'_>) -> bool {
+        rewrite.record.stages.contains(&"summarized")
+    }
+
+    /// The recall note, at the end of the message the planner names (strict role order).
+    fn add_note(rewrite: &Rewrite<'_>, out: &mut Vec<Cow<'_, Value>>, _: &mut Vec<Source>) {
+        let note = "[ctxgate] Results of earlier tool calls were left out; recall them.";
+        if let Some(m) = rewrite.note_in.and_then(|k| out.get_mut(k)) {
+            *m = Cow::Owned(crate::context::roles::with_text_last(m, note));
+        }
+    }
 }
 
 proptest! {
@@ -294,14 +247,10 @@ proptest! {
         prop_assert_eq!(crate::context::units::check_sequence(&neutral.messages), Ok(()));
 
         // An unchanged plan renders the client's bytes.
-        let out: Vec<Cow<'_, Value>> = neutral.messages.iter().map(Cow::Borrowed).collect();
-        let src: Vec<Source> = (0..out.len()).map(Source::Client).collect();
-        let same = from_neutral(native, &neutral, &out, &src);
-        prop_assert!(same.iter().all(|m| matches!(m, Cow::Borrowed(_))));
-        prop_assert_eq!(serde_json::to_string(&same).unwrap(), serde_json::to_string(native).unwrap());
+        prop_assert!(unchanged_renders_the_client_bytes::<Responses>(native, &neutral));
 
         let counter = TokenCounter::new();
-        if let Some((sent, _)) = rewritten(&client, frac, strat, &counter) {
+        if let Some((sent, _)) = rewritten::<Responses>(&client, frac, strat, &counter) {
             let items = sent["input"].as_array().unwrap();
             prop_assert_eq!(check_sequence(items), Ok(()), "{}", serde_json::to_string_pretty(items).unwrap());
             prop_assert_eq!(check_rewrite(&client, &sent), Ok(()));
@@ -311,7 +260,7 @@ proptest! {
                 prop_assert_eq!(&items[0], &native[0]);
             }
             let again: Value = serde_json::from_str(&client.to_string()).unwrap();
-            let (sent2, _) = rewritten(&again, frac, strat, &TokenCounter::new()).unwrap();
+            let (sent2, _) = rewritten::<Responses>(&again, frac, strat, &TokenCounter::new()).unwrap();
             prop_assert_eq!(sent.to_string(), sent2.to_string());
         }
     }
@@ -332,8 +281,8 @@ proptest! {
     ) {
         let client = build(&c);
         let counter = TokenCounter::new();
-        if let Some((plain, _, _)) = rewritten_with(&client, frac, strat, &counter, &[]) {
-            let (sent, _, replaced) = rewritten_with(&client, frac, strat, &counter, &args).unwrap();
+        if let Some((plain, _, _)) = rewritten_with::<Responses>(&client, frac, strat, &counter, &[]) {
+            let (sent, _, replaced) = rewritten_with::<Responses>(&client, frac, strat, &counter, &args).unwrap();
             let items = sent["input"].as_array().unwrap();
             prop_assert_eq!(check_sequence(items), Ok(()), "{}", serde_json::to_string_pretty(items).unwrap());
             prop_assert_eq!(check_rewrite(&client, &sent), Ok(()));
@@ -365,7 +314,7 @@ fn the_generator_reaches_rewrites_of_every_kind() {
         let client = build(&c);
         let native = client["input"].as_array().unwrap();
         for (strat, frac) in [(0, 0.4), (0, 0.8), (1, 0.4), (2, 0.4)] {
-            let Some((sent, s)) = rewritten(&client, frac, strat, &counter) else {
+            let Some((sent, s)) = rewritten::<Responses>(&client, frac, strat, &counter) else {
                 continue;
             };
             rewrites += 1;
