@@ -4,6 +4,7 @@ pub mod anthropic_id;
 pub mod breaker;
 mod entry;
 pub mod export;
+mod heap;
 pub mod identity;
 pub mod manager;
 pub mod migrate;
