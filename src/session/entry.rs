@@ -287,7 +287,10 @@ mod tests {
             k += 1;
         }
         m.push(json!({"role": "user", "content": "Go on."}));
-        (m, json!({"role": "assistant", "content": "Done: the parser skipped the last token."}))
+        (
+            m,
+            json!({"role": "assistant", "content": "Done: the parser skipped the last token."}),
+        )
     }
 
     /// What the cache and the registry hold for one session, built as the manager builds it: the request's

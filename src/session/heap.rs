@@ -71,7 +71,9 @@ pub fn value(v: &Value) -> usize {
     match v {
         Value::Null | Value::Bool(_) | Value::Number(_) => 0,
         Value::String(s) => alloc(s.capacity()),
-        Value::Array(a) => vec(a.capacity(), size_of::<Value>()) + a.iter().map(value).sum::<usize>(),
+        Value::Array(a) => {
+            vec(a.capacity(), size_of::<Value>()) + a.iter().map(value).sum::<usize>()
+        }
         Value::Object(o) => {
             // `serde_json::Map` has no `capacity()`: parsed and cloned maps grow their index one insert at a time,
             // and their entries to the index's capacity.
@@ -114,7 +116,10 @@ pub(crate) mod counting {
     }
 
     fn usable(p: *mut u8) -> isize {
-        #[expect(unsafe_code, reason = "asks the allocator that made `p` how large it is")]
+        #[expect(
+            unsafe_code,
+            reason = "asks the allocator that made `p` how large it is"
+        )]
         // SAFETY: `p` is a live block of mimalloc's (every block of this allocator is).
         let n = unsafe { libmimalloc_sys::mi_usable_size(p.cast()) };
         n as isize
@@ -179,11 +184,23 @@ mod tests {
 
     #[test]
     fn size_classes_round_up_like_the_allocator() {
-        for (n, want) in [(1, 8), (9, 16), (24, 32), (33, 48), (64, 64), (65, 80), (81, 96), (129, 160), (1000, 1024)] {
+        for (n, want) in [
+            (1, 8),
+            (9, 16),
+            (24, 32),
+            (33, 48),
+            (64, 64),
+            (65, 80),
+            (81, 96),
+            (129, 160),
+            (1000, 1024),
+        ] {
             assert_eq!(alloc(n), want, "alloc({n})");
         }
         // Checked against the allocator itself: its usable size for each request.
-        for n in [1usize, 7, 9, 33, 65, 100, 200, 513, 1000, 5000, 70_000, 600_000] {
+        for n in [
+            1usize, 7, 9, 33, 65, 100, 200, 513, 1000, 5000, 70_000, 600_000,
+        ] {
             let (got, v) = measure(|| Vec::<u8>::with_capacity(n));
             assert_eq!(got as usize, alloc(n), "a block of {n}");
             drop(v);
@@ -229,7 +246,10 @@ mod tests {
             for (what, got, v) in [("parsed", got, &parsed), ("cloned", got_clone, &c)] {
                 let est = value(v) as f64;
                 let ratio = est / got as f64;
-                assert!((0.9..=1.1).contains(&ratio), "{what} {text:.60}: estimated {est}, allocated {got}");
+                assert!(
+                    (0.9..=1.1).contains(&ratio),
+                    "{what} {text:.60}: estimated {est}, allocated {got}"
+                );
             }
         }
     }
@@ -254,6 +274,9 @@ mod tests {
         let per_entry = got as f64 / texts.len() as f64;
         eprintln!("token memo: {per_entry:.0} bytes per entry");
         let ratio = per_entry / TOKEN_MEMO_ENTRY_BYTES as f64;
-        assert!((0.8..=1.2).contains(&ratio), "{per_entry:.0} bytes per memo entry");
+        assert!(
+            (0.8..=1.2).contains(&ratio),
+            "{per_entry:.0} bytes per memo entry"
+        );
     }
 }

@@ -75,7 +75,6 @@ impl From<NodeRow> for Node {
     }
 }
 
-
 /// The id a message gets under `parent`.
 pub fn node_id(parent: Option<&str>, message: &Value) -> NodeId {
     let mut h = Sha256::new();
