@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import agents as ag
 from . import contenders as ct
-from . import load, procs, report
+from . import load, procs, report, soak
 from .measure import callgrind_per_request, cpu_per_request
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -257,7 +257,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--smoke", action="store_true", help="seconds, tiny counts, no LiteLLM, no callgrind (CI)")
     p.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out")
     p.add_argument("--binary", type=Path, help="use this ctxgate binary instead of building one")
-    p.add_argument("--only", default="1,2,3,4", help="scenarios to run, e.g. 1,4")
+    p.add_argument("--only", default="1,2,3,4,6", help="scenarios to run, e.g. 1,4")
     p.add_argument("--baseline", type=Path, help="a results JSON to judge CPU per request against (default: the oldest in bench/results)")
     args = p.parse_args(argv)
     mode = Mode(args.smoke)
@@ -309,6 +309,8 @@ def main(argv: list[str]) -> int:
             res["meta"]["load_average_after_s3"] = procs.load_average()
         if 4 in only:
             res["s4"] = scenario4(mode, binary, up, work)
+        if 6 in only:
+            res["s6"] = soak.scenario6(mode.smoke, binary, up, work)
         res["meta"]["load_average_end"] = procs.load_average()
     except procs.HarnessError as e:
         log(f"FAILED: {e}")
@@ -325,7 +327,7 @@ def main(argv: list[str]) -> int:
     baseline = report.find_baseline(args.baseline, outdir if not mode.smoke else None, stamp)
     res["targets"] = report.targets(res, baseline)
     (outdir / f"{stamp}.json").write_text(json.dumps(res, indent=1))
-    md = report.markdown(res)
+    md = report.markdown(res) + (soak.markdown(res["s6"]) if "s6" in res else "")
     (outdir / f"{stamp}.md").write_text(md)
     print(md)
     log(f"results: {outdir / stamp}.json and .md")

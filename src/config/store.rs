@@ -13,7 +13,9 @@ pub struct StoreConfig {
     pub backend: StoreBackend,
     /// SQLite database file (created with its folder when missing).
     pub path: PathBuf,
-    /// Bytes of message history kept in the in-memory cache in front of the store.
+    /// Bytes of memory the cache of message history in front of the store may take: what its sessions really
+    /// hold (parsed messages, node ids, indexes, bookkeeping), so a container is sized by it (docs/operations.md,
+    /// "Memory").
     pub cache_max_bytes: u64,
     /// Sessions idle for longer than this many days are purged; 0 keeps them forever. On Redis each session's keys
     /// also expire this long after its last write (the TTL is refreshed by every write).

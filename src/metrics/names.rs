@@ -51,7 +51,7 @@ pub const RECALL_CALLS_TOTAL: &str = "ctxgate_recall_calls_total";
 pub const RECALL_ROUNDS_TOTAL: &str = "ctxgate_recall_rounds_total";
 /// Gauge: sessions in the in-memory cache.
 pub const SESSIONS_CACHED: &str = "ctxgate_sessions_cached";
-/// Gauge: bytes of history in the in-memory cache (its weigher's estimate).
+/// Gauge: bytes of memory the sessions in the in-memory cache hold (its weigher's figure).
 pub const SESSION_CACHE_BYTES: &str = "ctxgate_session_cache_bytes";
 /// Counter: session cache lookups by `result` (hit, miss).
 pub const SESSION_CACHE_LOOKUPS_TOTAL: &str = "ctxgate_session_cache_lookups_total";

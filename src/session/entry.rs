@@ -1,5 +1,6 @@
 //! One cached session: its tree, records and write state (admitted, deleted, dirty), and what the cache weighs.
 
+use super::heap;
 use super::tree::{approx_size, Tree};
 use crate::store::{Compression, Cursor, NodeRow, Record, SessionMeta, WriteOp};
 use parking_lot::Mutex;
@@ -100,8 +101,32 @@ fn record_weight(record: &Record) -> usize {
     text * 2 + 64
 }
 
-/// Bytes of an entry beyond its tree and records.
-const ENTRY_OVERHEAD: usize = 512;
+/// Bytes the session cache (moka) holds per entry beyond the key and value it is given: its node, its place in
+/// the access-order and write-order queues and its frequency sketch's share (measured by
+/// `entry::tests::the_cache_holds_what_its_constant_says`).
+pub(super) const CACHE_ENTRY_BYTES: usize = 320;
+
+impl SessionEntry {
+    /// Heap bytes of an entry beyond its tree and records: the entry itself (shared), its strings and vectors, the
+    /// cache's key and per-entry bookkeeping, and its slot in the registry of live entries. (The registry's sweep
+    /// keeps up to as many dead ids as live ones, each holding a released entry's allocation: a bound of its own,
+    /// docs/operations.md.)
+    fn overhead(&self, st: &EntryState) -> usize {
+        use heap::{alloc, arc, vec};
+        use std::mem::size_of;
+        let key = alloc(self.id.len());
+        let own = arc::<SessionEntry>()
+            + alloc(self.id.capacity())
+            + alloc(self.tenant.capacity())
+            + vec(st.compressions.capacity(), size_of::<Compression>())
+            + vec(st.internal.capacity(), size_of::<Value>())
+            + vec(st.unsaved.capacity(), size_of::<WriteOp>())
+            + st.strategy.as_ref().map_or(0, |s| alloc(s.capacity()));
+        let cache = key + CACHE_ENTRY_BYTES;
+        let registry = size_of::<(String, std::sync::Weak<SessionEntry>)>() * 8 / 7 + key;
+        own + cache + registry
+    }
+}
 
 impl SessionEntry {
     pub(super) fn new(
@@ -182,12 +207,13 @@ impl SessionEntry {
     }
 
     pub(super) fn reweigh(&self, st: &EntryState) {
-        let w = st.tree.weight() + st.records_weight + ENTRY_OVERHEAD;
+        let w = st.tree.weight() + st.records_weight + self.overhead(st);
         self.weight
             .store(u32::try_from(w).unwrap_or(u32::MAX), Ordering::Relaxed);
     }
 
-    /// Bytes the cache counts for this session: its tree (nodes and prefix index), its records, and overhead.
+    /// Bytes the cache counts for this session: what it really holds in memory — its tree (nodes, parsed messages,
+    /// tables, prefix index), its records, the entry itself and the cache's and the registry's bookkeeping.
     pub fn weight(&self) -> u32 {
         self.weight.load(Ordering::Relaxed)
     }
@@ -214,5 +240,154 @@ impl SessionEntry {
     /// Runs `f` on the session's tree.
     pub fn with_tree<T>(&self, f: impl FnOnce(&Tree) -> T) -> T {
         f(&self.state.lock().tree)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::heap::counting::measure;
+    use super::super::manager::session_cache;
+    use super::super::registry::Registry;
+    use super::super::tree::raw_message_hashes;
+    use super::*;
+    use serde_json::json;
+    use std::sync::Arc;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+    }
+
+    /// A small chat: a system prompt, a question, the reply.
+    fn small_chat(i: usize) -> (Vec<Value>, Value) {
+        let m = vec![
+            json!({"role": "system", "content": "You are a helpful assistant."}),
+            json!({"role": "user", "content": format!("Session {i}: what is {i} times {}?", i + 7)}),
+        ];
+        (
+            m,
+            json!({"role": "assistant", "content": "Hello! How can I help you today?"}),
+        )
+    }
+
+    /// An agent's conversation of about `bytes` of JSON: rounds of a tool call and its result (a file's text).
+    fn agent(bytes: usize) -> (Vec<Value>, Value) {
+        let mut m = vec![
+            json!({"role": "system", "content": "You are a coding agent. Use the tools to inspect and fix the repository."}),
+            json!({"role": "user", "content": "Fix the failing test in src/parser.rs and explain the cause."}),
+        ];
+        let mut k = 0;
+        while serde_json::to_string(&m).map_or(0, |s| s.len()) < bytes {
+            let id = format!("call_{k}");
+            m.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+                "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/mod{k}.rs\"}}")}}]}));
+            m.push(json!({"role": "tool", "tool_call_id": id,
+                "content": format!("// mod{k}\n") + &"fn item() -> u32 { 42 }\n".repeat(20 + 37 * (k % 5))}));
+            k += 1;
+        }
+        m.push(json!({"role": "user", "content": "Go on."}));
+        (
+            m,
+            json!({"role": "assistant", "content": "Done: the parser skipped the last token."}),
+        )
+    }
+
+    /// What the cache and the registry hold for one session, built as the manager builds it: the request's
+    /// messages (parsed, as the request handler has them) appended to a new tree, the reply, the entry, the
+    /// registry's slot and the cache's entry. Returns the bytes that allocated and the entry's weight.
+    fn build(
+        rt: &tokio::runtime::Runtime,
+        cache: &moka::future::Cache<String, Arc<SessionEntry>>,
+        registry: &Registry,
+        id: &str,
+        (messages, reply): (Vec<Value>, Value),
+    ) -> (isize, u32) {
+        let body = serde_json::to_vec(&json!({ "messages": messages })).unwrap();
+        let raw = raw_message_hashes(&body);
+        let (bytes, entry) = measure(|| {
+            let mut tree = Tree::new();
+            let leaf = tree.append_request(&messages, &raw, 1).leaf;
+            tree.append_reply(leaf, reply, false, 2);
+            let entry = registry.get_or_create(id, || {
+                SessionEntry::new(
+                    id.to_string(),
+                    "a".repeat(64),
+                    "chat",
+                    1,
+                    EntryState::new(tree, 1, true),
+                )
+            });
+            rt.block_on(cache.insert(entry.id.clone(), entry.clone()));
+            entry
+        });
+        (bytes, entry.weight())
+    }
+
+    /// The weigher's figure is what building the entry allocated (allocator rounding included), within 20 %,
+    /// for sessions small and large: `store.cache_max_bytes` bounds the history's real footprint.
+    #[test]
+    fn an_entry_weighs_what_it_holds_in_memory() {
+        let rt = runtime();
+        let cache = session_cache(1 << 40);
+        let registry = Registry::new();
+        let mut small = (0, 0u64);
+        for i in 0..2000 {
+            let (got, w) = build(&rt, &cache, &registry, &format!("chat-{i}"), small_chat(i));
+            small = (small.0 + got, small.1 + u64::from(w));
+        }
+        rt.block_on(cache.run_pending_tasks());
+        let ratio = small.1 as f64 / small.0 as f64;
+        assert!(
+            (0.8..=1.2).contains(&ratio),
+            "2000 small chats weigh {} bytes, allocated {}",
+            small.1,
+            small.0
+        );
+        for (i, size) in [4_000, 30_000, 100_000, 400_000].into_iter().enumerate() {
+            let (got, w) = build(&rt, &cache, &registry, &format!("agent-{i}"), agent(size));
+            let ratio = f64::from(w) / got as f64;
+            assert!(
+                (0.8..=1.2).contains(&ratio),
+                "a {size}-byte conversation weighs {w} bytes, allocated {got}"
+            );
+        }
+    }
+
+    /// The cache's own bookkeeping per entry is what [`CACHE_ENTRY_BYTES`] says, within 20 %.
+    #[test]
+    fn the_cache_holds_what_its_constant_says() {
+        let rt = runtime();
+        let cache = session_cache(1 << 40);
+        let n = 5000;
+        let entries: Vec<(String, Arc<SessionEntry>)> = (0..n)
+            .map(|i| {
+                let e = SessionEntry::new(
+                    format!("s-{i}"),
+                    String::new(),
+                    "chat",
+                    0,
+                    EntryState::new(Tree::new(), 0, true),
+                );
+                (format!("s-{i}"), Arc::new(e))
+            })
+            .collect();
+        let (got, ()) = measure(|| {
+            rt.block_on(async {
+                for (k, v) in &entries {
+                    cache.insert(k.clone(), v.clone()).await;
+                }
+                cache.run_pending_tasks().await;
+            })
+        });
+        // The entries were built before: what was allocated is the keys (cloned) and the cache's bookkeeping.
+        let keys: usize = entries.iter().map(|(k, _)| heap::alloc(k.len())).sum();
+        let per_entry = (got as f64 - keys as f64) / n as f64;
+        let ratio = per_entry / CACHE_ENTRY_BYTES as f64;
+        assert_eq!(cache.entry_count(), n as u64);
+        assert!(
+            (0.8..=1.2).contains(&ratio),
+            "the cache holds {per_entry:.0} bytes per entry"
+        );
     }
 }

@@ -280,13 +280,18 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(2000);
 /// Pause between attempts to queue a flush while the store's queue is full.
 const FLUSH_RETRY: Duration = Duration::from_millis(20);
 
+/// The cache of session entries, bounded by the heap bytes they hold (see [`SessionEntry::weight`]).
+pub(super) fn session_cache(cache_max_bytes: u64) -> Cache<String, Arc<SessionEntry>> {
+    Cache::builder()
+        .max_capacity(cache_max_bytes)
+        .weigher(|_k: &String, v: &Arc<SessionEntry>| v.weight.load(Ordering::Relaxed))
+        .build()
+}
+
 impl Sessions {
-    /// A manager over `store` caching at most `cache_max_bytes` of history.
+    /// A manager over `store` caching at most `cache_max_bytes` of history (its real footprint in memory).
     pub fn new(store: Arc<dyn Store>, cache_max_bytes: u64) -> Self {
-        let cache = Cache::builder()
-            .max_capacity(cache_max_bytes)
-            .weigher(|_k: &String, v: &Arc<SessionEntry>| v.weight.load(Ordering::Relaxed))
-            .build();
+        let cache = session_cache(cache_max_bytes);
         let breaker = Breaker::new(&store, DEFAULT_TIMEOUT, StoreMetrics::default());
         Self {
             store,

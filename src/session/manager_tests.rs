@@ -139,11 +139,13 @@ async fn the_cache_weighs_records_and_the_prefix_index() {
     let start = entry.weight();
     assert_eq!(cached, u64::from(start));
 
-    // The same message serialised differently: no node, but the prefix index grows.
-    sessions
-        .record_request(&ident("w"), &m, &[42])
-        .await
-        .unwrap();
+    // The same message serialised differently: no node, but the prefix index grows (weighed as its table grows).
+    for k in 0..8 {
+        sessions
+            .record_request(&ident("w"), &m, &[42 + k])
+            .await
+            .unwrap();
+    }
     let after_index = entry.weight();
     assert!(after_index > start, "the prefix index is weighed");
 

@@ -3,6 +3,7 @@
 pub mod breaker;
 mod entry;
 pub mod export;
+mod heap;
 pub mod identity;
 pub mod manager;
 pub mod migrate;

@@ -2,6 +2,7 @@
 //! hash of its parent's id and its canonical content, so identical resends create nothing, regenerated answers
 //! become siblings and edits start a branch. Nothing is ever overwritten or removed.
 
+use super::heap;
 use crate::message::canonical_json;
 pub use crate::store::NodeKind;
 use crate::store::NodeRow;
@@ -33,10 +34,16 @@ pub struct Node {
 }
 
 impl Node {
-    /// Approximate bytes this node holds in memory (for cache weighing): a parsed `serde_json::Value` takes about
-    /// twice its text (measured by `cargo bench --bench session`), plus the node's own fields and indexes.
+    /// Approximate bytes of the node's message as text, doubled, plus a constant (what the session's
+    /// `token_estimate` and `history_bytes` are computed from).
     pub fn weight(&self) -> usize {
         approx_size(&self.message) * 2 + 256
+    }
+
+    /// Heap bytes the node holds on its own (for cache weighing): its id, the shared message and everything the
+    /// parsed message owns. The tree's tables are counted by [`Tree::weight`].
+    pub fn heap_bytes(&self) -> usize {
+        heap::arc_str(self.id.len()) + heap::arc::<Value>() + heap::value(&self.message)
     }
 }
 
@@ -67,9 +74,6 @@ impl From<NodeRow> for Node {
         }
     }
 }
-
-/// Bytes one prefix-index entry holds: its key, the shared node id pointer and the hash table's overhead.
-pub const PREFIX_ENTRY_BYTES: usize = 48;
 
 /// The id a message gets under `parent`.
 pub fn node_id(parent: Option<&str>, message: &Value) -> NodeId {
@@ -168,6 +172,7 @@ pub struct Tree {
     prefix: HashMap<u64, NodeId>,
     /// The leaf the latest request (or reply) extended.
     head: Option<NodeId>,
+    /// Heap bytes of the nodes and of the children lists (the tables are weighed from their capacities).
     weight: usize,
 }
 
@@ -214,13 +219,13 @@ impl Tree {
         if self.nodes.contains_key(&n.id) {
             return;
         }
-        let w = n.weight();
-        self.weight += w;
-        self.sizes.insert(n.id.clone(), w);
-        self.children
-            .entry(n.parent.clone())
-            .or_default()
-            .push(n.id.clone());
+        self.weight += n.heap_bytes();
+        self.sizes.insert(n.id.clone(), n.weight());
+        let siblings = self.children.entry(n.parent.clone()).or_default();
+        let before = siblings.capacity();
+        siblings.push(n.id.clone());
+        let elem = std::mem::size_of::<NodeId>();
+        self.weight += heap::vec(siblings.capacity(), elem) - heap::vec(before, elem);
         self.nodes.insert(n.id.clone(), n);
     }
 
@@ -234,10 +239,18 @@ impl Tree {
         self.nodes.is_empty()
     }
 
-    /// Approximate bytes held: the nodes and the prefix index (which also grows with resends that create no
-    /// node, e.g. the same messages serialised differently).
+    /// Heap bytes held: the nodes, their messages, and the tables indexing them, the prefix index included (which
+    /// also grows with resends that create no node, e.g. the same messages serialised differently).
     pub fn weight(&self) -> usize {
+        use std::mem::size_of;
         self.weight
+            + heap::table(self.nodes.capacity(), size_of::<(NodeId, Node)>())
+            + heap::table(
+                self.children.capacity(),
+                size_of::<(Option<NodeId>, Vec<NodeId>)>(),
+            )
+            + heap::table(self.sizes.capacity(), size_of::<(NodeId, usize)>())
+            + heap::table(self.prefix.capacity(), size_of::<(u64, NodeId)>())
     }
 
     /// The current leaf.
@@ -291,8 +304,8 @@ impl Tree {
                 });
                 created.push(id.clone());
             }
-            if usable && self.prefix.insert(chain[i], id.clone()).is_none() {
-                self.weight += PREFIX_ENTRY_BYTES;
+            if usable {
+                self.prefix.insert(chain[i], id.clone());
             }
             parent = Some(id);
         }
@@ -700,13 +713,21 @@ mod tests {
         append(&mut t, &m);
         let before = t.weight();
         // The same messages with other raw bytes: no node is created, but the prefix index grows.
-        let created = t.append_request(&m, &[7, 8], 0).created;
-        assert!(created.is_empty());
+        for k in 0..20u64 {
+            let created = t.append_request(&m, &[100 + 2 * k, 101 + 2 * k], 0).created;
+            assert!(created.is_empty());
+        }
         assert_eq!(t.len(), 2);
-        assert_eq!(t.weight(), before + 2 * PREFIX_ENTRY_BYTES);
+        let slot = std::mem::size_of::<(u64, NodeId)>();
+        assert!(
+            t.weight() >= before + 40 * slot,
+            "40 more index entries of {slot} bytes: {before} -> {}",
+            t.weight()
+        );
         // Seen again: nothing more.
-        t.append_request(&m, &[7, 8], 0);
-        assert_eq!(t.weight(), before + 2 * PREFIX_ENTRY_BYTES);
+        let grown = t.weight();
+        t.append_request(&m, &[100, 101], 0);
+        assert_eq!(t.weight(), grown);
     }
 
     #[test]
