@@ -156,7 +156,7 @@ pub async fn plan_request(
     };
     let plan_with = same_lifetime(|pairs| {
         let ready = summarizer.map(|_| pairs);
-        decide::plan_request(&req, ready, cfg, &offer, &state.counter)
+        decide::plan_cuts(&req, ready, cfg, &offer, &state.counter)
     });
     let (first_pairs, later_pairs);
     first_pairs = pairs(&ready);
@@ -199,7 +199,7 @@ pub async fn plan_request(
         }
     }
     let serialise = |b: &crate::context::RewrittenBody<'_>| request.dialect.render(request, b);
-    let rendered = decide::render(&req, decision, &offer, &state.counter, &serialise)
+    let rendered = decide::render(&req, decision, (cfg, &offer), &state.counter, &serialise)
         .map_err(|e| GatewayError::Internal(format!("serialising the rewrite: {e}")))?;
     let rw = match rendered {
         Decision::Forward {
