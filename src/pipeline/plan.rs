@@ -83,7 +83,8 @@ pub fn strategy(headers: &HeaderMap, default: Strategy) -> Result<Strategy, Gate
     })
 }
 
-/// Plans the request (the pure part is [`decide`], shared with `ctxgate replay`): reads the summaries written for
+/// The gateway's one entry for planning a request: what goes upstream. The pure part ([`decide::plan_cuts`], then
+/// [`decide::render`]) is shared with `ctxgate replay`; around it this reads the summaries written for
 /// the session, has the one the plan wants written, and may wait for it. `mark` is where its messages landed in
 /// the session (for first-seen times and summaries); `headers` are the client's (the long-context beta, and the
 /// credentials summary requests may use).
