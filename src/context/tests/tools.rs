@@ -77,17 +77,15 @@ fn check_session(m: &[Value], window: u64, cfg: &Config) -> Result<Option<usize>
         let (bytes, ours) = tools_of(&body, cfg);
         match &first {
             None if ours => first = Some((n, bytes)),
-            None => {}
-            Some((at, seen)) => {
-                if *seen != bytes {
-                    return Err(format!(
-                        "the tools first sent with {at} messages changed with {n} messages (window {window}): \
-                         {} bytes, then {}",
-                        seen.len(),
-                        bytes.len()
-                    ));
-                }
+            Some((at, seen)) if *seen != bytes => {
+                return Err(format!(
+                    "the tools first sent with {at} messages changed with {n} messages (window {window}): \
+                     {} bytes, then {}",
+                    seen.len(),
+                    bytes.len()
+                ));
             }
+            _ => {}
         }
     }
     Ok(first.map(|(n, _)| n))
