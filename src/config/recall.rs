@@ -20,6 +20,14 @@ pub struct RecallConfig {
     pub max_search_chars: usize,
     /// Recallable calls listed in the system note (newest first).
     pub max_note_calls: usize,
+    /// Fraction of `context.threshold` from which the recall tools are offered before the first rewrite: a request
+    /// that has tools of its own and at least `offer_at × threshold` tokens is sent with ctxgate's tools appended
+    /// (its messages untouched), so the first rewrite finds them in the provider's prompt cache instead of missing
+    /// it from position 0. Once offered they stay, byte-identical, in every later request of the session. In
+    /// (0, 1]. The default 1 offers them from the threshold on, so a request that needs no rewrite reaches the
+    /// upstream byte for byte; 0.1 is the cheapest on long agent runs (measured in docs/how-it-works.md, "Tools
+    /// that never flicker") at ~210 tokens more per request on conversations that never reach the threshold.
+    pub offer_at: f64,
 }
 
 impl Default for RecallConfig {
@@ -32,6 +40,7 @@ impl Default for RecallConfig {
             max_result_chars: 20_000,
             max_search_chars: 4_000,
             max_note_calls: 50,
+            offer_at: 1.0,
         }
     }
 }
@@ -56,6 +65,12 @@ impl RecallConfig {
         }
         if self.tool_name == self.search_tool_name {
             e.push("recall.search_tool_name: must differ from recall.tool_name".into());
+        }
+        if !(self.offer_at > 0.0 && self.offer_at <= 1.0) {
+            e.push(format!(
+                "recall.offer_at: {} must be a fraction in (0, 1]",
+                self.offer_at
+            ));
         }
         if self.max_result_chars < 100 || self.max_search_chars < 100 {
             e.push(

@@ -3,7 +3,7 @@
 //! or a refusal). Pure: reading the session, starting summaries and recording stay with the caller.
 
 use super::body::RewrittenBody;
-use super::plan::{plan, Plan, PlanInput, PrunedCall, Summaries};
+use super::plan::{plan, Plan, PlanInput, PrunedCall, Rewrite, Summaries};
 use super::tokens::{Encoding, TokenCounter};
 use super::CompressionRecord;
 use crate::config::{Config, Strategy};
@@ -92,11 +92,13 @@ pub struct Rendered {
 }
 
 /// The request is clearly under every point at which planning could change it: it need not be counted (nor the
-/// ready summaries read). Every token covers at least one byte of the body and an image part's JSON is over half
+/// ready summaries read), nor offered the recall tools. Every token covers at least one byte of the body and an image part's JSON is over half
 /// its flat price, so a body under half the threshold (in bytes) cannot be over it. More messages than
 /// `context.max_messages` are never clearly under, however few their bytes.
 pub fn clearly_under(req: &Request<'_>, cfg: &Config) -> bool {
-    let threshold = cfg.context.threshold * req.window as f64;
+    // From `recall.offer_at` of the threshold the recall tools are offered with the client's own messages.
+    let threshold =
+        (cfg.context.threshold * req.window as f64).min(offer_from(cfg) * req.window as f64);
     // With summaries on, from `precompute_at` the next summary may be wanted ahead of time.
     let precompute = if req.summarizer {
         cfg.summary.precompute_at.min(cfg.context.threshold) * req.window as f64
@@ -111,9 +113,12 @@ pub fn clearly_under(req: &Request<'_>, cfg: &Config) -> bool {
         || (!too_many && (req.raw_len as f64) * 2.0 * req.ratio <= threshold.min(precompute))
 }
 
-/// Plans `req`. `ready`: the summaries written so far as `(messages covered, summary message)`, or `None` when
-/// this request may not use summaries.
-pub fn plan_request<'a>(
+/// Decides the cuts for `req` (the pure half of `pipeline::plan_request`, shared with `ctxgate replay`; [`render`]
+/// makes the body). `ready`: the summaries written so far as `(messages covered, summary message)`, or `None` when
+/// this request may not use summaries. Tools that never flicker: when the additions would take a rewrite past the
+/// hard limit, it is cut deeper (planned again with the hard limit lowered by what they take) rather than sent
+/// without them, so the tools a session's requests carry stay the same from turn to turn.
+pub fn plan_cuts<'a>(
     req: &Request<'a>,
     ready: Option<&'a [(usize, Value)]>,
     cfg: &Config,
@@ -151,7 +156,32 @@ pub fn plan_request<'a>(
         precompute_at: cfg.summary.precompute_at,
         strict_roles: req.strict_roles,
     };
-    plan(&input, &cfg.context, &cfg.prune, counter)
+    let mut planned = plan(&input, &cfg.context, &cfg.prune, counter);
+    let mut ctx = cfg.context.clone();
+    // Each pass lowers the hard limit by what the additions took past it; a few passes settle it (the note grows
+    // by a line per call the deeper cut leaves out).
+    for _ in 0..4 {
+        let Plan::Rewrite(rw) = &planned else {
+            break;
+        };
+        let added = with_additions(req, rw, additions, counter);
+        if !added.injected || added.estimate <= rw.hard_limit || rw.hard_limit == 0 {
+            break;
+        }
+        let over = added.estimate - rw.hard_limit;
+        let hard = rw.hard_limit as f64;
+        ctx.hard_limit *= (hard - over as f64 - 1.0).max(0.0) / hard;
+        match plan(&input, &ctx, &cfg.prune, counter) {
+            Plan::Rewrite(mut deeper) => {
+                // The request's own hard limit stays the one it is checked against.
+                deeper.hard_limit = rw.hard_limit;
+                planned = Plan::Rewrite(deeper);
+            }
+            // No deeper cut fits: `render` sends the rewrite without the additions.
+            Plan::Forward { .. } | Plan::Reject { .. } => break,
+        }
+    }
+    planned
 }
 
 /// Tokens a summary of the first `upto` messages may take so that the rewrite using it reaches `context.target`:
@@ -197,20 +227,34 @@ pub fn wanted_summary(plan: &Plan<'_>) -> Option<usize> {
 pub type Serialise<'s> = dyn Fn(&RewrittenBody<'_>) -> serde_json::Result<(Vec<u8>, usize)> + 's;
 
 /// What `plan` (for `req`) sends upstream: a rewrite gets the additions and is serialised by `serialise` (the
-/// dialect's rendering: the client's unchanged messages from its own parsed body).
+/// dialect's rendering: the client's unchanged messages from its own parsed body). A request forwarded at or over
+/// `recall.offer_at` of the threshold is sent with the additions' tools too (its messages untouched; stage
+/// `offered`), so that the tools are already in the prompt cache when the first rewrite comes.
 pub fn render(
     req: &Request<'_>,
     plan: Plan<'_>,
-    additions: &dyn Additions,
+    (cfg, additions): (&Config, &dyn Additions),
     counter: &TokenCounter,
     serialise: &Serialise<'_>,
 ) -> serde_json::Result<Decision> {
     let rw = match plan {
         Plan::Forward { tokens, .. } => {
+            if let Some(offered) = tokens.and_then(|t| offered(req, t, cfg, additions, counter)) {
+                let (bytes, messages_close) = serialise(&offered.body)?;
+                return Ok(Decision::Rewrite(Box::new(Rendered {
+                    body: bytes,
+                    messages_close,
+                    estimate: offered.estimate,
+                    record: offered.record,
+                    pruned: Vec::new(),
+                    injected: true,
+                    forecast: None,
+                })));
+            }
             return Ok(Decision::Forward {
                 estimate: tokens.map(|t| (t as f64 / req.ratio) as u64),
                 client_tokens: tokens,
-            })
+            });
         }
         Plan::Reject {
             tokens,
@@ -225,66 +269,190 @@ pub fn render(
         }
         Plan::Rewrite(rw) => *rw,
     };
-    let encoding = req.encoding;
-    let mut body = RewrittenBody::new_at(req.key, req.body, rw.messages, rw.sources);
-    body.note_at = Some(rw.note_at);
-    body.note_in = rw.note_in;
-    body.strict_roles = req.strict_roles;
-    // The additions are the recall tools (appended to the client's) and a note (a message of its own, or text
-    // appended to the message `note_in`): the planner's estimate is corrected by counting just what ctxgate adds
-    // rather than every message again.
-    let ours = |b: &RewrittenBody<'_>| -> u64 {
-        let tools = b
-            .fields
-            .get("tools")
-            .map_or(0, |t| counter.tools_tokens(encoding, t));
-        let added: u64 = b
-            .messages
-            .iter()
-            .zip(&b.sources)
-            .filter(|(_, s)| **s == Source::Added)
-            .map(|(m, _)| counter.message_tokens(encoding, m))
-            .sum();
-        let carrier = b
-            .note_in
-            .and_then(|k| b.messages.get(k).zip(b.sources.get(k)))
-            .filter(|(_, s)| **s != Source::Added)
-            .map_or(0, |(m, _)| counter.message_tokens(encoding, m));
-        tools + added + carrier
-    };
-    let before = ours(&body);
-    let plain = body.clone();
-    let mut injected = additions.add(&mut body, &rw.pruned);
-    let mut estimate = if injected {
-        (rw.estimate + ours(&body)).saturating_sub(before)
-    } else {
-        rw.estimate
-    };
-    let hard = rw.hard_limit;
-    if injected && estimate > hard && rw.estimate <= hard {
-        // In a small window the recall tools and note may not fit beside the rewrite: send it without them.
-        tracing::debug!(
-            estimate,
-            hard,
-            "recall: tools not offered, they would pass the hard limit"
-        );
-        body = plain;
-        injected = false;
-        estimate = rw.estimate;
+    let mut added = with_additions(req, &rw, additions, counter);
+    if added.injected && added.estimate > rw.hard_limit {
+        // Even the deepest cut leaves no room for the recall tools and note (a tiny window; `plan_cuts` cuts deeper
+        // for them whenever it can): the tools without the note (the placeholders still name the recall tool),
+        // else neither.
+        let tools_only = Rewrite {
+            pruned: Vec::new(),
+            ..rw.clone()
+        };
+        added = with_additions(req, &tools_only, additions, counter);
+        if added.estimate > rw.hard_limit {
+            tracing::debug!(
+                estimate = added.estimate,
+                hard = rw.hard_limit,
+                "recall: tools not offered, they would pass the hard limit"
+            );
+            added = Added {
+                body: rewritten_body(req, &rw),
+                injected: false,
+                estimate: rw.estimate,
+            };
+        }
     }
     debug_assert_eq!(
-        estimate,
-        counter.request_tokens(encoding, &body.messages, body.fields.get("tools")),
+        added.estimate,
+        counter.request_tokens(
+            req.encoding,
+            &added.body.messages,
+            added.body.fields.get("tools")
+        ),
         "the corrected estimate is a full recount"
     );
-    let (bytes, messages_close) = serialise(&body)?;
+    let (bytes, messages_close) = serialise(&added.body)?;
     Ok(Decision::Rewrite(Box::new(Rendered {
         body: bytes,
         messages_close,
-        estimate,
+        estimate: added.estimate,
         record: rw.record,
         pruned: rw.pruned,
-        injected,
+        injected: added.injected,
         forecast: rw.forecast,
     })))
+}
+
+/// A body with the additions made (or not).
+struct Added<'b> {
+    body: RewrittenBody<'b>,
+    /// The additions were made.
+    injected: bool,
+    /// Estimated tokens (uncalibrated) of `body`.
+    estimate: u64,
+}
+
+/// The rewrite's body, before the additions.
+fn rewritten_body<'b>(req: &Request<'b>, rw: &Rewrite<'b>) -> RewrittenBody<'b> {
+    let mut body =
+        RewrittenBody::new_at(req.key, req.body, rw.messages.clone(), rw.sources.clone());
+    body.note_at = Some(rw.note_at);
+    body.note_in = rw.note_in;
+    body.strict_roles = req.strict_roles;
+    body
+}
+
+/// The rewrite's body with the additions, and its estimate: the planner's, corrected by counting just what ctxgate
+/// adds (the recall tools appended to the client's; a note as a message of its own, or as text appended to the
+/// message `note_in`) rather than every message again.
+fn with_additions<'b>(
+    req: &Request<'b>,
+    rw: &Rewrite<'b>,
+    additions: &dyn Additions,
+    counter: &TokenCounter,
+) -> Added<'b> {
+    let mut body = rewritten_body(req, rw);
+    let before = additions_tokens(&body, req.encoding, counter);
+    let injected = additions.add(&mut body, &rw.pruned);
+    let estimate = if injected {
+        (rw.estimate + additions_tokens(&body, req.encoding, counter)).saturating_sub(before)
+    } else {
+        rw.estimate
+    };
+    Added {
+        body,
+        injected,
+        estimate,
+    }
+}
+
+/// Tokens of what ctxgate adds to `body`: the tools (all of them), the messages it added, the note's carrier.
+fn additions_tokens(b: &RewrittenBody<'_>, encoding: Encoding, counter: &TokenCounter) -> u64 {
+    let tools = b
+        .fields
+        .get("tools")
+        .map_or(0, |t| counter.tools_tokens(encoding, t));
+    let added: u64 = b
+        .messages
+        .iter()
+        .zip(&b.sources)
+        .filter(|(_, s)| **s == Source::Added)
+        .map(|(m, _)| counter.message_tokens(encoding, m))
+        .sum();
+    let carrier = b
+        .note_in
+        .and_then(|k| b.messages.get(k).zip(b.sources.get(k)))
+        .filter(|(_, s)| **s != Source::Added)
+        .map_or(0, |(m, _)| counter.message_tokens(encoding, m));
+    tools + added + carrier
+}
+
+/// The client's request with the additions' tools, when it is forwarded at `tokens` (calibrated) at or over
+/// `recall.offer_at` of the threshold, has tools of its own, the additions allow it, and it stays under the hard
+/// limit with them.
+struct Offered<'b> {
+    body: RewrittenBody<'b>,
+    estimate: u64,
+    record: CompressionRecord,
+}
+
+fn offered<'b>(
+    req: &Request<'b>,
+    tokens: u64,
+    cfg: &Config,
+    additions: &dyn Additions,
+    counter: &TokenCounter,
+) -> Option<Offered<'b>> {
+    // Only beside the client's own tools: a request without any is not turned into a tool-using one before a
+    // rewrite needs it.
+    let has_tools = req
+        .body
+        .get("tools")
+        .and_then(Value::as_array)
+        .is_some_and(|t| !t.is_empty());
+    if (tokens as f64) < offer_from(cfg) * req.window as f64
+        || additions.tool_name().is_none()
+        || !has_tools
+    {
+        return None;
+    }
+    let ratio = req.ratio.max(0.1);
+    let rw = Rewrite {
+        messages: req
+            .messages
+            .iter()
+            .map(std::borrow::Cow::Borrowed)
+            .collect(),
+        sources: (0..req.messages.len()).map(Source::Client).collect(),
+        estimate: counter.request_tokens(req.encoding, req.messages, req.body.get("tools")),
+        record: CompressionRecord {
+            strategy: req.strategy.as_str(),
+            stages: vec!["offered"],
+            messages_before: req.messages.len(),
+            messages_after: req.messages.len(),
+            tokens_before: tokens,
+            tokens_after: tokens,
+            context_window: req.window,
+            cleared_results: 0,
+            pruned_loops: 0,
+            dropped_loops: 0,
+            dropped_messages: 0,
+            folded_steps: 0,
+            summary_upto: 0,
+            pruned_call_ids: Vec::new(),
+            cuts: [0; 6],
+        },
+        pruned: Vec::new(),
+        wanted_summary: None,
+        note_at: 0,
+        note_in: None,
+        hard_limit: (cfg.context.hard_limit * req.window as f64 / ratio) as u64,
+        forecast: None,
+    };
+    let added = with_additions(req, &rw, additions, counter);
+    (added.injected && added.estimate <= rw.hard_limit).then(|| Offered {
+        body: added.body,
+        estimate: added.estimate,
+        record: rw.record,
+    })
+}
+
+/// Fraction of the window from which the recall tools are offered (`recall.offer_at` of the threshold; never
+/// when recall is off).
+fn offer_from(cfg: &Config) -> f64 {
+    if cfg.recall.enabled {
+        cfg.recall.offer_at * cfg.context.threshold
+    } else {
+        f64::INFINITY
+    }
 }

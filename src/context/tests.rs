@@ -705,3 +705,4 @@ proptest! {
 mod fold;
 mod round2;
 mod round3;
+mod tools;

@@ -83,7 +83,8 @@ pub fn strategy(headers: &HeaderMap, default: Strategy) -> Result<Strategy, Gate
     })
 }
 
-/// Plans the request (the pure part is [`decide`], shared with `ctxgate replay`): reads the summaries written for
+/// The gateway's one entry for planning a request: what goes upstream. The pure part ([`decide::plan_cuts`], then
+/// [`decide::render`]) is shared with `ctxgate replay`; around it this reads the summaries written for
 /// the session, has the one the plan wants written, and may wait for it. `mark` is where its messages landed in
 /// the session (for first-seen times and summaries); `headers` are the client's (the long-context beta, and the
 /// credentials summary requests may use).
@@ -156,7 +157,7 @@ pub async fn plan_request(
     };
     let plan_with = same_lifetime(|pairs| {
         let ready = summarizer.map(|_| pairs);
-        decide::plan_request(&req, ready, cfg, &offer, &state.counter)
+        decide::plan_cuts(&req, ready, cfg, &offer, &state.counter)
     });
     let (first_pairs, later_pairs);
     first_pairs = pairs(&ready);
@@ -199,7 +200,7 @@ pub async fn plan_request(
         }
     }
     let serialise = |b: &crate::context::RewrittenBody<'_>| request.dialect.render(request, b);
-    let rendered = decide::render(&req, decision, &offer, &state.counter, &serialise)
+    let rendered = decide::render(&req, decision, (cfg, &offer), &state.counter, &serialise)
         .map_err(|e| GatewayError::Internal(format!("serialising the rewrite: {e}")))?;
     let rw = match rendered {
         Decision::Forward {

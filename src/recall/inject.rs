@@ -20,17 +20,16 @@ pub enum Injection {
     Skipped(&'static str),
 }
 
-/// Adds the recall tools and the note to `body` (an outgoing, already rewritten request). Deterministic: the same
-/// list gives the same bytes. The client's own `tools` entries and `tool_choice` stay as they were.
+/// Adds the recall tools to `body` (an outgoing request, rewritten or offered the tools), and the note when
+/// something is recallable. Deterministic: the same list gives the same bytes. The tools are the same whatever is
+/// recallable (once a session's requests carry them, they carry the same bytes; the search tool is of use without
+/// anything left out). The client's own `tools` entries and `tool_choice` stay as they were.
 pub fn inject(
     dialect: Dialect,
     body: &mut RewrittenBody<'_>,
     recallable: &[Recallable],
     cfg: &RecallConfig,
 ) -> Injection {
-    if recallable.is_empty() {
-        return Injection::Skipped("nothing to recall");
-    }
     if let Err(why) = can_inject(dialect, &body.fields, cfg) {
         return Injection::Skipped(why);
     }
@@ -45,7 +44,9 @@ pub fn inject(
         list.push(recall_tool(dialect, &cfg.tool_name));
         list.push(search_tool(dialect, &cfg.search_tool_name));
     }
-    add_note(body, &note(recallable, cfg));
+    if !recallable.is_empty() {
+        add_note(body, &note(recallable, cfg));
+    }
     Injection::Injected
 }
 
@@ -86,9 +87,7 @@ impl Additions for Offer<'_> {
         match inject(self.dialect, body, pruned, self.cfg) {
             Injection::Injected => true,
             Injection::Skipped(why) => {
-                if !pruned.is_empty() {
-                    tracing::debug!(reason = why, "recall: tools not offered with this rewrite");
-                }
+                tracing::debug!(reason = why, "recall: tools not offered with this request");
                 false
             }
         }
@@ -305,8 +304,14 @@ mod tests {
         let mut b = body(&only);
         assert_eq!(
             inject(Dialect::Chat, &mut b, &[], &cfg),
-            Injection::Skipped("nothing to recall")
+            Injection::Injected
         );
+        let offered = json_of(&b);
+        assert_eq!(
+            offered["messages"], m,
+            "nothing recallable: the tools, no note"
+        );
+        assert_eq!(offered["tools"].as_array().map(Vec::len), Some(2));
         let off = RecallConfig {
             enabled: false,
             ..Default::default()

@@ -393,7 +393,7 @@ fn replay(
         };
         let offer = Offer::new(dialect, &request.body, &cfg.recall);
         let client = counter.request_tokens(encoding, sent, tools);
-        let plan = decide::plan_request(
+        let plan = decide::plan_cuts(
             &req,
             summarizing.then_some(ready.as_slice()),
             cfg,
@@ -406,13 +406,17 @@ fn replay(
             .map(|(n, _)| n);
         // the summary is asked to keep to the length that lets its rewrite reach the target
         let length = wanted.map(|n| decide::summary_budget(&req, n, &offer, cfg, counter));
-        let rewritten = match &plan {
+        let mut rewritten = match &plan {
             Plan::Rewrite(rw) => Some(rw.owned_messages()),
             _ => None,
         };
         let serialise = |b: &crate::context::RewrittenBody<'_>| dialect.render(&request, b);
-        let mut decision =
-            decide::render(&req, plan, &offer, counter, &serialise).map_err(|e| e.to_string())?;
+        let mut decision = decide::render(&req, plan, (cfg, &offer), counter, &serialise)
+            .map_err(|e| e.to_string())?;
+        if rewritten.is_none() && matches!(decision, Decision::Rewrite(_)) {
+            // offered the recall tools: the client's messages, as they are
+            rewritten = Some(sent.to_vec());
+        }
         let upstream_body: Option<Bytes> = match &mut decision {
             Decision::Forward { .. } => Some(raw.clone()),
             Decision::Rewrite(rw) => Some(Bytes::from(std::mem::take(&mut rw.body))),

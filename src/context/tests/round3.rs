@@ -37,9 +37,9 @@ fn sent(
     };
     let counter = TokenCounter::new();
     let ready = (!ready.is_empty()).then_some(ready);
-    let plan = decide::plan_request(&req, ready, &cfg, &offer, &counter);
+    let plan = decide::plan_cuts(&req, ready, &cfg, &offer, &counter);
     let serialise = |b: &RewrittenBody<'_>| b.to_vec();
-    match decide::render(&req, plan, &offer, &counter, &serialise).unwrap() {
+    match decide::render(&req, plan, (&cfg, &offer), &counter, &serialise).unwrap() {
         Decision::Rewrite(r) => {
             assert!(r.injected, "the recall tools are offered");
             let v: Value = serde_json::from_slice(&r.body).unwrap();
@@ -211,7 +211,7 @@ fn the_message_count_fires_whatever_clear_at_least_says() {
     };
     let counter = TokenCounter::new();
     let additions = Reserve(300);
-    match decide::plan_request(&req, None, &cfg, &additions, &counter) {
+    match decide::plan_cuts(&req, None, &cfg, &additions, &counter) {
         Plan::Rewrite(r) => {
             assert!(r.messages.len() <= 20, "{} messages sent", r.messages.len());
             let out = r.owned_messages();
