@@ -441,6 +441,108 @@ async fn a_rewrite_is_visible_in_the_answer_and_the_access_log() {
     );
 }
 
+/// ctxgate's own error answers are logged by the same access-log writer as answered turns: the line of a turn
+/// (session, rewritten, stages, tokens, recall rounds) at `warn`, with the error and without the exchange's fields;
+/// one for a request refused before it had a model or a session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_own_error_is_logged_with_the_access_line_of_a_turn() {
+    // An upstream that refuses connections: the send fails once the session is known and the request planned.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = format!("http://{}/v1", closed.local_addr().unwrap());
+    drop(closed);
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(
+        dir.path(),
+        &upstream,
+        "[context]\ndefault_context_window = 4000\n",
+    );
+    let gw = start(&config);
+    let send = |session: &'static str, body: Value| {
+        let url = gw.url("/v1/chat/completions");
+        async move {
+            let resp = client()
+                .post(url)
+                .header("authorization", "Bearer sk-lifecycle")
+                .header("x-session-id", session)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 502);
+            resp.headers()["x-ctxgate-session"]
+                .to_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let small = send(
+        "own-error-0",
+        json!({"model":"mock-model","messages":[{"role":"user","content":"hi"}]}),
+    )
+    .await;
+    let big = send(
+        "own-error-1",
+        json!({"model":"mock-model","messages":support_chat(8)}),
+    )
+    .await;
+    let unparsed = client()
+        .post(gw.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unparsed.status(), 400);
+    let (clean, logs) = gw.terminate();
+    assert!(clean);
+    let access: Vec<Value> = logs
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["target"] == "ctxgate::access")
+        .collect();
+    assert_eq!(access.len(), 3, "{logs:#?}");
+    for line in &access {
+        assert_eq!(line["level"], "WARN", "{line}");
+        let f = &line["fields"];
+        assert_eq!(
+            f["message"], "conversation request failed in ctxgate",
+            "{f}"
+        );
+        assert_eq!(f["path"], "/v1/chat/completions");
+        assert_eq!(f["recall_rounds"], 0);
+        assert!(f["total_ms"].is_number() && f["error"].is_string(), "{f}");
+        for exchange in ["upstream_ms", "bytes", "complete", "client_disconnected"] {
+            assert!(f.get(exchange).is_none(), "{f}");
+        }
+    }
+    let (small_line, big_line, unparsed_line) = (
+        &access[0]["fields"],
+        &access[1]["fields"],
+        &access[2]["fields"],
+    );
+    assert_eq!(small_line["status"], 502);
+    assert_eq!(small_line["model"], "mock-model");
+    assert_eq!(small_line["session"], small);
+    assert_eq!(small_line["rewritten"], false);
+    assert_eq!(small_line["stages"], "");
+    assert_eq!(big_line["status"], 502);
+    assert_eq!(big_line["session"], big);
+    assert_eq!(big_line["rewritten"], true);
+    assert!(
+        !big_line["stages"].as_str().unwrap().is_empty(),
+        "{big_line}"
+    );
+    let (client_tokens, sent_tokens) = (
+        big_line["tokens_client"].as_u64().unwrap(),
+        big_line["tokens_sent"].as_u64().unwrap(),
+    );
+    assert!(sent_tokens < client_tokens, "{big_line}");
+    assert_eq!(unparsed_line["status"], 400);
+    assert_eq!(unparsed_line["model"], "");
+    assert_eq!(unparsed_line["session"], "");
+    assert_eq!(unparsed_line["rewritten"], false);
+}
+
 /// `--help` names the three APIs and where the inspector and the metrics are.
 #[test]
 fn help_names_the_apis_the_inspector_and_the_metrics() {

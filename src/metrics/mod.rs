@@ -4,6 +4,7 @@
 //!
 //! Depends on nothing else of ours: callers translate their own types into these labels.
 
+mod families;
 mod labels;
 mod models;
 pub mod names;
@@ -17,11 +18,10 @@ pub use labels::{
 };
 pub use models::{ModelResolver, OTHER};
 
-use models::{ModelLabels, TokenFamilies};
-use prometheus::core::Collector;
+use models::ModelLabels;
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, Registry,
+    TextEncoder,
 };
 use series::Series;
 use std::collections::BTreeMap;
@@ -89,50 +89,9 @@ fn at(dims: &[(usize, usize)]) -> usize {
     dims.iter().fold(0, |acc, &(i, n)| acc * n + i)
 }
 
-fn register<C: Collector + Clone + 'static>(r: &Registry, c: C) -> prometheus::Result<C> {
-    r.register(Box::new(c.clone()))?;
-    Ok(c)
-}
-
-fn counters(
-    r: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-) -> prometheus::Result<IntCounterVec> {
-    register(r, IntCounterVec::new(Opts::new(name, help), labels)?)
-}
-
-fn histograms(
-    r: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-) -> prometheus::Result<HistogramVec> {
-    let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
-    register(r, HistogramVec::new(opts, labels)?)
-}
-
-fn histogram(r: &Registry, name: &str, help: &str) -> prometheus::Result<Histogram> {
-    let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
-    register(r, Histogram::with_opts(opts)?)
-}
-
 /// A dialect's position among the `dialect` label's values.
 fn d(dialect: DialectLabel) -> (usize, usize) {
     (dialect.idx(), DialectLabel::ALL.len())
-}
-
-fn gauge(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
-    register(r, IntGauge::new(name, help)?)
-}
-
-fn counter(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounter> {
-    register(r, IntCounter::new(name, help)?)
-}
-
-fn resolve<T>(lists: &[&[&'static str]], with: impl Fn(&[&str]) -> T) -> Vec<T> {
-    series::combos(lists).iter().map(|c| with(c)).collect()
 }
 
 /// Where `value` is in `all` (a label enum's `ALL`: the order its series were resolved in).
@@ -140,219 +99,35 @@ fn index<L: PartialEq>(all: &[L], value: L) -> usize {
     all.iter().position(|l| *l == value).unwrap_or(0)
 }
 
-fn values<L: Copy>(all: &[L], f: fn(L) -> &'static str) -> Vec<&'static str> {
-    all.iter().map(|l| f(*l)).collect()
-}
-
 impl Metrics {
     /// A fresh registry with every metric registered. `models` maps a request's model to its allowlisted label.
     pub fn new(models: ModelResolver) -> prometheus::Result<Metrics> {
+        use families::*;
         use names::*;
         let r = Registry::new();
-        let routes = values(Route::ALL, Route::as_str);
-        let classes = values(StatusClass::ALL, StatusClass::as_str);
-        let strategies = values(RewriteStrategy::ALL, RewriteStrategy::as_str);
-        let outcomes = values(RewriteOutcome::ALL, RewriteOutcome::as_str);
-        let up_classes = values(UpstreamErrorClass::ALL, UpstreamErrorClass::as_str);
-        let reasons = values(RejectReason::ALL, RejectReason::as_str);
-        let dialects = values(DialectLabel::ALL, DialectLabel::as_str);
-
-        let requests = counters(
-            &r,
-            REQUESTS_TOTAL,
-            "Finished requests by route class (chat, passthrough, admin), dialect (chat, anthropic, responses; none outside a conversation), status class and stream flag.",
-            &["route", "dialect", "status", "stream"],
-        )?;
-        let in_flight = register(
-            &r,
-            IntGaugeVec::new(
-                Opts::new(
-                    REQUESTS_IN_FLIGHT,
-                    "Requests being handled, streams included until their last byte.",
-                ),
-                &["route", "dialect"],
-            )?,
-        )?;
-        let duration = histograms(
-            &r,
-            REQUEST_DURATION_SECONDS,
-            "Time from a request's arrival to the end of its response.",
-            &["route", "dialect"],
-        )?;
-        let upstream = histograms(
-            &r,
-            UPSTREAM_DURATION_SECONDS,
-            "Time spent waiting on the upstream, from sending the request to its last byte (all recall rounds).",
-            &["route", "dialect"],
-        )?;
-        let overhead = histograms(
-            &r,
-            OVERHEAD_SECONDS,
-            "Time ctxgate itself added to a request that went upstream: total duration minus upstream wait.",
-            &["route", "dialect"],
-        )?;
-        let token = |name, help| counters(&r, name, help, &["model", "dialect"]);
-        let families = TokenFamilies {
-            client_prompt: token(
-                CLIENT_PROMPT_TOKENS_TOTAL,
-                "Prompt tokens of the chat requests clients sent (the upstream's count when nothing was rewritten, ctxgate's calibrated estimate otherwise).",
-            )?,
-            upstream_prompt: token(
-                UPSTREAM_PROMPT_TOKENS_TOTAL,
-                "Prompt tokens sent upstream (every recall round's), as the upstream reported them (ctxgate's estimate when it reported none); Anthropic's count includes cache reads and writes.",
-            )?,
-            upstream_cached: token(
-                UPSTREAM_CACHED_TOKENS_TOTAL,
-                "Of the upstream prompt tokens, those the upstream reported as read from its prompt cache (chat prompt_tokens_details.cached_tokens, Anthropic cache_read_input_tokens, Responses input_tokens_details.cached_tokens).",
-            )?,
-            completion: token(
-                UPSTREAM_COMPLETION_TOKENS_TOTAL,
-                "Completion tokens the upstream reported.",
-            )?,
-            saved: token(
-                SAVED_TOKENS_TOTAL,
-                "Prompt tokens removed by rewriting (estimated tokens before minus after).",
-            )?,
-        };
-        let rewrites = counters(
-            &r,
-            REWRITES_TOTAL,
-            "Rewritten or refused conversation requests by dialect, strategy and outcome (the deepest stage needed, or rejected).",
-            &["dialect", "strategy", "outcome"],
-        )?;
-        let summary_calls = counters(
-            &r,
-            SUMMARIZER_CALLS_TOTAL,
-            "Summary calls by outcome (ok, failed, timeout, empty).",
-            &["outcome"],
-        )?;
-        let recall_calls = counters(
-            &r,
-            RECALL_CALLS_TOTAL,
-            "Recall and search calls answered by ctxgate, by dialect, tool and outcome.",
-            &["dialect", "tool", "outcome"],
-        )?;
-        let session_lookups = counters(
-            &r,
-            SESSION_CACHE_LOOKUPS_TOTAL,
-            "Session cache lookups by result (hit: in memory; miss: loaded from the store or new).",
-            &["result"],
-        )?;
-        let upstream_errors = counters(
-            &r,
-            UPSTREAM_ERRORS_TOTAL,
-            "Upstream failures by route, dialect and class (4xx, 5xx, unreachable, timeout, interrupted).",
-            &["route", "dialect", "class"],
-        )?;
-        let rejected = counters(
-            &r,
-            REQUESTS_REJECTED_TOTAL,
-            "Requests refused before being handled, by route, dialect and reason (overloaded: beyond server.max_in_flight, 503; body_timeout: body not received within server.body_read_timeout_secs, 408).",
-            &["route", "dialect", "reason"],
-        )?;
-        let unmanaged = counters(
-            &r,
-            UNMANAGED_REQUESTS_TOTAL,
-            "Conversation requests passed through without being managed, by dialect and reason (previous_response_id or conversation: the upstream keeps the history; compaction_trigger: a remote compaction). Counted in ctxgate_requests_total too.",
-            &["dialect", "reason"],
-        )?;
-        let reloads = counters(
-            &r,
-            CONFIG_RELOADS_TOTAL,
-            "Config reloads (SIGHUP or POST /admin/config/reload) by outcome (applied; rejected: the file had problems and the running config was kept).",
-            &["outcome"],
-        )?;
-        let hooks = counters(
-            &r,
-            HOOK_DELIVERIES_TOTAL,
-            "Idle-session webhook attempts by outcome (delivered: 2xx; retried: connection, timeout, 5xx or 429, tried again with backoff; failed: refused with another 4xx, not retried).",
-            &["outcome"],
-        )?;
-        let build = register(
-            &r,
-            IntGaugeVec::new(
-                Opts::new(
-                    BUILD_INFO,
-                    "Always 1; the version label names the running build.",
-                ),
-                &["version"],
-            )?,
-        )?;
-        build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
-
-        let first_byte = histograms(
-            &r,
-            STREAM_FIRST_BYTE_SECONDS,
-            "Time from a streamed conversation request's arrival to the first byte of the upstream's answer, by dialect.",
-            &["dialect"],
-        )?;
-        let recall_rounds = counters(
-            &r,
-            RECALL_ROUNDS_TOTAL,
-            "Extra upstream round trips made to answer recall and search calls, by dialect.",
-            &["dialect"],
-        )?;
-        let stream_flags: &[&'static str] = &["false", "true"];
+        let l = Lists::new();
+        build_info(&r)?;
         Ok(Metrics {
-            requests: Series::new(
-                &[&routes, &dialects, &classes, stream_flags],
-                possible::request,
-                move |l| requests.with_label_values(l),
-            ),
-            in_flight: Series::new(&[&routes, &dialects], possible::route_and_dialect, move |l| {
-                in_flight.with_label_values(l)
-            }),
+            requests: requests(&r, &l)?,
+            in_flight: in_flight(&r, &l)?,
             active_streams: gauge(&r, ACTIVE_STREAMS, "Chat responses being streamed (SSE) to clients.")?,
-            rejected: Series::new(&[&routes, &dialects, &reasons], possible::rejected, move |l| {
-                rejected.with_label_values(l)
-            }),
-            unmanaged: Series::new(
-                &[&dialects, &values(UnmanagedReason::ALL, UnmanagedReason::as_str)],
-                possible::unmanaged,
-                move |l| unmanaged.with_label_values(l),
-            ),
-            hooks: resolve(&[&values(HookOutcome::ALL, HookOutcome::as_str)], |l| {
-                hooks.with_label_values(l)
-            }),
+            rejected: rejected(&r, &l)?,
+            unmanaged: unmanaged(&r, &l)?,
+            hooks: hooks(&r)?,
             hooks_pending: gauge(
                 &r,
                 HOOK_PENDING_DELIVERIES,
                 "Idle sessions whose webhook is due and not delivered yet, as of the last sweep.",
             )?,
-            reloads: resolve(&[&values(ReloadOutcome::ALL, ReloadOutcome::as_str)], |l| {
-                reloads.with_label_values(l)
-            }),
-            duration: Series::new(&[&routes, &dialects], possible::route_and_dialect, move |l| {
-                duration.with_label_values(l)
-            }),
-            upstream: Series::new(&[&routes, &dialects], possible::upstream_route, move |l| {
-                upstream.with_label_values(l)
-            }),
-            overhead: Series::new(&[&routes, &dialects], possible::upstream_route, move |l| {
-                overhead.with_label_values(l)
-            }),
-            first_byte: Series::new(&[&dialects], possible::conversation_only, move |l| {
-                first_byte.with_label_values(l)
-            }),
-            models: ModelLabels::new(models, families),
-            calibration: register(
-                &r,
-                GaugeVec::new(
-                    Opts::new(
-                        TOKEN_ESTIMATE_RATIO,
-                        "Calibration of ctxgate's token estimate: upstream prompt tokens / estimate (moving average).",
-                    ),
-                    &["model"],
-                )?,
-            )?,
-            rewrites: Series::new(
-                &[&dialects, &strategies, &outcomes],
-                possible::rewrite,
-                move |l| rewrites.with_label_values(l),
-            ),
-            summary_calls: resolve(&[&values(SummaryOutcome::ALL, SummaryOutcome::as_str)], |l| {
-                summary_calls.with_label_values(l)
-            }),
+            reloads: reloads(&r)?,
+            duration: duration(&r, &l)?,
+            upstream: upstream(&r, &l)?,
+            overhead: overhead(&r, &l)?,
+            first_byte: first_byte(&r, &l)?,
+            models: ModelLabels::new(models, tokens(&r)?),
+            calibration: calibration(&r)?,
+            rewrites: rewrites(&r, &l)?,
+            summary_calls: summary_calls(&r)?,
             summary_duration: histogram(
                 &r,
                 SUMMARIZER_CALL_DURATION_SECONDS,
@@ -368,28 +143,15 @@ impl Metrics {
                 PRECOMPACTIONS_FINISHED_TOTAL,
                 "Background pre-compactions finished, whatever their outcome.",
             )?,
-            recall_calls: Series::new(
-                &[
-                    &dialects,
-                    &values(RecallTool::ALL, RecallTool::as_str),
-                    &values(RecallOutcome::ALL, RecallOutcome::as_str),
-                ],
-                possible::conversation_only,
-                move |l| recall_calls.with_label_values(l),
-            ),
-            recall_rounds: Series::new(&[&dialects], possible::conversation_only, move |l| {
-                recall_rounds.with_label_values(l)
-            }),
+            recall_calls: recall_calls(&r, &l)?,
+            recall_rounds: recall_rounds(&r, &l)?,
             sessions_cached: gauge(&r, SESSIONS_CACHED, "Sessions in the in-memory cache.")?,
             session_cache_bytes: gauge(
                 &r,
                 SESSION_CACHE_BYTES,
                 "Bytes of history in the in-memory session cache (estimated).",
             )?,
-            session_lookups: Arc::new(resolve(
-                &[&values(CacheResult::ALL, CacheResult::as_str)],
-                |l| session_lookups.with_label_values(l),
-            )),
+            session_lookups: Arc::new(session_lookups(&r)?),
             store_duration: histograms(
                 &r,
                 STORE_OPERATION_DURATION_SECONDS,
@@ -407,11 +169,7 @@ impl Metrics {
                 STORE_CIRCUIT_OPEN,
                 "1 while the store's circuit breaker is open (requests do not wait on the store until a probe finds it healthy).",
             )?,
-            upstream_errors: Series::new(
-                &[&routes, &dialects, &up_classes],
-                possible::upstream_error,
-                move |l| upstream_errors.with_label_values(l),
-            ),
+            upstream_errors: upstream_errors(&r, &l)?,
             registry: r,
         })
     }

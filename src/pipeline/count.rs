@@ -32,7 +32,7 @@ pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
     let cfg = &*live.config;
     let fail = |e: GatewayError, timer: &mut crate::metrics::RequestTimer| {
         timer.set_status(e.status().as_u16());
-        super::respond::own_error(dialect, e, None, started, false, "")
+        super::respond::own_error(&super::Logged::unparsed(dialect, started), None, e)
     };
     let timeout = Duration::from_secs(cfg.server.body_read_timeout_secs);
     let raw = match read_body(body, cfg.server.max_body_bytes, timeout).await {

@@ -1,6 +1,11 @@
-//! Reading a request body: whole, within its size limit and its deadline.
+//! Stages 1 and 2: reading a request body whole, within its size limit and its deadline, and parsing it as a
+//! request of its dialect.
 
+use crate::app::AppState;
+use crate::config::Config;
+use crate::dialect::{Dialect, Request};
 use crate::error::GatewayError;
+use crate::metrics::{RejectReason, Route};
 use axum::body::Body;
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -25,4 +30,32 @@ pub async fn read_body(body: Body, limit: u64, timeout: Duration) -> Result<Byte
             "could not read the request body: {e}"
         ))),
     }
+}
+
+/// Reads `body` within `cfg.server`'s limits and parses it as a request of `dialect`, keeping every field and its
+/// order; a body that timed out is counted as rejected, and a request whose history the upstream keeps as
+/// unmanaged (it is forwarded as sent: see `Request::managed`).
+pub(super) async fn receive(
+    state: &AppState,
+    cfg: &Config,
+    body: Body,
+    dialect: Dialect,
+) -> Result<Request, GatewayError> {
+    let timeout = Duration::from_secs(cfg.server.body_read_timeout_secs);
+    let raw = match read_body(body, cfg.server.max_body_bytes, timeout).await {
+        Ok(b) => b,
+        Err(e) => {
+            if matches!(e, GatewayError::RequestTimeout { .. }) {
+                state
+                    .metrics
+                    .rejected(Route::Chat, dialect, RejectReason::BodyTimeout);
+            }
+            return Err(e);
+        }
+    };
+    let request = dialect.parse(raw)?;
+    if let Some(reason) = request.unmanaged_reason() {
+        state.metrics.unmanaged(dialect, reason);
+    }
+    Ok(request)
 }

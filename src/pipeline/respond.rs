@@ -1,11 +1,17 @@
-//! The client's response: the upstream's status and end-to-end headers with the session header, and a body that
+//! Stage 6, the client's response: the upstream's status and end-to-end headers with the session header, and a body that
 //! is the upstream's relayed through the tap, the answer after ctxgate's recall rounds, or our own error.
 
+use super::access::{self, End, Logged};
+use super::draft::TurnDraft;
+use super::forward::Sent;
 use super::rounds::Rounds;
-use super::{REWRITE_HEADER, SESSION_HEADER};
+use super::turn::{Seen, Turn};
+use super::{Exchange, Outgoing, REWRITE_HEADER, SESSION_HEADER};
 use crate::app::AppState;
 use crate::dialect::Dialect;
 use crate::error::GatewayError;
+use crate::metrics::RequestTimer;
+use crate::recall::{HistorySource, LazyHistory};
 use crate::relay::{self, Finisher};
 use crate::session::SessionIdentity;
 use crate::upstream::end_to_end;
@@ -14,7 +20,89 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use serde_json::{Map, Value};
-use std::time::Instant;
+use std::sync::Arc;
+
+impl Exchange {
+    /// Stage 6: relays the upstream's answer as it arrives, through the tap that assembles the reply and ends the
+    /// turn (`turn`). A new session is only stored (and cached) once the upstream accepted its first request.
+    /// When the model may call the recall tools we offered, ctxgate answers them and asks again, within the same
+    /// response; anything but a successful first answer is relayed as it is.
+    pub(super) async fn respond(
+        self,
+        outgoing: Outgoing,
+        draft: Option<TurnDraft>,
+        mut sent: Sent,
+        timer: &mut Option<RequestTimer>,
+    ) -> Response {
+        let status = sent.resp.status();
+        if let (Some(m), true) = (&self.mark, status.is_success()) {
+            self.state.sessions.admit(m).await;
+        }
+        let is_sse = is_event_stream(sent.resp.headers());
+        let mut timer = timer.take();
+        if let (Some(t), true) = (timer.as_mut(), is_sse) {
+            t.streaming();
+        }
+        let turn = Turn::new(&self, &outgoing, draft, &mut sent, timer);
+        let own = Own {
+            session: self.session.as_ref(),
+            rewrite: outgoing
+                .rewrite
+                .as_ref()
+                .and_then(|r| rewrite_header(&r.record)),
+        };
+        let recall = (outgoing.rewrite.as_ref()).is_some_and(|r| r.injected && status.is_success());
+        if !recall {
+            let finisher = turn.finisher(outgoing.estimate);
+            return relayed(&self.state, self.dialect, sent.resp, is_sse, &own, finisher).await;
+        }
+        let rounds = self.rounds(turn, &outgoing, sent.url, sent.headers);
+        after_rounds(
+            &self.state,
+            rounds,
+            sent.resp,
+            is_sse,
+            &self.request.body,
+            &own,
+        )
+        .await
+    }
+
+    /// The recall rounds that answer `turn` (asking again at `url` with `headers`), reading the request's and the
+    /// session's history (built only if the model calls one of the tools).
+    fn rounds(
+        &self,
+        mut turn: Turn,
+        outgoing: &Outgoing,
+        url: String,
+        headers: HeaderMap,
+    ) -> Rounds {
+        let stored = match &self.mark {
+            Some(m) => m
+                .entry
+                .with_tree(|t| t.nodes().map(|n| (n.position, n.message.clone())).collect()),
+            None => Vec::new(),
+        };
+        let (of, dialect) = (Arc::clone(&self.request), self.dialect);
+        let source = LazyHistory::new(move || {
+            HistorySource::from_parts(of.messages(), dialect.neutral_history(stored))
+        });
+        Rounds {
+            state: self.state.clone(),
+            live: self.live.clone(),
+            dialect,
+            url,
+            headers,
+            sent: outgoing.body.clone(),
+            messages_close: outgoing.messages_close,
+            appended: Vec::new(),
+            source,
+            on_round: turn.on_round(),
+            trace: turn.take_trace(),
+            finisher: turn.finisher(None),
+        }
+    }
+}
 
 /// The upstream's answer, relayed through the tap (which assembles the reply; `finisher` ends the turn). A stream
 /// goes out as it arrives; a JSON answer, of no use to a client before its end, is gathered first (up to
@@ -181,31 +269,13 @@ fn finish(builder: http::response::Builder, body: Body) -> Response {
         .unwrap_or_else(|e| GatewayError::Internal(e.to_string()).into_response())
 }
 
-/// Our own error answer (logged; with the session header when the session is known), in the dialect's shape.
-pub(super) fn own_error(
-    dialect: Dialect,
-    e: GatewayError,
-    session: Option<&SessionIdentity>,
-    started: Instant,
-    stream: bool,
-    model: &str,
-) -> Response {
-    let status = e.status().as_u16();
-    tracing::warn!(
-        target: "ctxgate::access",
-        method = "POST",
-        path = dialect.client_path(),
-        dialect = dialect.as_str(),
-        status,
-        model,
-        stream,
-        total_ms = started.elapsed().as_secs_f64() * 1000.0,
-        error = %e,
-        "conversation request failed in ctxgate"
-    );
-    let mut resp = error_response(dialect, e);
-    if let Some(s) = session {
-        if let Ok(v) = HeaderValue::from_str(&s.id) {
+/// Our own error answer, logged (`seen`: the plan's, when the request was planned), with the session header when
+/// the session is known, in the dialect's shape.
+pub(super) fn own_error(logged: &Logged<'_>, seen: Option<&Seen>, e: GatewayError) -> Response {
+    access::write(logged, seen, End::Failed(&e));
+    let mut resp = error_response(logged.dialect, e);
+    if let Some(id) = logged.session {
+        if let Ok(v) = HeaderValue::from_str(id) {
             resp.headers_mut().insert(SESSION_HEADER, v);
         }
     }

@@ -345,36 +345,160 @@ fn replay(
     mut requests: Option<&mut Vec<ReplayedRequest>>,
 ) -> Result<ReplayReport, String> {
     let t = Trace::read(trace)?;
-    let model = match (&opts.model, t.model()) {
-        (Some(m), _) => m.clone(),
-        (None, Some(m)) => m.to_string(),
-        (None, None) => "unknown".to_string(),
-    };
-    let window = match opts.window {
-        Some(w) => w,
-        None => {
-            ModelTable::new(&cfg.models, cfg.context.default_context_window)?.context_window(&model)
-        }
-    };
-    let strategy = opts.strategy.unwrap_or(cfg.context.strategy);
-    let dialect = opts.dialect.unwrap_or(t.format);
-    let encoding = Encoding::for_model(&model);
-    let counter = &counters.tokens;
-    let threshold_tokens = (cfg.context.threshold * window as f64) as u64;
-    let summarizer = opts.summaries || cfg.summary.model.is_some();
-    let summarizing = summarizer && matches!(strategy, Strategy::Summarize | Strategy::Hybrid);
-    let mut ready: Vec<(usize, Value)> = Vec::new();
+    let mut run = Run::new(&t, opts, cfg, counters)?;
     let mut steps = Vec::new();
-    let (mut client_seq, mut sent_seq) = (Sequence::default(), Sequence::default());
-    // replayed in its own format, every request's conversation is a prefix of the trace's: weighed once
-    let native_items = (dialect == t.format).then(|| counters.weights.items(encoding, t.items()));
     for &k in &t.steps {
-        let body = Value::Object(t.body(&model, k, dialect)?);
+        let (step, client_body, upstream_body) = run.request(k)?;
+        steps.push(step);
+        if let Some(out) = requests.as_deref_mut() {
+            out.push(ReplayedRequest {
+                index: k,
+                client_body: client_body.to_vec(),
+                upstream_body: upstream_body.map(|b| b.to_vec()),
+            });
+        }
+    }
+    Ok(ReplayReport {
+        id: t.id().to_string(),
+        format: t.format.as_str(),
+        model: run.model,
+        dialect: run.dialect.as_str(),
+        encoding: run.encoding.as_str(),
+        window: run.window,
+        strategy: run.strategy.as_str(),
+        summaries: run.summarizing,
+        threshold_tokens: run.threshold_tokens,
+        totals: ReplayTotals::of(&steps),
+        steps,
+    })
+}
+
+/// A replay under way: the settings of every request, the summaries taken as written so far, and the prompt-cache
+/// sequences of what the client sent and what went upstream.
+struct Run<'a> {
+    t: &'a Trace<'a>,
+    cfg: &'a Config,
+    counters: &'a Counters,
+    model: String,
+    dialect: Dialect,
+    encoding: Encoding,
+    window: u64,
+    strategy: Strategy,
+    /// Summaries may be written (simulated, or a summary model is configured).
+    summarizer: bool,
+    /// ... and the strategy uses them.
+    summarizing: bool,
+    threshold_tokens: u64,
+    /// The summaries taken as written: messages covered, summary message.
+    ready: Vec<(usize, Value)>,
+    client_seq: Sequence,
+    sent_seq: Sequence,
+    /// Replayed in its own format, every request's conversation is a prefix of the trace's: weighed once.
+    native_items: Option<cache::Shape>,
+}
+
+/// What the planner made of one request.
+struct Planned {
+    /// The step, before what is sent was checked and priced.
+    step: ReplayStep,
+    /// Tokens of the client's request.
+    client: u64,
+    /// The summary the planner asked for (whole client messages, as in the gateway).
+    wanted: Option<usize>,
+    /// The length the summary is asked to keep to (so that its rewrite reaches the target).
+    length: Option<u64>,
+    /// The rewritten messages, before the gateway's additions.
+    rewritten: Option<Vec<Value>>,
+    /// The body sent upstream (the client's when forwarded); `None` when refused.
+    upstream_body: Option<Bytes>,
+}
+
+impl<'a> Run<'a> {
+    fn new(
+        t: &'a Trace<'a>,
+        opts: &ReplayOptions,
+        cfg: &'a Config,
+        counters: &'a Counters,
+    ) -> Result<Run<'a>, String> {
+        let model = match (&opts.model, t.model()) {
+            (Some(m), _) => m.clone(),
+            (None, Some(m)) => m.to_string(),
+            (None, None) => "unknown".to_string(),
+        };
+        let window = match opts.window {
+            Some(w) => w,
+            None => ModelTable::new(&cfg.models, cfg.context.default_context_window)?
+                .context_window(&model),
+        };
+        let strategy = opts.strategy.unwrap_or(cfg.context.strategy);
+        let dialect = opts.dialect.unwrap_or(t.format);
+        let encoding = Encoding::for_model(&model);
+        let summarizer = opts.summaries || cfg.summary.model.is_some();
+        Ok(Run {
+            t,
+            cfg,
+            counters,
+            dialect,
+            encoding,
+            window,
+            strategy,
+            summarizer,
+            summarizing: summarizer && matches!(strategy, Strategy::Summarize | Strategy::Hybrid),
+            threshold_tokens: (cfg.context.threshold * window as f64) as u64,
+            ready: Vec::new(),
+            client_seq: Sequence::default(),
+            sent_seq: Sequence::default(),
+            native_items: (dialect == t.format)
+                .then(|| counters.weights.items(encoding, t.items())),
+            model,
+        })
+    }
+
+    /// The request answered by item `k`: planned, checked, priced; the summary it asked for is then taken as
+    /// written. With the client's body and the one sent upstream (`None`: refused).
+    fn request(&mut self, k: usize) -> Result<(ReplayStep, Bytes, Option<Bytes>), String> {
+        let (dialect, encoding, counters) = (self.dialect, self.encoding, self.counters);
+        let counter = &counters.tokens;
+        let body = Value::Object(self.t.body(&self.model, k, dialect)?);
         let raw = Bytes::from(serde_json::to_vec(&body).map_err(|e| e.to_string())?);
         // as the gateway parses and plans it
         let request = dialect
             .parse(raw.clone())
             .map_err(|e| format!("request {k}: {e}"))?;
+        let p = self.plan(k, &request, &raw)?;
+        let mut s = p.step;
+        // what is sent, as JSON: the client's own body when forwarded
+        let parsed = sent_json(&mut s, p.upstream_body.as_deref());
+        let sent_body = match s.outcome {
+            Outcome::Forward => Some(&body),
+            Outcome::Rewrite => parsed.as_ref(),
+            Outcome::Reject => None,
+        };
+        if let (Some(up), None) = (sent_body, &s.problem) {
+            s.problem = api_problem(dialect, &body, up);
+            s.valid = s.problem.is_none();
+        }
+        s.wanted_summary = p.wanted;
+        let tools = request.body.get("tools").filter(|t| !t.is_null());
+        s.recounted_tokens = p
+            .rewritten
+            .as_ref()
+            .map(|r| counter.request_tokens(encoding, r, tools));
+        s.above_threshold = p.client > self.threshold_tokens;
+        s.over_window = s.outcome != Outcome::Reject && s.upstream_tokens > self.window;
+        self.price(&mut s, &body, sent_body);
+        if let (Outcome::Rewrite, Some(shape)) = (s.outcome, self.sent_seq.last()) {
+            s.task_whole = Some(self.task_kept(&request, shape, p.rewritten.as_deref()));
+        }
+        if let Some(upto) = s.wanted_summary {
+            s.summary_call = self.write_summary(upto, p.length);
+        }
+        Ok((s, raw, p.upstream_body))
+    }
+
+    /// Plans `request` (the client's `raw` bytes) as the gateway would, with the summaries written so far.
+    fn plan(&self, k: usize, request: &Request, raw: &Bytes) -> Result<Planned, String> {
+        let (cfg, counter, dialect) = (self.cfg, &self.counters.tokens, self.dialect);
         let sent = request.messages();
         let tools = request.body.get("tools").filter(|t| !t.is_null());
         let req = decide::Request {
@@ -382,24 +506,19 @@ fn replay(
             messages: sent,
             key: dialect.conversation_key(),
             raw_len: raw.len(),
-            encoding,
-            window,
+            encoding: self.encoding,
+            window: self.window,
             ratio: 1.0,
-            strategy,
+            strategy: self.strategy,
             first_seen: None,
             now: NOW,
-            summarizer,
+            summarizer: self.summarizer,
             strict_roles: dialect.strict_roles(),
         };
         let offer = Offer::new(dialect, &request.body, &cfg.recall);
-        let client = counter.request_tokens(encoding, sent, tools);
-        let plan = decide::plan_cuts(
-            &req,
-            summarizing.then_some(ready.as_slice()),
-            cfg,
-            &offer,
-            counter,
-        );
+        let client = counter.request_tokens(self.encoding, sent, tools);
+        let ready = self.summarizing.then_some(self.ready.as_slice());
+        let plan = decide::plan_cuts(&req, ready, cfg, &offer, counter);
         // a summary covers whole client messages, as in the gateway
         let wanted = decide::wanted_summary(&plan)
             .and_then(|n| request.summary_boundary(n))
@@ -410,7 +529,7 @@ fn replay(
             Plan::Rewrite(rw) => Some(rw.owned_messages()),
             _ => None,
         };
-        let serialise = |b: &crate::context::RewrittenBody<'_>| dialect.render(&request, b);
+        let serialise = |b: &crate::context::RewrittenBody<'_>| dialect.render(request, b);
         let mut decision = decide::render(&req, plan, (cfg, &offer), counter, &serialise)
             .map_err(|e| e.to_string())?;
         if rewritten.is_none() && matches!(decision, Decision::Rewrite(_)) {
@@ -422,101 +541,92 @@ fn replay(
             Decision::Rewrite(rw) => Some(Bytes::from(std::mem::take(&mut rw.body))),
             Decision::Reject { .. } => None,
         };
-        let mut s = step(k, client, decision, sent, rewritten.as_deref());
-        // what is sent, as JSON: the client's own body when forwarded
-        let parsed = match (&upstream_body, s.outcome) {
-            (Some(up), Outcome::Rewrite) => match serde_json::from_slice::<Value>(up) {
-                Ok(v) => Some(v),
-                Err(e) => {
-                    s.problem = Some(format!("the body sent is not JSON: {e}"));
-                    s.valid = false;
-                    None
-                }
-            },
-            _ => None,
-        };
-        let sent_body = match s.outcome {
-            Outcome::Forward => Some(&body),
-            Outcome::Rewrite => parsed.as_ref(),
-            Outcome::Reject => None,
-        };
-        if let (Some(up), None) = (sent_body, &s.problem) {
-            s.problem = api_problem(dialect, &body, up);
-            s.valid = s.problem.is_none();
-        }
-        s.wanted_summary = wanted;
-        s.recounted_tokens = rewritten
-            .as_ref()
-            .map(|r| counter.request_tokens(encoding, r, tools));
-        s.above_threshold = client > threshold_tokens;
-        s.over_window = s.outcome != Outcome::Reject && s.upstream_tokens > window;
-        // the prompt cache: the client's sequence, and what is sent
-        let weights = &counters.weights;
-        let client_shape = match &native_items {
-            Some(items) => weights.shape_over(encoding, dialect, as_map(&body), items),
-            None => weights.shape(encoding, dialect, as_map(&body)),
+        Ok(Planned {
+            step: step(k, client, decision, sent, rewritten.as_deref()),
+            client,
+            wanted,
+            length,
+            rewritten,
+            upstream_body,
+        })
+    }
+
+    /// The prompt cache: the client's sequence and what is sent (`sent_body`), and what the step is billed.
+    fn price(&mut self, s: &mut ReplayStep, body: &Value, sent_body: Option<&Value>) {
+        let (weights, encoding, dialect) = (&self.counters.weights, self.encoding, self.dialect);
+        let client_shape = match &self.native_items {
+            Some(items) => weights.shape_over(encoding, dialect, as_map(body), items),
+            None => weights.shape(encoding, dialect, as_map(body)),
         };
         let sent_shape = match (sent_body, s.outcome) {
             (Some(_), Outcome::Forward) => Some(client_shape.clone()),
             (Some(b), _) => Some(weights.shape(encoding, dialect, as_map(b))),
             (None, _) => None,
         };
-        let c = client_seq.push(client_shape);
+        let c = self.client_seq.push(client_shape);
         (s.client_wire_tokens, s.client_wire_cached) = (c.tokens, c.cached);
         if let Some(shape) = sent_shape {
-            let c = sent_seq.push(shape);
+            let c = self.sent_seq.push(shape);
             (s.wire_tokens, s.wire_cached, s.prefix_stable) = (c.tokens, c.cached, c.extends);
         }
-        s.cache_price = cfg.context.cache_read_price;
+        s.cache_price = self.cfg.context.cache_read_price;
         s.predicted_billed = match s.forecast {
             Some(f) if s.upstream_tokens > 0 => {
                 f as f64 * s.wire_tokens as f64 / s.upstream_tokens as f64
             }
             _ => billed_at(s.wire_tokens, s.wire_cached, s.cache_price),
         };
-        if let (Outcome::Rewrite, Some(shape)) = (s.outcome, sent_seq.last()) {
-            // A task over `prune.max_pinned_tokens` is kept as its pinned head and tail, as designed.
-            let pinned = rewritten.as_deref().is_some_and(|r| {
-                r.iter()
-                    .any(|m| message_text(m).contains(crate::context::shape::PINNED_MARKER))
+    }
+
+    /// Whether a rewrite kept the task whole (see [`task_whole`]); a task over `prune.max_pinned_tokens` is kept
+    /// as its pinned head and tail, as designed.
+    fn task_kept(
+        &self,
+        request: &Request,
+        sent: &cache::Shape,
+        rewritten: Option<&[Value]>,
+    ) -> bool {
+        let pinned = rewritten.is_some_and(|r| {
+            r.iter()
+                .any(|m| message_text(m).contains(crate::context::shape::PINNED_MARKER))
+        });
+        let counter = &self.counters.tokens;
+        let oversized = request
+            .messages()
+            .iter()
+            .find(|m| opens_turn(m))
+            .is_some_and(|t| {
+                counter.message_tokens(self.encoding, t) > self.cfg.prune.max_pinned_tokens
             });
-            let oversized = request
-                .messages()
-                .iter()
-                .find(|m| opens_turn(m))
-                .is_some_and(|t| counter.message_tokens(encoding, t) > cfg.prune.max_pinned_tokens);
-            s.task_whole = Some(task_whole(&request, shape) || (pinned && oversized));
+        task_whole(request, sent) || (pinned && oversized)
+    }
+
+    /// Takes the summary of the first `upto` messages as written (of the asked `length`, at most
+    /// `summary.max_tokens`); whether it is a new one (a summary call).
+    fn write_summary(&mut self, upto: usize, length: Option<u64>) -> bool {
+        if self.ready.iter().any(|(u, _)| *u == upto) {
+            return false;
         }
-        if let Some(upto) = s.wanted_summary {
-            if !ready.iter().any(|(u, _)| *u == upto) {
-                s.summary_call = true;
-                let length = length.unwrap_or(cfg.summary.max_tokens);
-                ready.push((upto, stand_in_summary(upto, length)));
-                ready.sort_by_key(|(u, _)| *u);
-            }
-        }
-        steps.push(s);
-        if let Some(out) = requests.as_deref_mut() {
-            out.push(ReplayedRequest {
-                index: k,
-                client_body: raw.to_vec(),
-                upstream_body: upstream_body.map(|b| b.to_vec()),
-            });
+        let length = length.unwrap_or(self.cfg.summary.max_tokens);
+        self.ready.push((upto, stand_in_summary(upto, length)));
+        self.ready.sort_by_key(|(u, _)| *u);
+        true
+    }
+}
+
+/// The rewritten body sent (`upstream`) as JSON; a body that is not JSON makes the step invalid.
+fn sent_json(s: &mut ReplayStep, upstream: Option<&[u8]>) -> Option<Value> {
+    let (Some(up), Outcome::Rewrite) = (upstream, s.outcome) else {
+        return None;
+    };
+    match serde_json::from_slice::<Value>(up) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            s.problem = Some(format!("the body sent is not JSON: {e}"));
+            s.valid = false;
+            None
         }
     }
-    Ok(ReplayReport {
-        id: t.id().to_string(),
-        format: t.format.as_str(),
-        model,
-        dialect: dialect.as_str(),
-        encoding: encoding.as_str(),
-        window,
-        strategy: strategy.as_str(),
-        summaries: summarizing,
-        threshold_tokens,
-        totals: ReplayTotals::of(&steps),
-        steps,
-    })
 }
 
 /// The object of a body built or parsed as one (an empty map for anything else).

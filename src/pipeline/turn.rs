@@ -1,0 +1,205 @@
+//! Stage 7: the end of a turn, when its answer has been relayed (or cut short): the reply recorded, the token
+//! estimate calibrated, the metrics and the access-log line written, the turn announced.
+
+use super::access::{self, End, Logged};
+use super::draft::TurnDraft;
+use super::forward::Sent;
+use super::records::{record_reply, record_round};
+use super::{measure, Exchange, Outgoing};
+use crate::app::{AppState, TurnEvent};
+use crate::context::tokens::{Encoding, TokenCounter};
+use crate::dialect::{Dialect, Request as Parsed};
+use crate::metrics::RequestTimer;
+use crate::otel::UpstreamTrace;
+use crate::relay::{self, RelayOutcome};
+use crate::session::RequestMark;
+use serde_json::Value;
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What the end of a turn needs to know.
+pub(super) struct Turn {
+    state: Arc<AppState>,
+    mark: Option<RequestMark>,
+    session_id: String,
+    dialect: Dialect,
+    model: String,
+    stream: bool,
+    status: http::StatusCode,
+    upstream_wait: Duration,
+    started: Instant,
+    /// Records the request when dropped, at the end of the turn.
+    timer: Option<RequestTimer>,
+    /// For the token metrics.
+    planned: measure::PlannedTokens,
+    /// The turn's record of what was sent, completed when the turn ends (recorded sessions only).
+    draft: Option<TurnDraft>,
+    /// What the access log tells of the rewrite and the recall rounds.
+    seen: Seen,
+    /// The client's request, counted after the answer when it was sent without being counted and its model has
+    /// no calibration yet (so the calibration, and its metric, start with the first answer).
+    request: Arc<Parsed>,
+    /// The upstream round's span, ended with the answer (traced requests answered in one round).
+    upstream_trace: Option<UpstreamTrace>,
+}
+
+/// What the access-log line says of a turn beyond the exchange: the rewrite, the tokens and the recall rounds.
+pub(super) struct Seen {
+    /// The stages of a rewrite, comma-separated (empty: not rewritten).
+    pub stages: String,
+    /// Estimated tokens of the client's request, when counted.
+    pub tokens_client: Option<u64>,
+    /// Estimated tokens of what was sent (before the recall tools), when counted.
+    pub tokens_sent: Option<u64>,
+    /// Recall rounds ctxgate answered.
+    pub recall_rounds: Arc<AtomicU32>,
+}
+
+impl Seen {
+    /// What `outgoing`'s plan did; no recall rounds yet.
+    pub(super) fn of(outgoing: &Outgoing) -> Seen {
+        let recall_rounds = Arc::default();
+        match &outgoing.rewrite {
+            Some(rw) => Seen {
+                stages: rw.record.stages.join(","),
+                tokens_client: Some(rw.record.tokens_before),
+                tokens_sent: Some(rw.record.tokens_after),
+                recall_rounds,
+            },
+            None => Seen {
+                stages: String::new(),
+                tokens_client: outgoing.client_tokens,
+                tokens_sent: outgoing.client_tokens,
+                recall_rounds,
+            },
+        }
+    }
+}
+
+impl Turn {
+    /// The turn of `ex`, planned as `outgoing` and answered as `sent` (whose span it takes); `timer` records the
+    /// request when the turn ends.
+    pub(super) fn new(
+        ex: &Exchange,
+        outgoing: &Outgoing,
+        draft: Option<TurnDraft>,
+        sent: &mut Sent,
+        timer: Option<RequestTimer>,
+    ) -> Turn {
+        let request = &ex.request;
+        Turn {
+            state: ex.state.clone(),
+            mark: ex.mark.clone(),
+            session_id: ex
+                .session
+                .as_ref()
+                .map(|s| s.id.clone())
+                .unwrap_or_default(),
+            dialect: ex.dialect,
+            model: request.model.clone(),
+            stream: request.stream,
+            status: sent.resp.status(),
+            upstream_wait: sent.upstream_wait,
+            started: ex.started,
+            timer,
+            planned: measure::PlannedTokens {
+                rewritten_from: outgoing.rewrite.as_ref().map(|r| r.record.tokens_before),
+                sent_estimate: outgoing.estimate,
+            },
+            seen: Seen::of(outgoing),
+            draft,
+            request: Arc::clone(request),
+            upstream_trace: sent.trace.take(),
+        }
+    }
+
+    /// What each recall round of the turn is handed to: stored with the session, counted for the access log, its
+    /// calls kept for the turn's record.
+    pub(super) fn on_round(&self) -> Box<dyn Fn(Value) + Send + Sync> {
+        let calls = self.draft.as_ref().map(|d| d.calls.clone());
+        let rounds = self.seen.recall_rounds.clone();
+        record_round(&self.state, self.mark.clone(), calls, rounds)
+    }
+
+    /// The upstream round's span, for the recall rounds to carry on (and end).
+    pub(super) fn take_trace(&mut self) -> Option<UpstreamTrace> {
+        self.upstream_trace.take()
+    }
+
+    /// 7. The turn is complete (or cut short): record the reply (durably, before the client gets the last
+    ///    bytes), calibrate the token estimate against the upstream's count, log it and announce it.
+    ///    `estimate`: the estimated tokens of what was sent, when one upstream call answered it.
+    pub(super) fn finisher(self, estimate: Option<u64>) -> relay::Finisher {
+        // The client's own bytes went upstream in one call (no rewrite, no recall rounds).
+        let forwarded = self.planned.rewritten_from.is_none();
+        Box::new(move |outcome: RelayOutcome| {
+            Box::pin(async move {
+                let state = &self.state;
+                let mut timer = self.timer;
+                if let Some(t) = timer.as_mut() {
+                    t.upstream_ended();
+                    t.set_status(self.status.as_u16());
+                    if let Some(at) = outcome.first_byte_at {
+                        t.first_byte(at);
+                    }
+                }
+                if let Some(mark) = &self.mark {
+                    let turn = match self.draft {
+                        Some(d) => Some(d.finish(self.status.as_u16(), &outcome).await),
+                        None => None,
+                    };
+                    record_reply(state, self.dialect, mark, self.status, &outcome, turn).await;
+                }
+                if let Some(mut t) = self.upstream_trace {
+                    let broken = outcome.upstream_error.is_some();
+                    t.answered(self.status.as_u16(), &outcome.reply.answer(None), broken);
+                }
+                let actual = outcome.reply.prompt_tokens();
+                // Sent without a count (clearly under the threshold): counted now, off the request's path, for
+                // the model's first calibration.
+                let estimate = estimate.or_else(|| {
+                    (actual.is_some() && forwarded && !state.counter.knows(&self.model))
+                        .then(|| uncounted_estimate(&state.counter, &self.request))
+                });
+                if let (Some(est), Some(actual)) = (estimate, actual) {
+                    state.counter.observe(&self.model, est, actual);
+                }
+                measure::turn(
+                    state,
+                    self.dialect,
+                    &self.model,
+                    self.status,
+                    self.planned,
+                    &outcome,
+                );
+                let logged = Logged {
+                    dialect: self.dialect,
+                    started: self.started,
+                    model: &self.model,
+                    stream: self.stream,
+                    session: Some(&self.session_id),
+                };
+                let end = End::Answered {
+                    status: self.status.as_u16(),
+                    upstream_wait: self.upstream_wait,
+                    outcome: &outcome,
+                };
+                access::write(&logged, Some(&self.seen), end);
+                drop(timer); // records the request: the turn is over
+                let _ = state.turns.send(TurnEvent {
+                    session_id: self.session_id,
+                    status: self.status.as_u16(),
+                    outcome,
+                });
+            }) as futures_util::future::BoxFuture<'static, ()>
+        })
+    }
+}
+
+/// The estimate of `request` as its client sent it: its messages and tools in its model's encoding.
+fn uncounted_estimate(counter: &TokenCounter, request: &Parsed) -> u64 {
+    let encoding = Encoding::for_model(&request.model);
+    let tools = request.body.get("tools").filter(|t| !t.is_null());
+    counter.request_tokens(encoding, request.messages(), tools)
+}
