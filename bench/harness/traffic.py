@@ -173,6 +173,24 @@ def _median(xs: list[float]) -> float:
     return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
 
 
+def _wait_tokenizer(pid: int, timeout: float = 600) -> None:
+    """Until the `ctxgate-tokenizer` thread (the token tables, built at start: slow under valgrind) has ended, so
+    that none of its work is counted as the requests'."""
+    end = time.monotonic() + timeout
+    time.sleep(1)
+    while time.monotonic() < end:
+        names = []
+        for comm in glob.glob(f"/proc/{pid}/task/*/comm"):
+            try:
+                names.append(Path(comm).read_text().strip())
+            except OSError:
+                pass
+        if not any(n.startswith("ctxgate-tokeni") for n in names):
+            return
+        time.sleep(0.5)
+    raise HarnessError("the tokenizer's tables were not built in time under callgrind")
+
+
 def callgrind(binary: Path, up: ct.Upstream, work: Path) -> dict:
     """ctxgate's instructions per trace request (all threads) under callgrind: the replay at c=1 with
     instrumentation on only around it (start-up and the tokenizer's tables not counted)."""
@@ -183,8 +201,8 @@ def callgrind(binary: Path, up: ct.Upstream, work: Path) -> dict:
     g = ct.start_ctxgate(binary, up.json_base, work, "ctxgate-callgrind-s5",
                          argv_prefix=["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_pat}"])
     try:
-        time.sleep(2)  # the tokenizer's tables are built at start, on their own thread
         pid = str(g.proc.pid)
+        _wait_tokenizer(g.proc.pid)
         url = g.base + "/chat/completions"
         replay(url, [s[:1] for s in sessions], 1, f"warm-{time.time_ns()}")  # warm-up, uninstrumented
         subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)

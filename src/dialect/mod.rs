@@ -6,6 +6,8 @@
 pub mod anthropic;
 pub mod chat;
 mod names;
+mod parse_memo;
+pub mod raw_scan;
 pub mod reply;
 pub mod request;
 pub mod responses;

@@ -8,8 +8,12 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 use std::sync::OnceLock;
 
-/// The body as a JSON object, or a 400 saying why it is not one.
+/// The body as a JSON object, or a 400 saying why it is not one. Elements of its conversation seen before are
+/// not parsed again ([`super::parse_memo`]).
 pub fn json_object(raw: &[u8]) -> Result<Map<String, Value>, GatewayError> {
+    if let Some(body) = super::parse_memo::object(raw) {
+        return Ok(body);
+    }
     let value: Value = serde_json::from_slice(raw).map_err(|e| GatewayError::BadRequest {
         message: format!("request body is not valid JSON: {e}"),
         param: None,

@@ -8,7 +8,6 @@ pub mod identity;
 pub mod manager;
 pub mod migrate;
 mod opening_memo;
-mod raw_scan;
 mod registry;
 pub mod responses_id;
 pub mod tenant;

@@ -1,46 +1,65 @@
-//! The raw bytes of each element of a JSON body's top-level `messages` array, found by scanning (strings skipped
-//! with `memchr`) instead of deserialising: the body has already been parsed, and this pass only has to cut it.
+//! The raw bytes of a JSON body's top-level fields and of an array's elements, found by scanning (strings skipped
+//! with `memchr`) instead of deserialising. It cuts; it does not check: a body the scan reads is then parsed piece
+//! by piece, or was already parsed whole.
 
-/// The elements of the top-level `"messages"` array of `body`, each exactly as serde_json's `RawValue` gives it
-/// (the value's bytes, without the whitespace around it). `None` when the body is not one the scan can read
-/// surely — not an object, no `messages` array, an escaped or repeated key, anything unexpected: the caller then
-/// asks serde_json.
-pub fn messages(body: &[u8]) -> Option<Vec<&[u8]>> {
+/// Values nested deeper than this are left to serde_json (its own limit, 128, counts from the body's top).
+const MAX_DEPTH: usize = 64;
+
+/// The top-level fields of `body`, in order: each key's text (without its quotes) and its value's raw bytes.
+/// `None` when the body is not one the scan can read surely — not an object, an escaped key, or a key with a
+/// control character, anything unexpected between the values, trailing bytes, values nested too deep.
+pub fn fields(body: &[u8]) -> Option<Vec<(&[u8], &[u8])>> {
     let mut s = Scan { b: body, i: 0 };
     s.ws();
     s.eat(b'{')?;
-    let mut found: Option<Vec<&[u8]>> = None;
+    let mut out = Vec::new();
     s.ws();
     if s.peek()? == b'}' {
-        return None;
-    }
-    loop {
-        s.ws();
-        let key = s.string()?;
-        if key.contains(&b'\\') {
-            return None;
+        s.i += 1;
+    } else {
+        loop {
+            s.ws();
+            let key = s.string()?;
+            let key = &key[1..key.len() - 1];
+            if key.iter().any(|&c| c == b'\\' || c < 0x20) {
+                return None;
+            }
+            s.ws();
+            s.eat(b':')?;
+            s.ws();
+            out.push((key, s.value()?));
+            s.ws();
+            match s.next()? {
+                b',' => continue,
+                b'}' => break,
+                _ => return None,
+            }
         }
-        s.ws();
-        s.eat(b':')?;
-        s.ws();
-        if key == b"\"messages\"" {
+    }
+    s.ws();
+    (s.i == body.len()).then_some(out)
+}
+
+/// The elements of the array `raw` (a value [`fields`] gave), each as its raw bytes; `None` when it is not one.
+pub fn elements(raw: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut s = Scan { b: raw, i: 0 };
+    let out = s.array()?;
+    s.ws();
+    (s.i == raw.len()).then_some(out)
+}
+
+/// The elements of the top-level `"messages"` array of `body`, each exactly as serde_json's `RawValue` gives it
+/// (the value's bytes, without the whitespace around it). `None` when the body is not one the scan can read
+/// surely (see [`fields`]), has no `messages` array, or has it twice: the caller then asks serde_json.
+pub fn messages(body: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut found = None;
+    for (key, value) in fields(body)? {
+        if key == b"messages" {
             if found.is_some() {
                 return None;
             }
-            found = Some(s.array()?);
-        } else {
-            s.value()?;
+            found = Some(elements(value)?);
         }
-        s.ws();
-        match s.next()? {
-            b',' => continue,
-            b'}' => break,
-            _ => return None,
-        }
-    }
-    s.ws();
-    if s.i != body.len() {
-        return None;
     }
     found
 }
@@ -126,7 +145,12 @@ impl<'a> Scan<'a> {
                             self.string()?;
                             continue;
                         }
-                        b'{' | b'[' => depth += 1,
+                        b'{' | b'[' => {
+                            depth += 1;
+                            if depth > MAX_DEPTH {
+                                return None;
+                            }
+                        }
                         b'}' | b']' => {
                             depth = depth.checked_sub(1)?;
                             if depth == 0 {
