@@ -7,12 +7,14 @@ use super::raw_scan;
 use moka::sync::Cache;
 use serde_json::{Map, Value};
 use std::sync::{Arc, OnceLock};
-use xxhash_rust::xxh3::xxh3_128;
+use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
 
 /// The top-level fields whose arrays are parsed element by element.
 const ARRAYS: [&str; 3] = ["messages", "input", "tools"];
-/// Elements shorter than this are parsed: the memo's own cost would exceed what it saves.
-const MIN_BYTES: usize = 512;
+/// Elements shorter than this are parsed: the memo's own cost (a hash, a lookup) would exceed what it saves.
+const MIN_BYTES: usize = 64;
+/// What an entry costs beyond its bytes (the memo's own bookkeeping, the value's allocations), for its weight.
+const ENTRY_OVERHEAD: usize = 160;
 /// Bytes of elements (as sent) the memo keeps at most.
 const MAX_BYTES: u64 = 32 << 20;
 
@@ -32,22 +34,35 @@ fn memo() -> &'static Cache<u128, Arc<Entry>> {
 }
 
 /// The body as a JSON object, exactly as `serde_json::from_slice` gives it; `None` when it is not one the scan
-/// can read surely (the caller parses it whole: invalid JSON gets serde_json's own error).
-pub fn object(raw: &[u8]) -> Option<Map<String, Value>> {
-    let fields = raw_scan::fields(raw)?;
+/// can read surely (the caller parses it whole: invalid JSON gets serde_json's own error). With it, when the body
+/// has one `messages` array, the xxh3 of each of its elements' bytes (`session::tree::raw_message_hashes`).
+pub fn object(raw: &[u8]) -> Option<(Map<String, Value>, Option<Vec<u64>>)> {
+    let fields = raw_scan::fields(raw, |k| ARRAYS.iter().any(|a| a.as_bytes() == k))?;
     let mut body = Map::new();
-    for (key, value) in fields {
-        let key = std::str::from_utf8(key).ok()?;
-        let value = if ARRAYS.contains(&key) && value.first() == Some(&b'[') {
-            let items = raw_scan::elements(value)?;
-            Value::Array(items.into_iter().map(element).collect::<Option<Vec<_>>>()?)
-        } else {
-            serde_json::from_slice(value).ok()?
+    let (mut hashes, mut seen) = (None, false);
+    for field in fields {
+        let key = std::str::from_utf8(field.key).ok()?;
+        if key == "messages" {
+            hashes = (!seen)
+                .then(|| {
+                    field
+                        .items
+                        .as_ref()
+                        .map(|items| items.iter().map(|r| xxh3_64(r)).collect())
+                })
+                .flatten();
+            seen = true;
+        }
+        let value = match field.items {
+            Some(items) => {
+                Value::Array(items.into_iter().map(element).collect::<Option<Vec<_>>>()?)
+            }
+            None => serde_json::from_slice(field.raw).ok()?,
         };
         // as serde_json does with a repeated key: the last value, in the first one's place
         body.insert(key.to_owned(), value);
     }
-    Some(body)
+    Some((body, hashes))
 }
 
 fn element(raw: &[u8]) -> Option<Value> {
@@ -59,7 +74,7 @@ fn element(raw: &[u8]) -> Option<Value> {
         return Some(e.value.clone());
     }
     let value: Value = serde_json::from_slice(raw).ok()?;
-    let bytes = u32::try_from(raw.len()).unwrap_or(u32::MAX);
+    let bytes = u32::try_from(raw.len() + ENTRY_OVERHEAD).unwrap_or(u32::MAX);
     memo().insert(
         key,
         Arc::new(Entry {
@@ -89,7 +104,7 @@ mod tests {
     }
 
     fn same_as_serde(raw: &[u8]) {
-        let fast = object(raw);
+        let fast = object(raw).map(|(body, _)| body);
         if let Some(f) = &fast {
             let w = whole(raw).expect("the scan read a body serde_json rejects");
             assert_eq!(f, &w);
@@ -105,17 +120,36 @@ mod tests {
     fn a_message_seen_before_comes_from_the_memo_and_equals_a_parse() {
         let big = "a long tool result \\n with \"escapes\" é ✓ ".repeat(40);
         let tool = json!({"role": "tool", "tool_call_id": "call_memo_1", "content": big});
-        let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}, tool]}).to_string();
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}, tool]})
+            .to_string();
         let raw = body.as_bytes();
         let tool_raw = serde_json::to_vec(&tool).unwrap();
         assert!(!remembered(&tool_raw));
-        let first = object(raw).unwrap();
-        assert!(remembered(&tool_raw), "a long message is kept after its first parse");
-        let second = object(raw).unwrap();
+        let (first, hashes) = object(raw).unwrap();
+        assert!(
+            remembered(&tool_raw),
+            "a long message is kept after its first parse"
+        );
+        assert_eq!(
+            hashes.unwrap(),
+            crate::session::tree::raw_message_hashes(raw)
+        );
+        let (second, _) = object(raw).unwrap();
         assert_eq!(first, second);
-        assert_eq!(Value::Object(second), serde_json::from_slice::<Value>(raw).unwrap());
+        assert_eq!(
+            Value::Object(second),
+            serde_json::from_slice::<Value>(raw).unwrap()
+        );
         // a short one is parsed every time
         assert!(!remembered(br#"{"role":"user","content":"hi"}"#));
+        // hashes only for one `messages` array, as the tree's own reading gives them
+        for b in [
+            r#"{"messages":[1],"messages":[2]}"#,
+            r#"{"messages":"x"}"#,
+            r#"{"input":[1]}"#,
+        ] {
+            assert_eq!(object(b.as_bytes()).unwrap().1, None, "{b}");
+        }
     }
 
     #[test]
@@ -128,10 +162,13 @@ mod tests {
             r#"{"a":1} 2"#,
             r#"[1]"#,
         ] {
-            assert_eq!(object(b.as_bytes()), None, "{b}");
+            assert!(object(b.as_bytes()).is_none(), "{b}");
         }
         let deep = format!("{{\"messages\":[{}{}]}}", "[".repeat(200), "]".repeat(200));
-        assert_eq!(object(deep.as_bytes()), None, "as deep as serde_json's limit");
+        assert!(
+            object(deep.as_bytes()).is_none(),
+            "as deep as serde_json's limit"
+        );
     }
 
     #[test]
@@ -152,7 +189,9 @@ mod tests {
             Just(Value::Null),
             any::<bool>().prop_map(Value::Bool),
             any::<i64>().prop_map(|n| json!(n)),
-            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(|f| json!(f)),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| json!(f)),
             ".{0,12}".prop_map(Value::String),
             (".{0,8}", 60usize..120).prop_map(|(s, n)| Value::String(s.repeat(n))),
         ];

@@ -5,10 +5,19 @@
 /// Values nested deeper than this are left to serde_json (its own limit, 128, counts from the body's top).
 const MAX_DEPTH: usize = 64;
 
-/// The top-level fields of `body`, in order: each key's text (without its quotes) and its value's raw bytes.
-/// `None` when the body is not one the scan can read surely — not an object, an escaped key, or a key with a
-/// control character, anything unexpected between the values, trailing bytes, values nested too deep.
-pub fn fields(body: &[u8]) -> Option<Vec<(&[u8], &[u8])>> {
+/// A top-level field of a body: its key's text (without its quotes), its value's raw bytes and, for an array the
+/// caller asked to split, its elements' raw bytes.
+pub struct Field<'a> {
+    pub key: &'a [u8],
+    pub raw: &'a [u8],
+    pub items: Option<Vec<&'a [u8]>>,
+}
+
+/// The top-level fields of `body`, in order, the arrays of those for which `split(key)` holds cut into their
+/// elements in the same pass. `None` when the body is not one the scan can read surely — not an object, an
+/// escaped key or one with a control character, anything unexpected between the values, trailing bytes, values
+/// nested too deep.
+pub fn fields(body: &[u8], split: impl Fn(&[u8]) -> bool) -> Option<Vec<Field<'_>>> {
     let mut s = Scan { b: body, i: 0 };
     s.ws();
     s.eat(b'{')?;
@@ -27,7 +36,18 @@ pub fn fields(body: &[u8]) -> Option<Vec<(&[u8], &[u8])>> {
             s.ws();
             s.eat(b':')?;
             s.ws();
-            out.push((key, s.value()?));
+            let start = s.i;
+            let items = if split(key) && s.peek()? == b'[' {
+                Some(s.array()?)
+            } else {
+                s.value()?;
+                None
+            };
+            out.push(Field {
+                key,
+                raw: &body[start..s.i],
+                items,
+            });
             s.ws();
             match s.next()? {
                 b',' => continue,
@@ -40,25 +60,17 @@ pub fn fields(body: &[u8]) -> Option<Vec<(&[u8], &[u8])>> {
     (s.i == body.len()).then_some(out)
 }
 
-/// The elements of the array `raw` (a value [`fields`] gave), each as its raw bytes; `None` when it is not one.
-pub fn elements(raw: &[u8]) -> Option<Vec<&[u8]>> {
-    let mut s = Scan { b: raw, i: 0 };
-    let out = s.array()?;
-    s.ws();
-    (s.i == raw.len()).then_some(out)
-}
-
 /// The elements of the top-level `"messages"` array of `body`, each exactly as serde_json's `RawValue` gives it
 /// (the value's bytes, without the whitespace around it). `None` when the body is not one the scan can read
 /// surely (see [`fields`]), has no `messages` array, or has it twice: the caller then asks serde_json.
 pub fn messages(body: &[u8]) -> Option<Vec<&[u8]>> {
     let mut found = None;
-    for (key, value) in fields(body)? {
-        if key == b"messages" {
+    for field in fields(body, |k| k == b"messages")? {
+        if field.key == b"messages" {
             if found.is_some() {
                 return None;
             }
-            found = Some(elements(value)?);
+            found = Some(field.items?);
         }
     }
     found
@@ -90,20 +102,20 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// A string, quotes included; the cursor after its closing quote.
+    /// A string, quotes included; the cursor after its closing quote: the first `"` not escaped, i.e. not after
+    /// an odd number of backslashes (only a quote stops the search, not each escape).
     fn string(&mut self) -> Option<&'a [u8]> {
         let start = self.i;
         self.eat(b'"')?;
         loop {
-            let off = memchr::memchr2(b'"', b'\\', &self.b[self.i..])?;
-            self.i += off;
-            if self.b[self.i] == b'\\' {
-                self.i += 2;
-                if self.i > self.b.len() {
-                    return None;
-                }
-            } else {
-                self.i += 1;
+            let at = self.i + memchr::memchr(b'"', &self.b[self.i..])?;
+            let backslashes = self.b[start + 1..at]
+                .iter()
+                .rev()
+                .take_while(|&&c| c == b'\\')
+                .count();
+            self.i = at + 1;
+            if backslashes % 2 == 0 {
                 return Some(&self.b[start..self.i]);
             }
         }
@@ -191,9 +203,12 @@ mod tests {
             #[serde(borrow)]
             messages: Vec<&'a serde_json::value::RawValue>,
         }
-        serde_json::from_slice::<Msgs>(body)
-            .ok()
-            .map(|m| m.messages.iter().map(|r| r.get().as_bytes().to_vec()).collect())
+        serde_json::from_slice::<Msgs>(body).ok().map(|m| {
+            m.messages
+                .iter()
+                .map(|r| r.get().as_bytes().to_vec())
+                .collect()
+        })
     }
 
     fn by_scan(body: &[u8]) -> Option<Vec<Vec<u8>>> {
@@ -219,12 +234,12 @@ mod tests {
     #[test]
     fn leaves_to_serde_what_it_cannot_read_surely() {
         for b in [
-            r#"{"m\u0065ssages":[1]}"#,       // an escaped key
+            r#"{"m\u0065ssages":[1]}"#,           // an escaped key
             r#"{"messages":[1],"messages":[2]}"#, // a repeated key
-            r#"{"model":"m"}"#,                 // no messages
-            r#"{"messages":{"a":1}}"#,          // not an array
-            r#"{"messages":[1]} x"#,            // trailing bytes
-            r#"["messages"]"#,                  // not an object
+            r#"{"model":"m"}"#,                   // no messages
+            r#"{"messages":{"a":1}}"#,            // not an array
+            r#"{"messages":[1]} x"#,              // trailing bytes
+            r#"["messages"]"#,                    // not an object
             r#"{}"#,
             r#"{"messages":[1,]}"#,
             r#"{"messages":["unterminated]}"#,
@@ -238,9 +253,12 @@ mod tests {
             Just(Value::Null),
             any::<bool>().prop_map(Value::Bool),
             any::<i64>().prop_map(|n| json!(n)),
-            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(|f| json!(f)),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| json!(f)),
             ".{0,12}".prop_map(Value::String),
-            prop::sample::select(vec!["\"", "\\", "]", "}", "[{", "\\\"]", "\u{1F600}"]).prop_map(|s| json!(s)),
+            prop::sample::select(vec!["\"", "\\", "]", "}", "[{", "\\\"]", "\u{1F600}"])
+                .prop_map(|s| json!(s)),
         ];
         leaf.prop_recursive(4, 40, 6, |inner| {
             prop_oneof![

@@ -102,7 +102,14 @@ mod tests {
         ];
         let keys: std::collections::HashSet<u128> = pairs.iter().map(|p| key(p)).collect();
         assert_eq!(keys.len(), pairs.len());
-        let nested = [json!(["ab"]), json!([["ab"]]), json!({"ab": null}), json!({"a": "b"}), json!(1), json!("1")];
+        let nested = [
+            json!(["ab"]),
+            json!([["ab"]]),
+            json!({"ab": null}),
+            json!({"a": "b"}),
+            json!(1),
+            json!("1"),
+        ];
         let keys: std::collections::HashSet<u128> = nested.iter().map(|v| key(&[&[v]])).collect();
         assert_eq!(keys.len(), nested.len());
     }
