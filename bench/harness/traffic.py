@@ -173,7 +173,7 @@ def _median(xs: list[float]) -> float:
     return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
 
 
-def _wait_tokenizer(pid: int, timeout: float = 600) -> None:
+def wait_tokenizer(pid: int, timeout: float = 600) -> None:
     """Until the `ctxgate-tokenizer` thread (the token tables, built at start: slow under valgrind) has ended, so
     that none of its work is counted as the requests'."""
     end = time.monotonic() + timeout
@@ -202,7 +202,7 @@ def callgrind(binary: Path, up: ct.Upstream, work: Path) -> dict:
                          argv_prefix=["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_pat}"])
     try:
         pid = str(g.proc.pid)
-        _wait_tokenizer(g.proc.pid)
+        wait_tokenizer(g.proc.pid)
         url = g.base + "/chat/completions"
         replay(url, [s[:1] for s in sessions], 1, f"warm-{time.time_ns()}")  # warm-up, uninstrumented
         subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)

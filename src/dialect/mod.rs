@@ -6,7 +6,7 @@
 pub mod anthropic;
 pub mod chat;
 mod names;
-mod parse_memo;
+pub(crate) mod parse_memo;
 pub mod raw_scan;
 pub mod reply;
 pub mod request;

@@ -18,6 +18,9 @@ const ENTRY_OVERHEAD: usize = 160;
 /// Bytes of elements (as sent) the memo keeps at most.
 const MAX_BYTES: u64 = 32 << 20;
 
+/// A body as a JSON object, and the xxh3 of each `messages` element's bytes when the scan found one such array.
+pub type Scanned = (Map<String, Value>, Option<Vec<u64>>);
+
 struct Entry {
     bytes: u32,
     value: Value,
@@ -36,7 +39,7 @@ fn memo() -> &'static Cache<u128, Arc<Entry>> {
 /// The body as a JSON object, exactly as `serde_json::from_slice` gives it; `None` when it is not one the scan
 /// can read surely (the caller parses it whole: invalid JSON gets serde_json's own error). With it, when the body
 /// has one `messages` array, the xxh3 of each of its elements' bytes (`session::tree::raw_message_hashes`).
-pub fn object(raw: &[u8]) -> Option<(Map<String, Value>, Option<Vec<u64>>)> {
+pub fn object(raw: &[u8]) -> Option<Scanned> {
     let fields = raw_scan::fields(raw, |k| ARRAYS.iter().any(|a| a.as_bytes() == k))?;
     let mut body = Map::new();
     let (mut hashes, mut seen) = (None, false);

@@ -16,9 +16,7 @@ pub fn json_object(raw: &[u8]) -> Result<Map<String, Value>, GatewayError> {
 
 /// [`json_object`], with the xxh3 of each `messages` element's bytes when the parse's scan found them (see
 /// [`Request::item_hashes`]).
-pub fn json_object_scanned(
-    raw: &[u8],
-) -> Result<(Map<String, Value>, Option<Vec<u64>>), GatewayError> {
+pub fn json_object_scanned(raw: &[u8]) -> Result<super::parse_memo::Scanned, GatewayError> {
     if let Some(scanned) = super::parse_memo::object(raw) {
         return Ok(scanned);
     }
