@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import agents as ag
 from . import contenders as ct
-from . import load, procs, report, soak
+from . import load, procs, report, soak, traffic
 from .measure import callgrind_per_request, cpu_per_request
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -257,7 +257,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--smoke", action="store_true", help="seconds, tiny counts, no LiteLLM, no callgrind (CI)")
     p.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out")
     p.add_argument("--binary", type=Path, help="use this ctxgate binary instead of building one")
-    p.add_argument("--only", default="1,2,3,4,6", help="scenarios to run, e.g. 1,4")
+    p.add_argument("--only", default="1,2,3,4,5,6", help="scenarios to run, e.g. 1,4")
     p.add_argument("--baseline", type=Path, help="a results JSON to judge CPU per request against (default: the oldest in bench/results)")
     args = p.parse_args(argv)
     mode = Mode(args.smoke)
@@ -301,6 +301,11 @@ def main(argv: list[str]) -> int:
             sse_cs = [ct.direct(up), cs[1], gs] + [c for c in cs if c.name == "litellm"]
             res["s2"] = scenario2(mode, sse_cs)
             res["meta"]["load_average_after_s2"] = procs.load_average()
+        if 5 in only:
+            res["s5"] = traffic.scenario5(mode, cs, mode.rounds)
+            if not mode.smoke:
+                res["s5"]["instructions"] = traffic.callgrind(binary, up, work)
+            res["meta"]["load_average_after_s5"] = procs.load_average()
         for c in started:
             c.stop()
         started = []

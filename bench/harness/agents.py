@@ -181,7 +181,9 @@ def _upstream_main(port: int, stats_path: str, ready) -> None:
         ready.set()
         while True:
             await asyncio.sleep(0.2)
-            Path(stats_path).write_text(json.dumps(stats))
+            # whole or not at all: a reader must never see the file truncated mid-write (a busy machine does)
+            Path(stats_path + ".tmp").write_text(json.dumps(stats))
+            os.replace(stats_path + ".tmp", stats_path)
 
     asyncio.run(main())
 

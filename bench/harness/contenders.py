@@ -99,6 +99,7 @@ http {{
   keepalive_requests 1000000;
   keepalive_timeout 120s;
   client_max_body_size 64m;
+  client_body_buffer_size 1m;  # trace bodies (scenario 5) stay in memory, never in a temp file
 """
 
 

@@ -63,6 +63,9 @@ def callgrind_per_request(binary: Path, up: ct.Upstream, work: Path) -> dict:
     )
     body = work / "chat.json"
     try:
+        from .traffic import wait_tokenizer
+
+        wait_tokenizer(g.proc.pid)  # the token tables built at start are not the requests' work
         url = g.base + "/chat/completions"
         load.hey(url, body, 4, requests=100)  # warm-up, uninstrumented
         pid = str(g.proc.pid)

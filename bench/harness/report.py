@@ -131,6 +131,9 @@ def markdown(r: dict) -> str:
                   f"| idle after start | {s4['idle_mb']:.1f} |"] + ([f"| {s4['sessions']} small sessions, before any large conversation | {s4['cold_sessions_mb']:.1f} |"] if "cold_sessions_mb" in s4 else []) + [
                   f"| {s4['sessions']} sessions cached ({s4['sessions_cached']:.0f} in the gauge), and one 200 kB conversation seen: the level before the spike | {s4['with_sessions_mb']:.1f} |",
                   f"| peak during the spike (VmHWM) | {s4['peak_mb']:.1f} |", f"| 5 s after the spike | {s4['after_spike_mb']:.1f} |"]
+    if "s5" in r:
+        from .traffic import markdown as s5_markdown
+        lines += s5_markdown(r["s5"])
     lines += ["", "## Targets of issue 17", "", "| target | figure | wanted | met |", "|---|---|---|---|"]
     for t in r.get("targets", []):
         met = "–" if t["met"] is None else ("yes" if t["met"] else "**no**")

@@ -11,7 +11,8 @@
 //! text.
 
 use super::bpe::Ranks;
-use regex::Regex;
+use regex_automata::meta::Regex;
+use regex_automata::{Anchored, Input};
 use rustc_hash::FxHashMap;
 use std::cell::RefCell;
 use std::sync::OnceLock;
@@ -98,7 +99,13 @@ fn pieces<'t>(re: &'static Regex, text: &'t str) -> impl Iterator<Item = &'t str
         if pos >= text.len() {
             return None;
         }
-        let (start, end) = match re.find_at(text, pos) {
+        // Anchored at `pos` first: the piece nearly always starts there, and an anchored search needs no reverse
+        // scan to find where the match starts (the same match: leftmost-first from the leftmost start).
+        let input = Input::new(text).range(pos..);
+        let found = re
+            .find(input.clone().anchored(Anchored::Yes))
+            .or_else(|| re.find(input));
+        let (start, end) = match found {
             // Every character starts some alternative, so a gap does not happen; it is a piece anyway.
             Some(m) if m.start() > pos => (pos, m.start()),
             Some(m) => (m.start(), lookahead_end(text, m.start(), m.end())),

@@ -80,25 +80,37 @@ pub fn model_family(model: &str) -> String {
     parts[..end].join("-")
 }
 
-/// Hash of model family, the system message(s) and the first user message of a chat request.
+/// Hash of model family, the system message(s) and the first user message of a chat request. Remembered per
+/// opening ([`super::opening_memo`]): an agent sends the same one with every request.
 pub fn chat_fingerprint(body: &Map<String, Value>) -> String {
     let model = body.get("model").and_then(Value::as_str).unwrap_or("");
-    let mut h = Sha256::new();
-    h.update(model_family(model).as_bytes());
-    h.update([0]);
+    let family = Value::String(model_family(model));
+    let family_name = family.as_str().unwrap_or("");
+    let (mut system, mut user) = (Vec::new(), Vec::new());
     if let Some(msgs) = body.get("messages").and_then(Value::as_array) {
         for m in msgs {
             let role = m.get("role").and_then(Value::as_str).unwrap_or("");
             if role == "system" || role == "developer" {
-                h.update(canonical_json(m.get("content").unwrap_or(&Value::Null)).as_bytes());
-                h.update([1]);
+                system.push(m.get("content").unwrap_or(&Value::Null));
             } else if role == "user" {
-                h.update(canonical_json(m.get("content").unwrap_or(&Value::Null)).as_bytes());
+                user.push(m.get("content").unwrap_or(&Value::Null));
                 break;
             }
         }
     }
-    hex::encode(h.finalize())
+    super::opening_memo::remembered(&[&[&family], &system, &user], || {
+        let mut h = Sha256::new();
+        h.update(family_name.as_bytes());
+        h.update([0]);
+        for content in &system {
+            h.update(canonical_json(content).as_bytes());
+            h.update([1]);
+        }
+        for content in &user {
+            h.update(canonical_json(content).as_bytes());
+        }
+        hex::encode(h.finalize())
+    })
 }
 
 #[cfg(test)]

@@ -8,8 +8,22 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 use std::sync::OnceLock;
 
-/// The body as a JSON object, or a 400 saying why it is not one.
+/// The body as a JSON object, or a 400 saying why it is not one. Elements of its conversation seen before are
+/// not parsed again ([`super::parse_memo`]).
 pub fn json_object(raw: &[u8]) -> Result<Map<String, Value>, GatewayError> {
+    json_object_scanned(raw).map(|(body, _)| body)
+}
+
+/// [`json_object`], with the xxh3 of each `messages` element's bytes when the parse's scan found them (see
+/// [`Request::item_hashes`]).
+pub fn json_object_scanned(raw: &[u8]) -> Result<super::parse_memo::Scanned, GatewayError> {
+    if let Some(scanned) = super::parse_memo::object(raw) {
+        return Ok(scanned);
+    }
+    whole(raw).map(|body| (body, None))
+}
+
+fn whole(raw: &[u8]) -> Result<Map<String, Value>, GatewayError> {
     let value: Value = serde_json::from_slice(raw).map_err(|e| GatewayError::BadRequest {
         message: format!("request body is not valid JSON: {e}"),
         param: None,
@@ -92,6 +106,8 @@ pub struct Request {
     /// The neutral form of the messages, for a dialect whose own messages are not already neutral: made when
     /// first asked for (a request clearly under its budget, the common case, never needs it).
     converted: OnceLock<Box<Conversion>>,
+    /// The xxh3 of each `messages` element's bytes, when the parse's scan gave them.
+    item_hashes: Option<Vec<u64>>,
 }
 
 impl Request {
@@ -110,7 +126,20 @@ impl Request {
             stream,
             model,
             converted: OnceLock::new(),
+            item_hashes: None,
         }
+    }
+
+    /// The request with the hashes of its `messages` elements' bytes that the parse's scan gave (`None`: none).
+    pub fn with_item_hashes(mut self, hashes: Option<Vec<u64>>) -> Self {
+        self.item_hashes = hashes;
+        self
+    }
+
+    /// The xxh3 of each conversation item's bytes, as `session::tree::raw_item_hashes` reads them, when the parse
+    /// already has them (a chat or Anthropic body the scan read); `None`: read them from `raw`.
+    pub fn item_hashes(&self) -> Option<&[u64]> {
+        self.item_hashes.as_deref()
     }
 
     /// Whether ctxgate manages the conversation: it carries its whole history (not a reference to history the

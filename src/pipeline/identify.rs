@@ -50,7 +50,10 @@ async fn reconcile(
         .record_request(
             session,
             request.native(),
-            &raw_item_hashes(&request.raw, request.dialect.conversation_key()),
+            &request.item_hashes().map_or_else(
+                || raw_item_hashes(&request.raw, request.dialect.conversation_key()),
+                <[u64]>::to_vec,
+            ),
         )
         .await
     {

@@ -512,6 +512,12 @@ fn chain_hashes(raw: &[u64]) -> Vec<u64> {
 
 /// Fast hashes of each message's raw bytes in a chat body (empty when the body cannot be read that way).
 pub fn raw_message_hashes(body: &[u8]) -> Vec<u64> {
+    if let Some(items) = crate::dialect::raw_scan::messages(body) {
+        return items
+            .iter()
+            .map(|r| xxhash_rust::xxh3::xxh3_64(r))
+            .collect();
+    }
     #[derive(serde::Deserialize)]
     struct Msgs<'a> {
         #[serde(borrow)]

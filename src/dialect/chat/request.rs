@@ -1,7 +1,7 @@
 //! Checking a chat-completions request: parsed with every field kept in order, refused with a clear 400 when it
 //! is not one.
 
-use crate::dialect::request::json_object;
+use crate::dialect::request::json_object_scanned;
 use crate::dialect::{Dialect, Request};
 use crate::error::GatewayError;
 use bytes::Bytes;
@@ -13,7 +13,7 @@ pub const MAX_MODEL_LEN: usize = crate::context::models::MAX_MODEL_LEN;
 
 /// Parses and checks the body: a JSON object with a `messages` array.
 pub fn parse(raw: Bytes) -> Result<Request, GatewayError> {
-    let body = json_object(&raw)?;
+    let (body, hashes) = json_object_scanned(&raw)?;
     match body.get("messages") {
         Some(Value::Array(messages)) => check_messages(messages)?,
         Some(_) => {
@@ -41,7 +41,7 @@ pub fn parse(raw: Bytes) -> Result<Request, GatewayError> {
             })
         }
     };
-    Ok(Request::new(Dialect::Chat, raw, body, stream, model))
+    Ok(Request::new(Dialect::Chat, raw, body, stream, model).with_item_hashes(hashes))
 }
 
 /// Every message must be an object with a string `role` (what the session tree, the planner and the recall tools

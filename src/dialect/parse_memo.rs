@@ -1,0 +1,231 @@
+//! A request body parsed without parsing again what was seen before: an agent resends its whole conversation with
+//! every request, so the elements of its `messages` (`input`, `tools`) arrays are found in the bytes by a scan
+//! ([`super::raw_scan`]) and those already parsed are cloned from a bounded memo keyed by a hash of their exact
+//! bytes. Whatever the scan cannot read surely is parsed whole by serde_json, as before, with the same result.
+
+use super::raw_scan;
+use moka::sync::Cache;
+use serde_json::{Map, Value};
+use std::sync::{Arc, OnceLock};
+use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
+
+/// The top-level fields whose arrays are parsed element by element.
+const ARRAYS: [&str; 3] = ["messages", "input", "tools"];
+/// Elements shorter than this are parsed: the memo's own cost (a hash, a lookup) would exceed what it saves.
+const MIN_BYTES: usize = 64;
+/// What an entry costs beyond its bytes (the memo's own bookkeeping, the value's allocations), for its weight.
+const ENTRY_OVERHEAD: usize = 160;
+/// Bytes of elements (as sent) the memo keeps at most.
+const MAX_BYTES: u64 = 32 << 20;
+
+/// A body as a JSON object, and the xxh3 of each `messages` element's bytes when the scan found one such array.
+pub type Scanned = (Map<String, Value>, Option<Vec<u64>>);
+
+struct Entry {
+    bytes: u32,
+    value: Value,
+}
+
+fn memo() -> &'static Cache<u128, Arc<Entry>> {
+    static MEMO: OnceLock<Cache<u128, Arc<Entry>>> = OnceLock::new();
+    MEMO.get_or_init(|| {
+        Cache::builder()
+            .max_capacity(MAX_BYTES)
+            .weigher(|_, e: &Arc<Entry>| e.bytes)
+            .build()
+    })
+}
+
+/// The body as a JSON object, exactly as `serde_json::from_slice` gives it; `None` when it is not one the scan
+/// can read surely (the caller parses it whole: invalid JSON gets serde_json's own error). With it, when the body
+/// has one `messages` array, the xxh3 of each of its elements' bytes (`session::tree::raw_message_hashes`).
+pub fn object(raw: &[u8]) -> Option<Scanned> {
+    let fields = raw_scan::fields(raw, |k| ARRAYS.iter().any(|a| a.as_bytes() == k))?;
+    let mut body = Map::new();
+    let (mut hashes, mut seen) = (None, false);
+    for field in fields {
+        let key = std::str::from_utf8(field.key).ok()?;
+        if key == "messages" {
+            hashes = (!seen)
+                .then(|| {
+                    field
+                        .items
+                        .as_ref()
+                        .map(|items| items.iter().map(|r| xxh3_64(r)).collect())
+                })
+                .flatten();
+            seen = true;
+        }
+        let value = match field.items {
+            Some(items) => {
+                Value::Array(items.into_iter().map(element).collect::<Option<Vec<_>>>()?)
+            }
+            None => serde_json::from_slice(field.raw).ok()?,
+        };
+        // as serde_json does with a repeated key: the last value, in the first one's place
+        body.insert(key.to_owned(), value);
+    }
+    Some((body, hashes))
+}
+
+fn element(raw: &[u8]) -> Option<Value> {
+    if raw.len() < MIN_BYTES {
+        return serde_json::from_slice(raw).ok();
+    }
+    let key = xxh3_128(raw);
+    if let Some(e) = memo().get(&key) {
+        return Some(e.value.clone());
+    }
+    let value: Value = serde_json::from_slice(raw).ok()?;
+    let bytes = u32::try_from(raw.len() + ENTRY_OVERHEAD).unwrap_or(u32::MAX);
+    memo().insert(
+        key,
+        Arc::new(Entry {
+            bytes,
+            value: value.clone(),
+        }),
+    );
+    Some(value)
+}
+
+#[cfg(test)]
+pub(crate) fn remembered(raw: &[u8]) -> bool {
+    memo().contains_key(&xxh3_128(raw))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn whole(raw: &[u8]) -> Option<Map<String, Value>> {
+        match serde_json::from_slice::<Value>(raw) {
+            Ok(Value::Object(m)) => Some(m),
+            _ => None,
+        }
+    }
+
+    fn same_as_serde(raw: &[u8]) {
+        let fast = object(raw).map(|(body, _)| body);
+        if let Some(f) = &fast {
+            let w = whole(raw).expect("the scan read a body serde_json rejects");
+            assert_eq!(f, &w);
+            assert_eq!(
+                f.keys().collect::<Vec<_>>(),
+                w.keys().collect::<Vec<_>>(),
+                "field order"
+            );
+        }
+    }
+
+    #[test]
+    fn a_message_seen_before_comes_from_the_memo_and_equals_a_parse() {
+        let big = "a long tool result \\n with \"escapes\" é ✓ ".repeat(40);
+        let tool = json!({"role": "tool", "tool_call_id": "call_memo_1", "content": big});
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}, tool]})
+            .to_string();
+        let raw = body.as_bytes();
+        let tool_raw = serde_json::to_vec(&tool).unwrap();
+        assert!(!remembered(&tool_raw));
+        let (first, hashes) = object(raw).unwrap();
+        assert!(
+            remembered(&tool_raw),
+            "a long message is kept after its first parse"
+        );
+        assert_eq!(
+            hashes.unwrap(),
+            crate::session::tree::raw_message_hashes(raw)
+        );
+        let (second, _) = object(raw).unwrap();
+        assert_eq!(first, second);
+        assert_eq!(
+            Value::Object(second),
+            serde_json::from_slice::<Value>(raw).unwrap()
+        );
+        // a short one is parsed every time
+        assert!(!remembered(br#"{"role":"user","content":"hi"}"#));
+        // hashes only for one `messages` array, as the tree's own reading gives them
+        for b in [
+            r#"{"messages":[1],"messages":[2]}"#,
+            r#"{"messages":"x"}"#,
+            r#"{"input":[1]}"#,
+        ] {
+            assert_eq!(object(b.as_bytes()).unwrap().1, None, "{b}");
+        }
+    }
+
+    #[test]
+    fn bodies_it_cannot_read_surely_are_left_to_serde() {
+        for b in [
+            r#"{"m\u0065ssages":[1]}"#,
+            r#"{"messages":[1],"x":tru}"#,
+            r#"{"messages":["bad \x escape"]}"#,
+            "{\"messages\":[\"raw \u{1} control\"]}",
+            r#"{"a":1} 2"#,
+            r#"[1]"#,
+        ] {
+            assert!(object(b.as_bytes()).is_none(), "{b}");
+        }
+        let deep = format!("{{\"messages\":[{}{}]}}", "[".repeat(200), "]".repeat(200));
+        assert!(
+            object(deep.as_bytes()).is_none(),
+            "as deep as serde_json's limit"
+        );
+    }
+
+    #[test]
+    fn repeated_keys_and_order_as_serde() {
+        for b in [
+            r#"{"b":1,"a":2,"b":3}"#,
+            r#"{"messages":[1],"model":"x","messages":[2,3]}"#,
+            r#"{}"#,
+            r#" { "tools" : [ ] , "input" : "text" } "#,
+        ] {
+            same_as_serde(b.as_bytes());
+            assert!(object(b.as_bytes()).is_some(), "{b}");
+        }
+    }
+
+    fn arb_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| json!(f)),
+            ".{0,12}".prop_map(Value::String),
+            (".{0,8}", 60usize..120).prop_map(|(s, n)| Value::String(s.repeat(n))),
+        ];
+        leaf.prop_recursive(4, 40, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::vec(("[a-z\"\\\\]{0,6}", inner), 0..6)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn equals_serde_on_any_body(
+            fields in prop::collection::vec((prop::sample::select(vec!["messages", "input", "tools", "model", "x"]), arb_json()), 0..5),
+            items in prop::collection::vec(arb_json(), 0..5),
+            pretty in any::<bool>(),
+        ) {
+            let mut text = String::from("{");
+            for (i, (k, v)) in fields.iter().enumerate() {
+                if i > 0 { text.push(','); }
+                let v = if *k == "x" { v.clone() } else { Value::Array(items.clone()) };
+                let v = if pretty { serde_json::to_string_pretty(&v).unwrap() } else { v.to_string() };
+                text.push_str(&format!("{}{:?}: {v}", if pretty { "\n  " } else { "" }, k));
+            }
+            text.push('}');
+            // twice: parsed, then from the memo
+            same_as_serde(text.as_bytes());
+            same_as_serde(text.as_bytes());
+            prop_assert!(object(text.as_bytes()).is_some(), "{}", text);
+        }
+    }
+}
