@@ -510,14 +510,9 @@ fn chain_hashes(raw: &[u64]) -> Vec<u64> {
     out
 }
 
-/// Fast hashes of each message's raw bytes in a chat body (empty when the body cannot be read that way).
+/// Fast hashes of each message's raw bytes in a chat body (empty when the body cannot be read that way). The
+/// gateway takes them from its parse's scan (`dialect::Request::item_hashes`); this reads them without one.
 pub fn raw_message_hashes(body: &[u8]) -> Vec<u64> {
-    if let Some(items) = crate::dialect::raw_scan::messages(body) {
-        return items
-            .iter()
-            .map(|r| xxhash_rust::xxh3::xxh3_64(r))
-            .collect();
-    }
     #[derive(serde::Deserialize)]
     struct Msgs<'a> {
         #[serde(borrow)]
