@@ -331,7 +331,7 @@ impl<'a, 'c> Model<'a, 'c> {
             return Mode::Folded;
         }
         let cleared = i < c.clear && self.eligible[i];
-        if c.fold > 0 && i == c.fold + 1 {
+        if c.fold > 0 && i == c.fold + 1 && self.folds_any(c) {
             return Mode::Carrier { cleared };
         }
         if cleared {
@@ -341,6 +341,23 @@ impl<'a, 'c> Model<'a, 'c> {
             return Mode::Cleared;
         }
         Mode::Keep
+    }
+
+    /// Whether a step before the fold cut is folded under `c`. The steps an earlier cut left out (a pruned or
+    /// dropped run loop, the summary, the hard limit) are not: a fold cut past only those carries no line, and its
+    /// carrier is sent as it came (were it taken for changed, the note, and with strict roles a notice of
+    /// ctxgate's, would land after it, inside a run loop kept whole).
+    fn folds_any(&self, c: &Cuts) -> bool {
+        let before = self.fold_starts.partition_point(|&s| s < c.fold);
+        for &s in self.fold_starts[..before].iter().rev() {
+            match self.cut_mode(s, c) {
+                Mode::Folded => return true,
+                // those cuts leave out a prefix: every older step is left out too
+                m if m.omitted() => return false,
+                _ => {}
+            }
+        }
+        false
     }
 
     /// The message as sent under `mode` (its mode under `c`): the client's own when kept (borrowed), else its

@@ -638,7 +638,11 @@ fn check_with(i: PlanInput, ctx: &ContextConfig) -> Result<(), TestCaseError> {
                     || (role(t) == "tool"
                         && shape::is_placeholder(o)
                         && o["tool_call_id"] == t["tool_call_id"])
-                    || cleared_inputs_of(o, t)
+                    || cleared_inputs_of(o, t),
+                "the current run loop is sent whole (stages {:?}): sent {}, the client's {}",
+                r.record.stages,
+                o,
+                t
             );
         }
     }

@@ -331,3 +331,48 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_fold_cut_past_pruned_steps_only_leaves_the_current_run_whole() {
+    // Pruning cuts the first run loop (its step call_1 is foldable too); the fold cut then moves to call_2 in the
+    // current run, past no step that is still sent: nothing is folded, call_2's result carries no line, and the
+    // current run (opened by an image with an empty text part) is sent whole, with no notice inside it.
+    let ids = |xs: &[&str]| xs.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let image = json!({"role":"user","content":[
+        {"type":"text","text":""},{"type":"image_url","image_url":{"url":"data:x"}}]});
+    let m = vec![
+        sys("system prompt"),
+        user(""),
+        calls(&ids(&["call_1"])),
+        result("call_1", 200),
+        reply("done "),
+        user("also this"),
+        image,
+        calls(&ids(&["call_2"])),
+        result("call_2", 0),
+        calls(&ids(&["call_3"])),
+        result("call_3", 0),
+        calls(&ids(&["call_4", "call_5"])),
+        result("call_4", 0),
+        result("call_5", 269),
+        reply("done done done done done "),
+    ];
+    let r = rewrite(run(&m, 1_500));
+    assert_eq!(r.record.stages, ["pruned"], "{:?}", r.record);
+    assert_eq!(r.record.folded_steps, 0);
+    check_sequence(&r.messages).unwrap();
+    let current = &m[6..];
+    assert_eq!(
+        r.messages[r.messages.len() - current.len()..],
+        *current,
+        "the current run loop is sent whole: {:#?}",
+        r.messages
+    );
+    // The notice (with the recall note) stands where the pruned loop was, before the user's two messages.
+    let notice = r
+        .messages
+        .iter()
+        .position(|v| crate::message::message_text(v).starts_with(roles::GAP_TEXT));
+    let also = r.messages.iter().position(|v| *v == m[5]);
+    assert!(notice.is_some() && notice < also, "{:#?}", r.messages);
+}
