@@ -158,6 +158,24 @@ pub fn plan_cuts<'a>(
     };
     let mut planned = plan(&input, &cfg.context, &cfg.prune, counter);
     let mut ctx = cfg.context.clone();
+    // A request that would be forwarded with the tools offered, but that they would take past the hard limit: cut
+    // for them (planned with the hard limit lowered by what they take) rather than send it without them.
+    if let Plan::Forward {
+        tokens: Some(t), ..
+    } = planned
+    {
+        if let Some((o, hard)) = offer(req, t, cfg, additions, counter) {
+            if o.estimate > hard && hard > 0 {
+                // What the tools take; the messages must leave that much room under the hard limit.
+                let tools = o.estimate.saturating_sub(t);
+                ctx.hard_limit *= (hard as f64 - tools as f64 - 1.0).max(0.0) / hard as f64;
+                if let Plan::Rewrite(mut deeper) = plan(&input, &ctx, &cfg.prune, counter) {
+                    deeper.hard_limit = hard;
+                    planned = Plan::Rewrite(deeper);
+                }
+            }
+        }
+    }
     // Each pass lowers the hard limit by what the additions took past it; a few passes settle it (the note grows
     // by a line per call the deeper cut leaves out).
     for _ in 0..4 {
@@ -386,6 +404,7 @@ struct Offered<'b> {
     record: CompressionRecord,
 }
 
+/// The request forwarded with the additions' tools (stage `offered`), when it fits under the hard limit.
 fn offered<'b>(
     req: &Request<'b>,
     tokens: u64,
@@ -393,6 +412,19 @@ fn offered<'b>(
     additions: &dyn Additions,
     counter: &TokenCounter,
 ) -> Option<Offered<'b>> {
+    offer(req, tokens, cfg, additions, counter)
+        .and_then(|(o, hard)| (o.estimate <= hard).then_some(o))
+}
+
+/// The request with the additions' tools appended, and the hard limit it must fit under; `None` when the tools are
+/// not offered to it (under `recall.offer_at`, recall off, or no tools of the client's own).
+fn offer<'b>(
+    req: &Request<'b>,
+    tokens: u64,
+    cfg: &Config,
+    additions: &dyn Additions,
+    counter: &TokenCounter,
+) -> Option<(Offered<'b>, u64)> {
     // Only beside the client's own tools: a request without any is not turned into a tool-using one before a
     // rewrite needs it.
     let has_tools = req
@@ -440,10 +472,14 @@ fn offered<'b>(
         forecast: None,
     };
     let added = with_additions(req, &rw, additions, counter);
-    (added.injected && added.estimate <= rw.hard_limit).then(|| Offered {
-        body: added.body,
-        estimate: added.estimate,
-        record: rw.record,
+    added.injected.then(|| {
+        let hard = rw.hard_limit;
+        let offered = Offered {
+            body: added.body,
+            estimate: added.estimate,
+            record: rw.record,
+        };
+        (offered, hard)
     })
 }
 

@@ -274,8 +274,10 @@ mod tests {
         let per_entry = got as f64 / texts.len() as f64;
         eprintln!("token memo: {per_entry:.0} bytes per entry");
         let ratio = per_entry / TOKEN_MEMO_ENTRY_BYTES as f64;
+        // A band wider than the weights' 20 %: the memo's hash table frees its old bucket arrays through an epoch,
+        // on whichever thread collects them, so a thread's own count moves with what the other tests do meanwhile.
         assert!(
-            (0.8..=1.2).contains(&ratio),
+            (0.7..=1.3).contains(&ratio),
             "{per_entry:.0} bytes per memo entry"
         );
     }

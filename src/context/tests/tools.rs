@@ -170,3 +170,14 @@ proptest! {
         check_session(&m, window, &cfg).map_err(TestCaseError::fail)?;
     }
 }
+
+/// A request forwarded with the tools offered that then crosses the threshold without anything to clear (every
+/// result among the newest kept): the tools would take the forward past the hard limit, so it is cut for them.
+#[test]
+fn the_tools_stay_when_an_offered_request_has_nothing_to_clear() {
+    let steps = [432usize, 695, 600, 5, 5, 5, 5, 5, 5, 5];
+    let m = run(steps.len(), |i| steps[i]);
+    let mut cfg = Config::default();
+    cfg.recall.offer_at = 0.5;
+    assert_eq!(check_session(&m, 4_000, &cfg), Ok(Some(6)));
+}
