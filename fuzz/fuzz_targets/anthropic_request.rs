@@ -48,9 +48,9 @@ fuzz_target!(|data: &[u8]| {
     };
     let offer = Offer::new(Dialect::Anthropic, &request.body, &cfg.recall);
     let render = || {
-        let plan = decide::plan_request(&req, None, cfg, &offer, &COUNTER);
+        let plan = decide::plan_cuts(&req, None, cfg, &offer, &COUNTER);
         let serialise = |b: &ctxgate::context::RewrittenBody<'_>| Dialect::Anthropic.render(&request, b);
-        decide::render(&req, plan, &offer, &COUNTER, &serialise)
+        decide::render(&req, plan, (cfg, &offer), &COUNTER, &serialise)
             .unwrap_or_else(|e| panic!("serialising: {e}"))
     };
     let (first, second) = (render(), render());

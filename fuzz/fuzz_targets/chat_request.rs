@@ -12,8 +12,11 @@ use ctxgate::context::tokens::{Encoding, TokenCounter};
 use ctxgate::context::units::check_sequence;
 use ctxgate::context::{plan, splice_messages, Plan, PlanInput, RewrittenBody};
 use ctxgate::dialect::Dialect;
-use ctxgate::session::identity::{canonical_json, fingerprint, model_family, IdSource};
-use ctxgate::session::{identify, TenantKey};
+use ctxgate::dialect::naming::{chat_fingerprint, model_family};
+use ctxgate::message::canonical_json;
+use ctxgate::pipeline::identity::identify;
+use ctxgate::session::identity::IdSource;
+use ctxgate::session::TenantKey;
 use ctxgate::context::runloop::run_loops;
 use ctxgate::message::message_text;
 use ctxgate::session::tree::{raw_message_hashes, Tree};
@@ -54,7 +57,7 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(id.source, IdSource::Fingerprint);
     let as_anthropic = identify(&headers, &cfg, &KEY, Dialect::Anthropic, &chat.body);
     assert!(as_anthropic.is_some_and(|a| a.tenant == id.tenant));
-    let _ = (fingerprint(&chat.body), model_family(&chat.model));
+    let _ = (chat_fingerprint(&chat.body), model_family(&chat.model));
 
     // Run loops: ordered, disjoint, within the list; results point at tool messages.
     let loops = run_loops(messages, None);
