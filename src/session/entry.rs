@@ -246,7 +246,7 @@ impl SessionEntry {
 
 #[cfg(test)]
 mod tests {
-    use super::super::heap::counting::measure;
+    use super::super::heap::counting::{alone, measure};
     use super::super::manager::session_cache;
     use super::super::registry::Registry;
     use super::super::tree::raw_message_hashes;
@@ -329,6 +329,13 @@ mod tests {
     /// for sessions small and large: `store.cache_max_bytes` bounds the history's real footprint.
     #[test]
     fn an_entry_weighs_what_it_holds_in_memory() {
+        alone(
+            "session::entry::tests::an_entry_weighs_what_it_holds_in_memory",
+            entries_weigh_what_they_hold,
+        );
+    }
+
+    fn entries_weigh_what_they_hold() {
         let rt = runtime();
         let cache = session_cache(1 << 40);
         let registry = Registry::new();
@@ -358,6 +365,13 @@ mod tests {
     /// The cache's own bookkeeping per entry is what [`CACHE_ENTRY_BYTES`] says, within 20 %.
     #[test]
     fn the_cache_holds_what_its_constant_says() {
+        alone(
+            "session::entry::tests::the_cache_holds_what_its_constant_says",
+            the_cache_bookkeeping_is_measured,
+        );
+    }
+
+    fn the_cache_bookkeeping_is_measured() {
         let rt = runtime();
         let cache = session_cache(1 << 40);
         let n = 5000;
