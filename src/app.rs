@@ -114,6 +114,13 @@ impl AppState {
                 .with_timeout(Duration::from_millis(config.store.timeout_ms))
                 .with_neutral_history(crate::dialect::Dialect::history_as_neutral),
         );
+        let counter = TokenCounter::sized_by(config.store.cache_max_bytes);
+        let parse_memo_bytes = crate::dialect::parse_memo::size_by(config.store.cache_max_bytes);
+        tracing::info!(
+            token_counts = counter.capacity(),
+            parse_memo_bytes,
+            "memos sized by store.cache_max_bytes"
+        );
         let live = Live::build(config.clone(), &metrics)?;
         match &live.summarizer {
             Some(s) => tracing::info!(
@@ -138,7 +145,7 @@ impl AppState {
             turns,
             sessions,
             tasks,
-            counter: Arc::new(TokenCounter::new()),
+            counter: Arc::new(counter),
             metrics,
             tenant_key,
             cut_streams: tokio_util::sync::CancellationToken::new(),

@@ -2,6 +2,8 @@
 //! goes upstream when the context grows too large. See ARCHITECTURE.md for the map.
 
 pub mod alloc;
+#[cfg(test)]
+mod alone;
 pub mod app;
 pub mod config;
 pub mod context;

@@ -155,6 +155,11 @@ fn floor_boundary(text: &str, mut i: usize) -> usize {
     i
 }
 
+/// The most counts a counter keeps (at ~257 bytes each, 128 MB).
+pub const MAX_ENTRIES: u64 = 500_000;
+/// The fewest counts a counter sized by a small history cache keeps.
+pub const MIN_ENTRIES: u64 = 4_096;
+
 /// What a cached count is of: the kind seeds the hash so a message and a tool never share an entry.
 #[derive(Clone, Copy)]
 enum Kind {
@@ -186,12 +191,30 @@ impl Default for TokenCounter {
 }
 
 impl TokenCounter {
-    /// A counter with an empty cache (at most 500 000 entries) and no calibration.
+    /// A counter with an empty cache (at most [`MAX_ENTRIES`] entries) and no calibration.
     pub fn new() -> Self {
+        Self::with_capacity(MAX_ENTRIES)
+    }
+
+    /// A counter whose cache keeps at most `entries` counts (~257 bytes each), and no calibration.
+    pub fn with_capacity(entries: u64) -> Self {
         TokenCounter {
-            cache: Cache::new(500_000),
+            cache: Cache::new(entries),
             ratios: RwLock::new(BTreeMap::new()),
         }
+    }
+
+    /// The most counts the cache keeps.
+    pub fn capacity(&self) -> u64 {
+        self.cache.policy().max_capacity().unwrap_or(MAX_ENTRIES)
+    }
+
+    /// A counter sized by the history cache's budget (`store.cache_max_bytes`): one count per KiB of it, between
+    /// [`MIN_ENTRIES`] and [`MAX_ENTRIES`] — about one per message the cached histories hold (a message weighs
+    /// about a KiB there), so the counts of what is cached stay cached, and the memo costs about a quarter of the
+    /// budget at most (262,144 counts, ~67 MB, at the default 256 MiB; 65,536, ~17 MB, at 64 MiB).
+    pub fn sized_by(cache_max_bytes: u64) -> Self {
+        Self::with_capacity((cache_max_bytes / 1024).clamp(MIN_ENTRIES, MAX_ENTRIES))
     }
 
     /// Tokens of one chat message, cookbook style: 3 + every string field (+1 for `name`), text parts of a
@@ -477,6 +500,20 @@ fn hash_value(kind: Kind, v: &Value) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_memo_is_sized_by_the_history_cache() {
+        const MIB: u64 = 1 << 20;
+        for (budget, want) in [
+            (256 * MIB, 262_144),
+            (64 * MIB, 65_536),
+            (MIB, MIN_ENTRIES),
+            (1 << 40, MAX_ENTRIES),
+        ] {
+            assert_eq!(TokenCounter::sized_by(budget).capacity(), want, "{budget}");
+        }
+        assert_eq!(TokenCounter::new().capacity(), MAX_ENTRIES);
+    }
     use serde_json::json;
 
     #[test]

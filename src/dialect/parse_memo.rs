@@ -6,6 +6,7 @@
 use super::raw_scan;
 use moka::sync::Cache;
 use serde_json::{Map, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
 
@@ -15,8 +16,10 @@ const ARRAYS: [&str; 3] = ["messages", "input", "tools"];
 const MIN_BYTES: usize = 64;
 /// What an entry costs beyond its bytes (the memo's own bookkeeping, the value's allocations), for its weight.
 const ENTRY_OVERHEAD: usize = 160;
-/// Bytes of elements (as sent) the memo keeps at most.
+/// Bytes of elements (as sent) the memo keeps at most, whatever the history cache's budget.
 const MAX_BYTES: u64 = 32 << 20;
+/// Bytes the memo keeps at most, as [`size_by`] set it before the first parse.
+static BUDGET: AtomicU64 = AtomicU64::new(MAX_BYTES);
 
 /// A body as a JSON object, and the xxh3 of each `messages` element's bytes when the scan found one such array.
 pub type Scanned = (Map<String, Value>, Option<Vec<u64>>);
@@ -26,11 +29,19 @@ struct Entry {
     value: Value,
 }
 
+/// Sizes the memo by the history cache's budget (`store.cache_max_bytes`): an eighth of it, at most 32 MiB (the
+/// default 256 MiB gives 32 MiB; 64 MiB gives 8 MiB). The memo is built at the first parse with the size set last;
+/// returns the size in effect, which differs when a parse came first (tests that share the process).
+pub fn size_by(cache_max_bytes: u64) -> u64 {
+    BUDGET.store((cache_max_bytes / 8).min(MAX_BYTES), Ordering::Relaxed);
+    memo().policy().max_capacity().unwrap_or(MAX_BYTES)
+}
+
 fn memo() -> &'static Cache<u128, Arc<Entry>> {
     static MEMO: OnceLock<Cache<u128, Arc<Entry>>> = OnceLock::new();
     MEMO.get_or_init(|| {
         Cache::builder()
-            .max_capacity(MAX_BYTES)
+            .max_capacity(BUDGET.load(Ordering::Relaxed))
             .weigher(|_, e: &Arc<Entry>| e.bytes)
             .build()
     })
@@ -117,6 +128,24 @@ mod tests {
                 "field order"
             );
         }
+    }
+
+    /// The memo takes an eighth of the history cache's budget, at most 32 MiB; once built it keeps its size.
+    /// In a process of its own: the other tests build the memo at their first parse.
+    #[test]
+    fn the_memo_is_sized_by_the_history_cache() {
+        crate::alone::alone(
+            "dialect::parse_memo::tests::the_memo_is_sized_by_the_history_cache",
+            || {
+                assert_eq!(size_by(64 << 20), 8 << 20);
+                assert_eq!(size_by(1 << 40), 8 << 20, "built: the size stays");
+            },
+        );
+        assert_eq!(
+            (256u64 << 20) / 8,
+            MAX_BYTES,
+            "the default budget gives the most"
+        );
     }
 
     #[test]

@@ -246,11 +246,12 @@ impl SessionEntry {
 
 #[cfg(test)]
 mod tests {
-    use super::super::heap::counting::{alone, measure};
+    use super::super::heap::counting::measure;
     use super::super::manager::session_cache;
     use super::super::registry::Registry;
     use super::super::tree::raw_message_hashes;
     use super::*;
+    use crate::alone::alone;
     use serde_json::json;
     use std::sync::Arc;
 

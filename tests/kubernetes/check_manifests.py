@@ -25,15 +25,23 @@ import tomllib
 import yaml
 
 # The sizing figures of docs/operations.md, "Memory: what grows with traffic" (and "Running on Kubernetes"):
-# keep them equal. The cache weighs what its sessions really hold (within 20 %); the tables are the token-count
-# memo at its 500,000-entry bound (~128 MB), the parse memo at its 32 MiB and the small ones.
+# keep them equal. The cache weighs what its sessions really hold (within 20 %); the tables are sized by it (see
+# `tables_bytes`).
 IDLE_BYTES = 52_000_000
 CACHE_FACTOR = 1.25
-TABLES_BYTES = 165_000_000
+TOKEN_MEMO_ENTRY_BYTES = 257
+SMALL_TABLES_BYTES = 4_000_000
 PER_CONNECTION_BYTES = 24_000
 PER_IN_FLIGHT_BYTES = 500_000
 
 UNITS = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "K": 1000, "M": 1000**2, "G": 1000**3, "": 1}
+
+
+def tables_bytes(cache_max_bytes):
+    """The memos at their bounds for a history cache of `cache_max_bytes`: one token count per KiB of it (4,096 to
+    500,000), the parse memo an eighth of it (at most 32 MiB), and the small tables."""
+    counts = min(max(cache_max_bytes // 1024, 4_096), 500_000)
+    return TOKEN_MEMO_ENTRY_BYTES * counts + min(cache_max_bytes // 8, 32 * 2**20) + SMALL_TABLES_BYTES
 
 
 def quantity(text):
@@ -134,7 +142,7 @@ def main():
     # 4. Memory: the limit covers the sizing sum, and requests equal it.
     in_flight = server["max_in_flight"]
     check(in_flight > 0, "server.max_in_flight is 0 (unbounded): no memory limit can cover it")
-    need = (IDLE_BYTES + CACHE_FACTOR * store["cache_max_bytes"] + TABLES_BYTES
+    need = (IDLE_BYTES + CACHE_FACTOR * store["cache_max_bytes"] + tables_bytes(store["cache_max_bytes"])
             + PER_CONNECTION_BYTES * server["max_connections"] + PER_IN_FLIGHT_BYTES * in_flight)
     limit = quantity(gw["resources"]["limits"]["memory"])
     check(limit >= need, f"memory limit {limit / 2**20:.0f} MiB is below the sizing sum {need / 2**20:.0f} MiB")
