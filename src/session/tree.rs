@@ -150,6 +150,13 @@ pub fn approx_size(v: &Value) -> usize {
     }
 }
 
+/// The path from the first message to a node: how many messages and their approximate bytes.
+#[derive(Debug, Clone, Copy, Default)]
+struct PathStat {
+    len: usize,
+    bytes: usize,
+}
+
 /// What appending a request's messages did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Appended {
@@ -166,8 +173,12 @@ pub struct Appended {
 pub struct Tree {
     nodes: HashMap<NodeId, Node>,
     children: HashMap<Option<NodeId>, Vec<NodeId>>,
-    /// Approximate bytes of each node's message.
-    sizes: HashMap<NodeId, usize>,
+    /// Per node, the path from the first message to it in figures (kept as nodes are inserted, so the history's
+    /// figures need no walk).
+    paths: HashMap<NodeId, PathStat>,
+    /// A node came in after a child of its own (an out-of-order or cyclic store): `paths` no longer describes
+    /// every path, and [`Tree::history_stats`] walks instead.
+    paths_stale: bool,
     /// Prefix index: chain hash of the raw bytes of a request's first k messages → the node of message k.
     prefix: HashMap<u64, NodeId>,
     /// The leaf the latest request (or reply) extended.
@@ -220,7 +231,20 @@ impl Tree {
             return;
         }
         self.weight += n.heap_bytes();
-        self.sizes.insert(n.id.clone(), n.weight());
+        if self.children.contains_key(&Some(n.id.clone())) {
+            self.paths_stale = true;
+        }
+        let up = n
+            .parent
+            .as_ref()
+            .and_then(|p| self.paths.get(p))
+            .copied()
+            .unwrap_or_default();
+        let path = PathStat {
+            len: up.len + 1,
+            bytes: up.bytes + n.weight(),
+        };
+        self.paths.insert(n.id.clone(), path);
         let siblings = self.children.entry(n.parent.clone()).or_default();
         let before = siblings.capacity();
         siblings.push(n.id.clone());
@@ -249,7 +273,7 @@ impl Tree {
                 self.children.capacity(),
                 size_of::<(Option<NodeId>, Vec<NodeId>)>(),
             )
-            + heap::table(self.sizes.capacity(), size_of::<(NodeId, usize)>())
+            + heap::table(self.paths.capacity(), size_of::<(NodeId, PathStat)>())
             + heap::table(self.prefix.capacity(), size_of::<(u64, NodeId)>())
     }
 
@@ -381,14 +405,17 @@ impl Tree {
         false
     }
 
-    /// The session's history in figures: its message count and approximate bytes (one walk to the head).
+    /// The session's history in figures: its message count and approximate bytes (each node's
+    /// [`Node::weight`]). Kept per node as the tree grows; a walk to the head when a node came in after its child.
     pub fn history_stats(&self) -> (usize, usize) {
-        let history = self.history();
-        let bytes = history
-            .iter()
-            .map(|n| self.sizes.get(&n.id).copied().unwrap_or(0))
-            .sum();
-        (history.len(), bytes)
+        if self.paths_stale {
+            let history = self.history();
+            return (history.len(), history.iter().map(|n| n.weight()).sum());
+        }
+        self.head
+            .as_ref()
+            .and_then(|h| self.paths.get(h))
+            .map_or((0, 0), |p| (p.len, p.bytes))
     }
 
     /// The path from the first message to `leaf`. Bounded: a node never met twice, so a parent cycle (a store
@@ -669,6 +696,56 @@ mod tests {
         assert_eq!(e.created.len(), 1);
         assert_eq!(contents(&t), ["q edited"]);
         assert_eq!(t.len(), 4, "nothing overwritten");
+    }
+
+    /// The history's figures as a walk to the head finds them.
+    fn walked(t: &Tree) -> (usize, usize) {
+        let h = t.history();
+        (h.len(), h.iter().map(|n| n.weight()).sum())
+    }
+
+    #[test]
+    fn history_stats_follow_the_head_without_a_walk() {
+        let mut t = Tree::new();
+        assert_eq!(t.history_stats(), (0, 0));
+        let m = msgs(json!([{"role":"user","content":"q"},{"role":"assistant","content":"a long answer"}]));
+        let a = append(&mut t, &m);
+        assert_eq!(t.history_stats(), walked(&t));
+        assert_eq!(t.history_stats().0, 2);
+        t.append_reply(a.leaf.clone(), json!({"role":"assistant","content":"x"}), false, 1);
+        assert_eq!(t.history_stats(), walked(&t));
+        // an edit: a shorter branch from the root becomes the head
+        append(&mut t, &msgs(json!([{"role":"user","content":"q edited, longer"}])));
+        assert_eq!(t.history_stats(), walked(&t));
+        assert_eq!(t.history_stats().0, 1);
+        // back to the first branch, one longer
+        let mut m2 = m.clone();
+        m2.push(json!({"role":"user","content":"more"}));
+        append(&mut t, &m2);
+        assert_eq!(t.history_stats(), walked(&t));
+        assert_eq!(t.history_stats().0, 3);
+        // rebuilt from its nodes (parents first by position) and merged: the same figures
+        let t2 = Tree::from_nodes(t.nodes().cloned().collect(), t.head().cloned());
+        assert_eq!(t2.history_stats(), t.history_stats());
+        let mut t3 = Tree::new();
+        t3.merge(t.nodes().map(NodeRow::from).collect());
+        t3.set_head(t.head().map_or("", |h| &**h));
+        assert_eq!(t3.history_stats(), t.history_stats());
+    }
+
+    #[test]
+    fn history_stats_of_a_store_with_children_before_parents_are_walked() {
+        // positions that do not follow the parents: c (position 0) comes in before its parent b (position 1)
+        let rows = vec![row("a", None, 2), row("b", Some("a"), 1), row("c", Some("b"), 0)];
+        let t = Tree::from_rows(rows, Some(Arc::from("c")));
+        assert_eq!(t.history_stats(), walked(&t));
+        assert_eq!(t.history_stats().0, 3);
+        let mut t = Tree::new();
+        t.merge(vec![row("c", Some("b"), 0)]);
+        t.merge(vec![row("b", Some("a"), 0), row("a", None, 0)]);
+        t.set_head("c");
+        assert_eq!(t.history_stats(), walked(&t));
+        assert_eq!(t.history_stats().0, 3);
     }
 
     #[test]
