@@ -3,7 +3,7 @@
 //! become siblings and edits start a branch. Nothing is ever overwritten or removed.
 
 use super::heap;
-use crate::message::canonical_json;
+use crate::message::canonical_json_bytes;
 pub use crate::store::NodeKind;
 use crate::store::NodeRow;
 use serde_json::Value;
@@ -80,7 +80,7 @@ pub fn node_id(parent: Option<&str>, message: &Value) -> NodeId {
     let mut h = Sha256::new();
     h.update(parent.unwrap_or("").as_bytes());
     h.update([0]);
-    h.update(canonical_json(&normalize(message)).as_bytes());
+    h.update(canonical_json_bytes(&normalize(message)));
     Arc::from(&hex::encode(h.finalize())[..32])
 }
 
@@ -554,7 +554,7 @@ pub fn raw_message_hashes(body: &[u8]) -> Vec<u64> {
 fn hash_all(items: &[&serde_json::value::RawValue]) -> Vec<u64> {
     items
         .iter()
-        .map(|r| xxhash_rust::xxh3::xxh3_64(r.get().as_bytes()))
+        .map(|r| xxhash_rust::xxh3::xxh3_128(r.get().as_bytes()) as u64)
         .collect()
 }
 
@@ -746,6 +746,20 @@ mod tests {
         t.set_head("c");
         assert_eq!(t.history_stats(), walked(&t));
         assert_eq!(t.history_stats().0, 3);
+    }
+
+    /// Node ids are stored and matched against later requests: their text must never change. SHA-256 of the
+    /// parent's id, a zero byte and the normalised message's canonical JSON (computed independently, in Python:
+    /// `json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)`).
+    #[test]
+    fn node_ids_are_stable() {
+        let m = json!({"role": "user", "content": "Fix \"it\"\n\tnow é 🚀 \\ \u{1f}", "name": "bob", "refusal": null,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{\"a\":1.5}"}}]});
+        assert_eq!(&*node_id(None, &m), "c9eab5c2e360cfb266e4c6feb0f860ca");
+        assert_eq!(
+            &*node_id(Some("0123456789abcdef0123456789abcdef"), &m),
+            "37fb6674d78263d59c5090075a8bc2f1"
+        );
     }
 
     #[test]
