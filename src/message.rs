@@ -188,7 +188,17 @@ mod canonical_tests {
     fn canonical_json_is_the_display_text_with_sorted_keys() {
         let values = [
             json!({"b": 1, "a": [{"d": 2.5, "c": -3}], "é": "\u{1}\u{1f}\"\\/\n\r\t\u{8}\u{c}", "": null}),
-            json!(["🚀", true, false, null, 1e300, -0.0, 18446744073709551615u64, -9223372036854775808i64, {}]),
+            json!([
+                "🚀",
+                true,
+                false,
+                null,
+                1e300,
+                -0.0,
+                18446744073709551615u64,
+                -9223372036854775808i64,
+                {}
+            ]),
             json!("plain"),
             json!({"z": {"y": {"x": [[], {}, ""]}}, "Z": "upper sorts first", "a b": "\u{2028}\u{7f}"}),
         ];

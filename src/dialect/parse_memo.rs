@@ -56,7 +56,10 @@ pub fn object(raw: &[u8]) -> Option<Scanned> {
             Some(items) if first_messages => {
                 let keys: Vec<u128> = items.iter().map(|r| xxh3_128(r)).collect();
                 hashes = Some(keys.iter().map(|k| item_hash(*k)).collect());
-                let parsed = items.into_iter().zip(keys).map(|(r, k)| element(r, Some(k)));
+                let parsed = items
+                    .into_iter()
+                    .zip(keys)
+                    .map(|(r, k)| element(r, Some(k)));
                 Value::Array(parsed.collect::<Option<Vec<_>>>()?)
             }
             Some(items) => Value::Array(
@@ -202,7 +205,10 @@ mod tests {
         assert_eq!(object(two).and_then(|(_, h)| h), None);
         let one = br#"{"model":"x","messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}]}"#;
         let hashes = object(one).and_then(|(_, h)| h);
-        assert_eq!(hashes.as_deref(), Some(&crate::session::tree::raw_message_hashes(one)[..]));
+        assert_eq!(
+            hashes.as_deref(),
+            Some(&crate::session::tree::raw_message_hashes(one)[..])
+        );
         assert_eq!(hashes.map(|h| h.len()), Some(2));
     }
 

@@ -244,7 +244,10 @@ mod tests {
         let est = uncounted_estimate(&counter, &long);
         assert!(est >= 63, "{est}");
         counter.observe("m", est, 31);
-        assert!(!counter.knows("m"), "a sample under the floor's half is ignored");
+        assert!(
+            !counter.knows("m"),
+            "a sample under the floor's half is ignored"
+        );
         counter.observe("m", est, est);
         assert!(counter.knows("m"));
         assert!(!wants_count(&counter, "m", &long, Some(est)));

@@ -708,14 +708,24 @@ mod tests {
     fn history_stats_follow_the_head_without_a_walk() {
         let mut t = Tree::new();
         assert_eq!(t.history_stats(), (0, 0));
-        let m = msgs(json!([{"role":"user","content":"q"},{"role":"assistant","content":"a long answer"}]));
+        let m = msgs(
+            json!([{"role":"user","content":"q"},{"role":"assistant","content":"a long answer"}]),
+        );
         let a = append(&mut t, &m);
         assert_eq!(t.history_stats(), walked(&t));
         assert_eq!(t.history_stats().0, 2);
-        t.append_reply(a.leaf.clone(), json!({"role":"assistant","content":"x"}), false, 1);
+        t.append_reply(
+            a.leaf.clone(),
+            json!({"role":"assistant","content":"x"}),
+            false,
+            1,
+        );
         assert_eq!(t.history_stats(), walked(&t));
         // an edit: a shorter branch from the root becomes the head
-        append(&mut t, &msgs(json!([{"role":"user","content":"q edited, longer"}])));
+        append(
+            &mut t,
+            &msgs(json!([{"role":"user","content":"q edited, longer"}])),
+        );
         assert_eq!(t.history_stats(), walked(&t));
         assert_eq!(t.history_stats().0, 1);
         // back to the first branch, one longer
@@ -736,7 +746,11 @@ mod tests {
     #[test]
     fn history_stats_of_a_store_with_children_before_parents_are_walked() {
         // positions that do not follow the parents: c (position 0) comes in before its parent b (position 1)
-        let rows = vec![row("a", None, 2), row("b", Some("a"), 1), row("c", Some("b"), 0)];
+        let rows = vec![
+            row("a", None, 2),
+            row("b", Some("a"), 1),
+            row("c", Some("b"), 0),
+        ];
         let t = Tree::from_rows(rows, Some(Arc::from("c")));
         assert_eq!(t.history_stats(), walked(&t));
         assert_eq!(t.history_stats().0, 3);
