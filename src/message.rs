@@ -112,23 +112,11 @@ pub fn canonical_json_bytes(v: &Value) -> Vec<u8> {
     out
 }
 
-/// Writes `v` with its objects' keys sorted; keys, strings and numbers as serde_json writes them (compact).
-fn write_canonical(v: &Value, out: &mut Vec<u8>) {
+/// Appends `v`'s [`canonical_json`] to `out`: its objects' keys sorted; keys, strings and numbers as serde_json
+/// writes them (compact).
+pub fn write_canonical(v: &Value, out: &mut Vec<u8>) {
     match v {
-        Value::Object(m) => {
-            let mut fields: Vec<(&String, &Value)> = m.iter().collect();
-            fields.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            out.push(b'{');
-            for (i, (k, x)) in fields.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_leaf(k, out);
-                out.push(b':');
-                write_canonical(x, out);
-            }
-            out.push(b'}');
-        }
+        Value::Object(m) => write_canonical_object(m.iter(), out),
         Value::Array(a) => {
             out.push(b'[');
             for (i, x) in a.iter().enumerate() {
@@ -141,6 +129,25 @@ fn write_canonical(v: &Value, out: &mut Vec<u8>) {
         }
         other => write_leaf(other, out),
     }
+}
+
+/// Appends the canonical JSON of an object made of `fields` (distinct keys) to `out`, without building it.
+pub fn write_canonical_object<'a>(
+    fields: impl Iterator<Item = (&'a String, &'a Value)>,
+    out: &mut Vec<u8>,
+) {
+    let mut fields: Vec<(&String, &Value)> = fields.collect();
+    fields.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    out.push(b'{');
+    for (i, (k, x)) in fields.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_leaf(k, out);
+        out.push(b':');
+        write_canonical(x, out);
+    }
+    out.push(b'}');
 }
 
 /// A key or a scalar as compact JSON. Writing to a `Vec` cannot fail, nor can a string, number, bool or null.

@@ -3,7 +3,7 @@
 //! become siblings and edits start a branch. Nothing is ever overwritten or removed.
 
 use super::heap;
-use crate::message::canonical_json_bytes;
+use crate::message::{write_canonical, write_canonical_object};
 pub use crate::store::NodeKind;
 use crate::store::NodeRow;
 use serde_json::Value;
@@ -75,13 +75,87 @@ impl From<NodeRow> for Node {
     }
 }
 
-/// The id a message gets under `parent`.
+/// The id a message gets under `parent`: SHA-256 of the parent's id, a zero byte and the canonical JSON of the
+/// message's [`normalize`]d form (written from the message itself, without building that form).
 pub fn node_id(parent: Option<&str>, message: &Value) -> NodeId {
     let mut h = Sha256::new();
     h.update(parent.unwrap_or("").as_bytes());
     h.update([0]);
-    h.update(canonical_json_bytes(&normalize(message)));
+    let mut text = Vec::with_capacity(256);
+    write_normalized(message, &mut text);
+    h.update(&text);
     Arc::from(&hex::encode(h.finalize())[..32])
+}
+
+/// Appends the canonical JSON of `normalize(m)` to `out`, borrowing every part of `m` (a message's content is
+/// often its largest part: it is not copied). Its keys in sorted order: `content`, `function_call`, `name`,
+/// `refusal`, `role`, `tool_call_id`, `tool_calls`; a call's `arguments`, `id`, `name`.
+fn write_normalized(m: &Value, out: &mut Vec<u8>) {
+    if m.get("role").is_none() {
+        if let Value::Object(o) = m {
+            write_canonical_object(o.iter().filter(|(k, _)| k.as_str() != "status"), out);
+            return;
+        }
+    }
+    let get = |k: &str| m.get(k).filter(|v| !v.is_null());
+    let content = get("content").filter(|c| !matches!(c, Value::String(s) if s.is_empty()));
+    let refusal = get("refusal").filter(|r| r.is_string());
+    let calls = match get("tool_calls") {
+        Some(Value::Array(calls)) if !calls.is_empty() => Some(calls),
+        _ => None,
+    };
+    let mut first = true;
+    let mut key = |out: &mut Vec<u8>, k: &str| {
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        out.push(b'"');
+        out.extend_from_slice(k.as_bytes()); // plain ASCII keys: nothing to escape
+        out.extend_from_slice(b"\":");
+    };
+    out.push(b'{');
+    let fields = [
+        ("content", content),
+        ("function_call", get("function_call")),
+        ("name", get("name")),
+        ("refusal", refusal),
+        ("role", get("role")),
+        ("tool_call_id", get("tool_call_id")),
+    ];
+    for (k, v) in fields {
+        if let Some(v) = v {
+            key(out, k);
+            write_canonical(v, out);
+        }
+    }
+    if let Some(calls) = calls {
+        key(out, "tool_calls");
+        out.push(b'[');
+        for (i, c) in calls.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            let parts = [
+                ("arguments", c.pointer("/function/arguments")),
+                ("id", c.get("id")),
+                ("name", c.pointer("/function/name")),
+            ];
+            out.push(b'{');
+            for (j, (k, v)) in parts.into_iter().enumerate() {
+                if j > 0 {
+                    out.push(b',');
+                }
+                out.push(b'"');
+                out.extend_from_slice(k.as_bytes());
+                out.extend_from_slice(b"\":");
+                write_canonical(v.unwrap_or(&Value::Null), out);
+            }
+            out.push(b'}');
+        }
+        out.push(b']');
+    }
+    out.push(b'}');
 }
 
 /// The parts of a message that make it the same message: role, content (absent, `null` and `""` alike), name,
@@ -774,6 +848,41 @@ mod tests {
             &*node_id(Some("0123456789abcdef0123456789abcdef"), &m),
             "37fb6674d78263d59c5090075a8bc2f1"
         );
+    }
+
+    /// The id's text written straight from the message is the canonical JSON of its normalised form.
+    #[test]
+    fn normalized_text_is_written_without_building_the_form() {
+        let cases = [
+            json!({"role": "user", "content": "hi"}),
+            json!({"role": "user", "content": ""}),
+            json!({"role": "user", "content": null, "name": null, "refusal": 3}),
+            json!({"role": "assistant", "content": [{"type": "text", "text": "x", "b": {"z": 1, "a": 2}}],
+                   "refusal": "no", "name": "n", "tool_call_id": "t", "function_call": {"name": "f", "arguments": "{}"}}),
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{\"a\":1}"}},
+                {"id": null, "function": {"arguments": {"nested": [1, {"y": 2, "x": 1}]}}},
+                7,
+                {"function": "not an object"}]}),
+            json!({"role": "assistant", "tool_calls": []}),
+            json!({"role": "assistant", "tool_calls": {"not": "an array"}}),
+            json!({"role": null, "content": "role null"}),
+            json!({"type": "function_call_output", "call_id": "c", "output": "o", "status": "completed", "Z": [true]}),
+            json!({"type": "reasoning", "status": "in_progress"}),
+            json!("a bare string"),
+            json!([1, 2]),
+            json!({}),
+            json!({"role": "tool", "tool_call_id": "c1", "content": "line\n\"quoted\" é 🚀 \u{7}", "extra": "ignored"}),
+        ];
+        for m in cases {
+            let mut fast = Vec::new();
+            write_normalized(&m, &mut fast);
+            assert_eq!(
+                String::from_utf8(fast).unwrap(),
+                crate::message::canonical_json(&normalize(&m)),
+                "{m}"
+            );
+        }
     }
 
     #[test]
