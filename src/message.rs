@@ -100,37 +100,120 @@ pub fn tool_call_id(m: &Value) -> &str {
 }
 /// JSON with object keys sorted, so equal values give equal text whatever the key order.
 pub fn canonical_json(v: &Value) -> String {
-    let mut out = String::new();
+    let bytes = canonical_json_bytes(v);
+    // serde_json writes UTF-8 only; the lossy path is never taken.
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// [`canonical_json`] as bytes, for hashing: the same text, without the UTF-8 check of a `String`.
+pub fn canonical_json_bytes(v: &Value) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
     write_canonical(v, &mut out);
     out
 }
 
-fn write_canonical(v: &Value, out: &mut String) {
+/// Appends `v`'s [`canonical_json`] to `out`: its objects' keys sorted; keys, strings and numbers as serde_json
+/// writes them (compact).
+pub fn write_canonical(v: &Value, out: &mut Vec<u8>) {
     match v {
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, k) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String((*k).clone()).to_string());
-                out.push(':');
-                write_canonical(&m[k.as_str()], out);
-            }
-            out.push('}');
-        }
+        Value::Object(m) => write_canonical_object(m.iter(), out),
         Value::Array(a) => {
-            out.push('[');
+            out.push(b'[');
             for (i, x) in a.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_canonical(x, out);
             }
-            out.push(']');
+            out.push(b']');
         }
-        other => out.push_str(&other.to_string()),
+        other => write_leaf(other, out),
+    }
+}
+
+/// Appends the canonical JSON of an object made of `fields` (distinct keys) to `out`, without building it.
+pub fn write_canonical_object<'a>(
+    fields: impl Iterator<Item = (&'a String, &'a Value)>,
+    out: &mut Vec<u8>,
+) {
+    let mut fields: Vec<(&String, &Value)> = fields.collect();
+    fields.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    out.push(b'{');
+    for (i, (k, x)) in fields.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_leaf(k, out);
+        out.push(b':');
+        write_canonical(x, out);
+    }
+    out.push(b'}');
+}
+
+/// A key or a scalar as compact JSON. Writing to a `Vec` cannot fail, nor can a string, number, bool or null.
+fn write_leaf<T: serde::Serialize + ?Sized>(v: &T, out: &mut Vec<u8>) {
+    let _ = serde_json::to_writer(&mut *out, v);
+}
+
+#[cfg(test)]
+mod canonical_tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The writer this one replaced (keys and scalars through `Display`): the text must be the same.
+    fn through_display(v: &Value, out: &mut String) {
+        match v {
+            Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, k) in keys.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::String((*k).clone()).to_string());
+                    out.push(':');
+                    through_display(&m[k.as_str()], out);
+                }
+                out.push('}');
+            }
+            Value::Array(a) => {
+                out.push('[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    through_display(x, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+
+    #[test]
+    fn canonical_json_is_the_display_text_with_sorted_keys() {
+        let values = [
+            json!({"b": 1, "a": [{"d": 2.5, "c": -3}], "é": "\u{1}\u{1f}\"\\/\n\r\t\u{8}\u{c}", "": null}),
+            json!([
+                "🚀",
+                true,
+                false,
+                null,
+                1e300,
+                -0.0,
+                18446744073709551615u64,
+                -9223372036854775808i64,
+                {}
+            ]),
+            json!("plain"),
+            json!({"z": {"y": {"x": [[], {}, ""]}}, "Z": "upper sorts first", "a b": "\u{2028}\u{7f}"}),
+        ];
+        for v in values {
+            let mut old = String::new();
+            through_display(&v, &mut old);
+            assert_eq!(canonical_json(&v), old);
+            assert_eq!(canonical_json_bytes(&v), old.into_bytes());
+        }
     }
 }

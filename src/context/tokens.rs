@@ -338,6 +338,17 @@ impl TokenCounter {
         }
     }
 
+    /// Whether an upstream count of `actual` tokens could be a calibration sample for a request of `messages`
+    /// messages, whatever its exact estimate: every message counts at least `PER_MESSAGE` and the request
+    /// `REPLY_PRIMING`, so an `actual` under `RATIO_MIN` times that floor is ignored by [`TokenCounter::observe`]
+    /// for any estimate. Lets a caller skip counting a request only for a sample that would be thrown away.
+    pub fn could_calibrate(messages: usize, actual: u64) -> bool {
+        let floor = (messages as u64)
+            .saturating_mul(PER_MESSAGE)
+            .saturating_add(REPLY_PRIMING);
+        actual != 0 && actual as f64 >= floor as f64 * RATIO_MIN
+    }
+
     /// Whether `model` has a calibration ratio (an answer's usage was observed for it).
     pub fn knows(&self, model: &str) -> bool {
         self.ratios.read().contains_key(model)

@@ -8,7 +8,7 @@ use moka::sync::Cache;
 use serde_json::{Map, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
+use xxhash_rust::xxh3::xxh3_128;
 
 /// The top-level fields whose arrays are parsed element by element.
 const ARRAYS: [&str; 3] = ["messages", "input", "tools"];
@@ -21,7 +21,7 @@ const MAX_BYTES: u64 = 32 << 20;
 /// Bytes the memo keeps at most, as [`size_by`] set it before the first parse.
 static BUDGET: AtomicU64 = AtomicU64::new(MAX_BYTES);
 
-/// A body as a JSON object, and the xxh3 of each `messages` element's bytes when the scan found one such array.
+/// A body as a JSON object, and the hash of each `messages` element's bytes ([`item_hash`]) when the scan found one such array.
 pub type Scanned = (Map<String, Value>, Option<Vec<u64>>);
 
 struct Entry {
@@ -49,28 +49,36 @@ fn memo() -> &'static Cache<u128, Arc<Entry>> {
 
 /// The body as a JSON object, exactly as `serde_json::from_slice` gives it; `None` when it is not one the scan
 /// can read surely (the caller parses it whole: invalid JSON gets serde_json's own error). With it, when the body
-/// has one `messages` array, the xxh3 of each of its elements' bytes (`session::tree::raw_message_hashes`).
+/// has one `messages` array, the hash of each of its elements' bytes (`session::tree::raw_message_hashes`).
 pub fn object(raw: &[u8]) -> Option<Scanned> {
     let fields = raw_scan::fields(raw, |k| ARRAYS.iter().any(|a| a.as_bytes() == k))?;
     let mut body = Map::new();
     let (mut hashes, mut seen) = (None, false);
     for field in fields {
         let key = std::str::from_utf8(field.key).ok()?;
+        // The first `messages` array's elements are hashed once, for the tree and for the memo alike.
+        let first_messages = key == "messages" && !seen;
         if key == "messages" {
-            hashes = (!seen)
-                .then(|| {
-                    field
-                        .items
-                        .as_ref()
-                        .map(|items| items.iter().map(|r| xxh3_64(r)).collect())
-                })
-                .flatten();
+            // a repeated key: serde_json keeps the last array, whose elements these hashes are not
+            hashes = None;
             seen = true;
         }
         let value = match field.items {
-            Some(items) => {
-                Value::Array(items.into_iter().map(element).collect::<Option<Vec<_>>>()?)
+            Some(items) if first_messages => {
+                let keys: Vec<u128> = items.iter().map(|r| xxh3_128(r)).collect();
+                hashes = Some(keys.iter().map(|k| item_hash(*k)).collect());
+                let parsed = items
+                    .into_iter()
+                    .zip(keys)
+                    .map(|(r, k)| element(r, Some(k)));
+                Value::Array(parsed.collect::<Option<Vec<_>>>()?)
             }
+            Some(items) => Value::Array(
+                items
+                    .into_iter()
+                    .map(|r| element(r, None))
+                    .collect::<Option<Vec<_>>>()?,
+            ),
             None => serde_json::from_slice(field.raw).ok()?,
         };
         // as serde_json does with a repeated key: the last value, in the first one's place
@@ -79,11 +87,18 @@ pub fn object(raw: &[u8]) -> Option<Scanned> {
     Some((body, hashes))
 }
 
-fn element(raw: &[u8]) -> Option<Value> {
+/// The hash of an element's bytes the tree indexes (`session::tree::raw_message_hashes`): the low half of its
+/// xxh3-128, the memo's key, so one pass over the bytes gives both.
+fn item_hash(key: u128) -> u64 {
+    key as u64
+}
+
+/// An element, from the memo when its bytes were seen before; `key`: their xxh3-128 when already computed.
+fn element(raw: &[u8], key: Option<u128>) -> Option<Value> {
     if raw.len() < MIN_BYTES {
         return serde_json::from_slice(raw).ok();
     }
-    let key = xxh3_128(raw);
+    let key = key.unwrap_or_else(|| xxh3_128(raw));
     if let Some(e) = memo().get(&key) {
         return Some(e.value.clone());
     }
@@ -214,6 +229,16 @@ mod tests {
             same_as_serde(b.as_bytes());
             assert!(object(b.as_bytes()).is_some(), "{b}");
         }
+        // the tree's hashes name the array serde_json keeps, or none: not the first of two
+        let two = br#"{"messages":[{"role":"user","content":"a"}],"messages":[{"role":"user","content":"b"}]}"#;
+        assert_eq!(object(two).and_then(|(_, h)| h), None);
+        let one = br#"{"model":"x","messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}]}"#;
+        let hashes = object(one).and_then(|(_, h)| h);
+        assert_eq!(
+            hashes.as_deref(),
+            Some(&crate::session::tree::raw_message_hashes(one)[..])
+        );
+        assert_eq!(hashes.map(|h| h.len()), Some(2));
     }
 
     fn arb_json() -> impl Strategy<Value = Value> {

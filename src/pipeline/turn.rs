@@ -159,7 +159,7 @@ impl Turn {
                 // Sent without a count (clearly under the threshold): counted now, off the request's path, for
                 // the model's first calibration.
                 let estimate = estimate.or_else(|| {
-                    (actual.is_some() && forwarded && !state.counter.knows(&self.model))
+                    (forwarded && wants_count(&state.counter, &self.model, &self.request, actual))
                         .then(|| uncounted_estimate(&state.counter, &self.request))
                 });
                 if let (Some(est), Some(actual)) = (estimate, actual) {
@@ -197,9 +197,59 @@ impl Turn {
     }
 }
 
+/// Whether a request sent without a count is counted after its answer: its model has no calibration yet and
+/// the upstream reported a count that can be a calibration sample (a mock or proxy that reports a fixed or
+/// implausible usage would otherwise have every long request counted in full after its answer, for nothing).
+fn wants_count(counter: &TokenCounter, model: &str, request: &Parsed, actual: Option<u64>) -> bool {
+    actual.is_some_and(|a| TokenCounter::could_calibrate(request.messages().len(), a))
+        && !counter.knows(model)
+}
+
 /// The estimate of `request` as its client sent it: its messages and tools in its model's encoding.
 fn uncounted_estimate(counter: &TokenCounter, request: &Parsed) -> u64 {
     let encoding = Encoding::for_model(&request.model);
     let tools = request.body.get("tools").filter(|t| !t.is_null());
     counter.request_tokens(encoding, request.messages(), tools)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use serde_json::json;
+
+    fn chat(messages: usize) -> Parsed {
+        let msgs: Vec<Value> = (0..messages)
+            .map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": format!("step {i}")}))
+            .collect();
+        let body = json!({"model": "gpt-4o-mini", "messages": msgs});
+        match Dialect::Chat.parse(Bytes::from(body.to_string())) {
+            Ok(r) => r,
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+
+    /// A usage no estimate of the request could be calibrated against (below half the floor of 3 tokens per
+    /// message plus 3) is not worth counting the request for; a plausible one is, until the model is known.
+    #[test]
+    fn an_uncounted_request_is_counted_only_for_a_usable_sample() {
+        let counter = TokenCounter::new();
+        let long = chat(20); // floor 63 tokens: the bench upstream's fixed 24 is implausible whatever the text
+        assert!(!wants_count(&counter, "m", &long, Some(24)));
+        assert!(!wants_count(&counter, "m", &long, None));
+        assert!(wants_count(&counter, "m", &long, Some(32)));
+        let short = chat(2); // floor 9
+        assert!(wants_count(&counter, "m", &short, Some(24)));
+        // The bound only skips samples `observe` would ignore: the real estimate is above the floor.
+        let est = uncounted_estimate(&counter, &long);
+        assert!(est >= 63, "{est}");
+        counter.observe("m", est, 31);
+        assert!(
+            !counter.knows("m"),
+            "a sample under the floor's half is ignored"
+        );
+        counter.observe("m", est, est);
+        assert!(counter.knows("m"));
+        assert!(!wants_count(&counter, "m", &long, Some(est)));
+    }
 }

@@ -3,7 +3,7 @@
 //! become siblings and edits start a branch. Nothing is ever overwritten or removed.
 
 use super::heap;
-use crate::message::canonical_json;
+use crate::message::{write_canonical, write_canonical_object};
 pub use crate::store::NodeKind;
 use crate::store::NodeRow;
 use serde_json::Value;
@@ -75,13 +75,87 @@ impl From<NodeRow> for Node {
     }
 }
 
-/// The id a message gets under `parent`.
+/// The id a message gets under `parent`: SHA-256 of the parent's id, a zero byte and the canonical JSON of the
+/// message's [`normalize`]d form (written from the message itself, without building that form).
 pub fn node_id(parent: Option<&str>, message: &Value) -> NodeId {
     let mut h = Sha256::new();
     h.update(parent.unwrap_or("").as_bytes());
     h.update([0]);
-    h.update(canonical_json(&normalize(message)).as_bytes());
+    let mut text = Vec::with_capacity(256);
+    write_normalized(message, &mut text);
+    h.update(&text);
     Arc::from(&hex::encode(h.finalize())[..32])
+}
+
+/// Appends the canonical JSON of `normalize(m)` to `out`, borrowing every part of `m` (a message's content is
+/// often its largest part: it is not copied). Its keys in sorted order: `content`, `function_call`, `name`,
+/// `refusal`, `role`, `tool_call_id`, `tool_calls`; a call's `arguments`, `id`, `name`.
+fn write_normalized(m: &Value, out: &mut Vec<u8>) {
+    if m.get("role").is_none() {
+        if let Value::Object(o) = m {
+            write_canonical_object(o.iter().filter(|(k, _)| k.as_str() != "status"), out);
+            return;
+        }
+    }
+    let get = |k: &str| m.get(k).filter(|v| !v.is_null());
+    let content = get("content").filter(|c| !matches!(c, Value::String(s) if s.is_empty()));
+    let refusal = get("refusal").filter(|r| r.is_string());
+    let calls = match get("tool_calls") {
+        Some(Value::Array(calls)) if !calls.is_empty() => Some(calls),
+        _ => None,
+    };
+    let mut first = true;
+    let mut key = |out: &mut Vec<u8>, k: &str| {
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        out.push(b'"');
+        out.extend_from_slice(k.as_bytes()); // plain ASCII keys: nothing to escape
+        out.extend_from_slice(b"\":");
+    };
+    out.push(b'{');
+    let fields = [
+        ("content", content),
+        ("function_call", get("function_call")),
+        ("name", get("name")),
+        ("refusal", refusal),
+        ("role", get("role")),
+        ("tool_call_id", get("tool_call_id")),
+    ];
+    for (k, v) in fields {
+        if let Some(v) = v {
+            key(out, k);
+            write_canonical(v, out);
+        }
+    }
+    if let Some(calls) = calls {
+        key(out, "tool_calls");
+        out.push(b'[');
+        for (i, c) in calls.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            let parts = [
+                ("arguments", c.pointer("/function/arguments")),
+                ("id", c.get("id")),
+                ("name", c.pointer("/function/name")),
+            ];
+            out.push(b'{');
+            for (j, (k, v)) in parts.into_iter().enumerate() {
+                if j > 0 {
+                    out.push(b',');
+                }
+                out.push(b'"');
+                out.extend_from_slice(k.as_bytes());
+                out.extend_from_slice(b"\":");
+                write_canonical(v.unwrap_or(&Value::Null), out);
+            }
+            out.push(b'}');
+        }
+        out.push(b']');
+    }
+    out.push(b'}');
 }
 
 /// The parts of a message that make it the same message: role, content (absent, `null` and `""` alike), name,
@@ -150,6 +224,13 @@ pub fn approx_size(v: &Value) -> usize {
     }
 }
 
+/// The path from the first message to a node: how many messages and their approximate bytes.
+#[derive(Debug, Clone, Copy, Default)]
+struct PathStat {
+    len: usize,
+    bytes: usize,
+}
+
 /// What appending a request's messages did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Appended {
@@ -166,8 +247,12 @@ pub struct Appended {
 pub struct Tree {
     nodes: HashMap<NodeId, Node>,
     children: HashMap<Option<NodeId>, Vec<NodeId>>,
-    /// Approximate bytes of each node's message.
-    sizes: HashMap<NodeId, usize>,
+    /// Per node, the path from the first message to it in figures (kept as nodes are inserted, so the history's
+    /// figures need no walk).
+    paths: HashMap<NodeId, PathStat>,
+    /// A node came in after a child of its own (an out-of-order or cyclic store): `paths` no longer describes
+    /// every path, and [`Tree::history_stats`] walks instead.
+    paths_stale: bool,
     /// Prefix index: chain hash of the raw bytes of a request's first k messages → the node of message k.
     prefix: HashMap<u64, NodeId>,
     /// The leaf the latest request (or reply) extended.
@@ -220,7 +305,20 @@ impl Tree {
             return;
         }
         self.weight += n.heap_bytes();
-        self.sizes.insert(n.id.clone(), n.weight());
+        if self.children.contains_key(&Some(n.id.clone())) {
+            self.paths_stale = true;
+        }
+        let up = n
+            .parent
+            .as_ref()
+            .and_then(|p| self.paths.get(p))
+            .copied()
+            .unwrap_or_default();
+        let path = PathStat {
+            len: up.len + 1,
+            bytes: up.bytes + n.weight(),
+        };
+        self.paths.insert(n.id.clone(), path);
         let siblings = self.children.entry(n.parent.clone()).or_default();
         let before = siblings.capacity();
         siblings.push(n.id.clone());
@@ -249,7 +347,7 @@ impl Tree {
                 self.children.capacity(),
                 size_of::<(Option<NodeId>, Vec<NodeId>)>(),
             )
-            + heap::table(self.sizes.capacity(), size_of::<(NodeId, usize)>())
+            + heap::table(self.paths.capacity(), size_of::<(NodeId, PathStat)>())
             + heap::table(self.prefix.capacity(), size_of::<(u64, NodeId)>())
     }
 
@@ -381,14 +479,17 @@ impl Tree {
         false
     }
 
-    /// The session's history in figures: its message count and approximate bytes (one walk to the head).
+    /// The session's history in figures: its message count and approximate bytes (each node's
+    /// [`Node::weight`]). Kept per node as the tree grows; a walk to the head when a node came in after its child.
     pub fn history_stats(&self) -> (usize, usize) {
-        let history = self.history();
-        let bytes = history
-            .iter()
-            .map(|n| self.sizes.get(&n.id).copied().unwrap_or(0))
-            .sum();
-        (history.len(), bytes)
+        if self.paths_stale {
+            let history = self.history();
+            return (history.len(), history.iter().map(|n| n.weight()).sum());
+        }
+        self.head
+            .as_ref()
+            .and_then(|h| self.paths.get(h))
+            .map_or((0, 0), |p| (p.len, p.bytes))
     }
 
     /// The path from the first message to `leaf`. Bounded: a node never met twice, so a parent cycle (a store
@@ -527,7 +628,7 @@ pub fn raw_message_hashes(body: &[u8]) -> Vec<u64> {
 fn hash_all(items: &[&serde_json::value::RawValue]) -> Vec<u64> {
     items
         .iter()
-        .map(|r| xxhash_rust::xxh3::xxh3_64(r.get().as_bytes()))
+        .map(|r| xxhash_rust::xxh3::xxh3_128(r.get().as_bytes()) as u64)
         .collect()
 }
 
@@ -669,6 +770,119 @@ mod tests {
         assert_eq!(e.created.len(), 1);
         assert_eq!(contents(&t), ["q edited"]);
         assert_eq!(t.len(), 4, "nothing overwritten");
+    }
+
+    /// The history's figures as a walk to the head finds them.
+    fn walked(t: &Tree) -> (usize, usize) {
+        let h = t.history();
+        (h.len(), h.iter().map(|n| n.weight()).sum())
+    }
+
+    #[test]
+    fn history_stats_follow_the_head_without_a_walk() {
+        let mut t = Tree::new();
+        assert_eq!(t.history_stats(), (0, 0));
+        let m = msgs(
+            json!([{"role":"user","content":"q"},{"role":"assistant","content":"a long answer"}]),
+        );
+        let a = append(&mut t, &m);
+        assert_eq!(t.history_stats(), walked(&t));
+        assert_eq!(t.history_stats().0, 2);
+        t.append_reply(
+            a.leaf.clone(),
+            json!({"role":"assistant","content":"x"}),
+            false,
+            1,
+        );
+        assert_eq!(t.history_stats(), walked(&t));
+        // an edit: a shorter branch from the root becomes the head
+        append(
+            &mut t,
+            &msgs(json!([{"role":"user","content":"q edited, longer"}])),
+        );
+        assert_eq!(t.history_stats(), walked(&t));
+        assert_eq!(t.history_stats().0, 1);
+        // back to the first branch, one longer
+        let mut m2 = m.clone();
+        m2.push(json!({"role":"user","content":"more"}));
+        append(&mut t, &m2);
+        assert_eq!(t.history_stats(), walked(&t));
+        assert_eq!(t.history_stats().0, 3);
+        // rebuilt from its nodes (parents first by position) and merged: the same figures
+        let t2 = Tree::from_nodes(t.nodes().cloned().collect(), t.head().cloned());
+        assert_eq!(t2.history_stats(), t.history_stats());
+        let mut t3 = Tree::new();
+        t3.merge(t.nodes().map(NodeRow::from).collect());
+        t3.set_head(t.head().map_or("", |h| &**h));
+        assert_eq!(t3.history_stats(), t.history_stats());
+    }
+
+    #[test]
+    fn history_stats_of_a_store_with_children_before_parents_are_walked() {
+        // positions that do not follow the parents: c (position 0) comes in before its parent b (position 1)
+        let rows = vec![
+            row("a", None, 2),
+            row("b", Some("a"), 1),
+            row("c", Some("b"), 0),
+        ];
+        let t = Tree::from_rows(rows, Some(Arc::from("c")));
+        assert_eq!(t.history_stats(), walked(&t));
+        assert_eq!(t.history_stats().0, 3);
+        let mut t = Tree::new();
+        t.merge(vec![row("c", Some("b"), 0)]);
+        t.merge(vec![row("b", Some("a"), 0), row("a", None, 0)]);
+        t.set_head("c");
+        assert_eq!(t.history_stats(), walked(&t));
+        assert_eq!(t.history_stats().0, 3);
+    }
+
+    /// Node ids are stored and matched against later requests: their text must never change. SHA-256 of the
+    /// parent's id, a zero byte and the normalised message's canonical JSON (computed independently, in Python:
+    /// `json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)`).
+    #[test]
+    fn node_ids_are_stable() {
+        let m = json!({"role": "user", "content": "Fix \"it\"\n\tnow é 🚀 \\ \u{1f}", "name": "bob", "refusal": null,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{\"a\":1.5}"}}]});
+        assert_eq!(&*node_id(None, &m), "c9eab5c2e360cfb266e4c6feb0f860ca");
+        assert_eq!(
+            &*node_id(Some("0123456789abcdef0123456789abcdef"), &m),
+            "37fb6674d78263d59c5090075a8bc2f1"
+        );
+    }
+
+    /// The id's text written straight from the message is the canonical JSON of its normalised form.
+    #[test]
+    fn normalized_text_is_written_without_building_the_form() {
+        let cases = [
+            json!({"role": "user", "content": "hi"}),
+            json!({"role": "user", "content": ""}),
+            json!({"role": "user", "content": null, "name": null, "refusal": 3}),
+            json!({"role": "assistant", "content": [{"type": "text", "text": "x", "b": {"z": 1, "a": 2}}],
+                   "refusal": "no", "name": "n", "tool_call_id": "t", "function_call": {"name": "f", "arguments": "{}"}}),
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{\"a\":1}"}},
+                {"id": null, "function": {"arguments": {"nested": [1, {"y": 2, "x": 1}]}}},
+                7,
+                {"function": "not an object"}]}),
+            json!({"role": "assistant", "tool_calls": []}),
+            json!({"role": "assistant", "tool_calls": {"not": "an array"}}),
+            json!({"role": null, "content": "role null"}),
+            json!({"type": "function_call_output", "call_id": "c", "output": "o", "status": "completed", "Z": [true]}),
+            json!({"type": "reasoning", "status": "in_progress"}),
+            json!("a bare string"),
+            json!([1, 2]),
+            json!({}),
+            json!({"role": "tool", "tool_call_id": "c1", "content": "line\n\"quoted\" é 🚀 \u{7}", "extra": "ignored"}),
+        ];
+        for m in cases {
+            let mut fast = Vec::new();
+            write_normalized(&m, &mut fast);
+            assert_eq!(
+                String::from_utf8(fast).unwrap(),
+                crate::message::canonical_json(&normalize(&m)),
+                "{m}"
+            );
+        }
     }
 
     #[test]

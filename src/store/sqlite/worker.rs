@@ -338,7 +338,9 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<(), rusqlite::Error> {
                 node.kind.as_str(),
                 node.partial,
                 node.created_at,
-                node.message.to_string()
+                // serde_json's own writer: the same compact text as `Display`, without the formatter adapter
+                serde_json::to_string(&*node.message)
+                    .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?
             ])?;
         }
         WriteOp::Turn { session, turn } => {
