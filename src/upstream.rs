@@ -14,19 +14,23 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Headers that belong to one hop and are never forwarded (RFC 9110 §7.6.1), plus `host`.
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-];
+/// Whether a header belongs to one hop and is never forwarded (RFC 9110 §7.6.1), or is `host`. A `match` on the
+/// name (by length first) rather than a scan of a list: every header of every request and answer goes through it.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "host"
+    )
+}
 
 /// The client: pooled keep-alive connections, TLS by rustls with the webpki roots.
 type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Body>;
@@ -289,18 +293,23 @@ pub fn strip_hop_by_hop(h: &HeaderMap) -> HeaderMap {
 /// The end-to-end headers of `h` that `keep` accepts, in their order (hop-by-hop ones and those the `Connection`
 /// header names are left out).
 pub fn end_to_end(h: &HeaderMap, keep: impl Fn(&HeaderName) -> bool) -> HeaderMap {
-    let mut named: Vec<HeaderName> = Vec::new();
+    // The names the `Connection` header lists, as written (compared without case): no `HeaderName` is built for
+    // them. `keep-alive`, what it usually says, is left out (hop-by-hop anyway): the usual message allocates
+    // nothing here.
+    let mut named: Vec<&str> = Vec::new();
     for v in h.get_all(header::CONNECTION) {
         if let Ok(s) = v.to_str() {
             named.extend(
                 s.split(',')
-                    .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok()),
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case("keep-alive")),
             );
         }
     }
     let mut out = HeaderMap::with_capacity(h.len());
     for (k, v) in h {
-        if HOP_BY_HOP.contains(&k.as_str()) || named.contains(k) || !keep(k) {
+        if is_hop_by_hop(k) || named.iter().any(|t| t.eq_ignore_ascii_case(k.as_str())) || !keep(k)
+        {
             continue;
         }
         out.append(k.clone(), v.clone());
@@ -360,5 +369,37 @@ mod tests {
             up(Some("sk-conf")).request_headers(&h, true)["authorization"],
             "Bearer sk-client"
         );
+    }
+
+    #[test]
+    fn headers_the_connection_header_names_are_dropped_whatever_their_case_and_the_rest_keep_their_order(
+    ) {
+        let mut h = HeaderMap::new();
+        h.append("x-first", HeaderValue::from_static("1"));
+        h.append("connection", HeaderValue::from_static("Keep-Alive, X-Hop"));
+        h.append(
+            "connection",
+            HeaderValue::from_static(" close ,,X-Other-Hop"),
+        );
+        h.append("x-hop", HeaderValue::from_static("a"));
+        h.append("close", HeaderValue::from_static("b"));
+        h.append("x-other-hop", HeaderValue::from_static("c"));
+        h.append("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.append("x-last", HeaderValue::from_static("2"));
+        h.append("x-last", HeaderValue::from_static("3"));
+        let out = strip_hop_by_hop(&h);
+        let kept: Vec<(&str, &str)> = out
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.to_str().unwrap()))
+            .collect();
+        assert_eq!(kept, [("x-first", "1"), ("x-last", "2"), ("x-last", "3")]);
+        // Without a `Connection` header only the fixed hop-by-hop list goes.
+        let mut plain = HeaderMap::new();
+        plain.append("te", HeaderValue::from_static("trailers"));
+        plain.append("x-hop", HeaderValue::from_static("a"));
+        plain.append("upgrade", HeaderValue::from_static("h2c"));
+        let out = strip_hop_by_hop(&plain);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out["x-hop"], "a");
     }
 }

@@ -5,6 +5,7 @@ machine exposes the counter, which a VM often does not)."""
 from __future__ import annotations
 
 import glob
+import json
 import shutil
 import subprocess
 import time
@@ -47,9 +48,29 @@ def _perf_works() -> bool:
     return r.returncode == 0 and "not supported" not in r.stderr and "<not" not in r.stderr
 
 
+def _callgrind_window(pid: str, url: str, body: Path, work: Path, name: str) -> int | None:
+    """Instructions of `CALLGRIND_REQUESTS` POSTs of `body` to `url` at c=4 (after an uninstrumented warm-up),
+    from a dump named `name`; None when the dump has no totals."""
+    load.hey(url, body, 4, requests=100)  # warm-up, uninstrumented
+    subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
+    subprocess.run(["callgrind_control", "-z", pid], check=True, capture_output=True)
+    load.hey(url, body, 4, requests=CALLGRIND_REQUESTS)
+    subprocess.run(["callgrind_control", "-d", name, pid], check=True, capture_output=True)
+    subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
+    time.sleep(1)
+    files = sorted(glob.glob(str(work / f"callgrind.out.{pid}.*")), key=lambda f: Path(f).stat().st_mtime)
+    if not files:
+        return None
+    for line in Path(files[-1]).read_text(errors="replace").splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    return None
+
+
 def callgrind_per_request(binary: Path, up: ct.Upstream, work: Path) -> dict:
     """Instructions ctxgate executes per small chat request (all threads), counted by callgrind over
-    CALLGRIND_REQUESTS requests at c=4 after a warm-up, instrumentation on only around them."""
+    CALLGRIND_REQUESTS requests at c=4 after a warm-up, instrumentation on only around them; then the same for
+    the passthrough route (`/v1/embeddings`, forwarded without session handling) in the same process."""
     if _perf_works():
         method = "perf stat -e instructions is available but not used: callgrind counts are exact and comparable"
     else:
@@ -61,32 +82,22 @@ def callgrind_per_request(binary: Path, up: ct.Upstream, work: Path) -> dict:
         binary, up.json_base, work, "ctxgate-callgrind",
         argv_prefix=["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_pat}"],
     )
-    body = work / "chat.json"
+    embeddings = work / "embeddings.json"
+    embeddings.write_text(json.dumps(ct.EMBEDDINGS_BODY))
     try:
         from .traffic import wait_tokenizer
 
         wait_tokenizer(g.proc.pid)  # the token tables built at start are not the requests' work
-        url = g.base + "/chat/completions"
-        load.hey(url, body, 4, requests=100)  # warm-up, uninstrumented
         pid = str(g.proc.pid)
-        subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
-        subprocess.run(["callgrind_control", "-z", pid], check=True, capture_output=True)
-        load.hey(url, body, 4, requests=CALLGRIND_REQUESTS)
-        subprocess.run(["callgrind_control", "-d", "bench", pid], check=True, capture_output=True)
-        subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
-        time.sleep(1)
-        files = sorted(glob.glob(str(work / f"callgrind.out.{pid}.*")), key=lambda f: Path(f).stat().st_mtime)
-        if not files:
-            return {"error": "callgrind wrote no dump", "method": method}
-        total = None
-        for line in Path(files[-1]).read_text(errors="replace").splitlines():
-            if line.startswith(("summary:", "totals:")):
-                total = int(line.split()[1])
+        total = _callgrind_window(pid, g.base + "/chat/completions", work / "chat.json", work, "chat")
         if total is None:
             return {"error": "no totals in the callgrind dump", "method": method}
-        return {"method": method, "requests": CALLGRIND_REQUESTS, "instructions_per_request": total / CALLGRIND_REQUESTS}
+        out = {"method": method, "requests": CALLGRIND_REQUESTS, "instructions_per_request": total / CALLGRIND_REQUESTS}
+        pt = _callgrind_window(pid, g.base + "/embeddings", embeddings, work, "passthrough")
+        if pt is not None:
+            out["passthrough_instructions_per_request"] = pt / CALLGRIND_REQUESTS
+        return out
     except subprocess.CalledProcessError as e:
         return {"error": f"callgrind_control failed: {e.stderr!r}", "method": method}
     finally:
         g.stop(timeout=60)
-

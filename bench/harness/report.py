@@ -103,6 +103,9 @@ def markdown(r: dict) -> str:
             if "instructions_per_request" in ins:
                 lines += ["", f"Instructions per small chat request (ctxgate, all threads, {ins['requests']} requests at c=4 under callgrind): "
                           f"**{ins['instructions_per_request']:,.0f}** ({ins['method']})."]
+                if "passthrough_instructions_per_request" in ins:
+                    lines += ["", f"Instructions per passthrough request (`/v1/embeddings`, the same way): "
+                              f"**{ins['passthrough_instructions_per_request']:,.0f}**."]
             else:
                 lines += ["", f"Instructions per request: not measured ({ins['error']})."]
     if "s2" in r:

@@ -49,7 +49,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
     if let Some(t) = parts.extensions.get::<crate::otel::RequestTrace>() {
         crate::otel::inject(t.context(), &mut headers);
     }
-    let path = parts.uri.path().to_string();
+    let path = parts.uri.path();
     timer.upstream_sent();
     let result = state
         .upstream
@@ -58,7 +58,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
     let resp = match result {
         Ok(r) => r,
         Err(e) => {
-            log(&parts.method, &path, e.status().as_u16(), started);
+            log(&parts.method, path, e.status().as_u16(), started);
             let class = match e {
                 GatewayError::UpstreamTimeout(_) => UpstreamErrorClass::Timeout,
                 _ => UpstreamErrorClass::Unreachable,
@@ -70,7 +70,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
             return e.into_response();
         }
     };
-    log(&parts.method, &path, resp.status().as_u16(), started);
+    log(&parts.method, path, resp.status().as_u16(), started);
     let status = resp.status().as_u16();
     timer.set_status(status);
     if let Some(class) = UpstreamErrorClass::of_status(status) {
@@ -111,6 +111,10 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
 /// caught too), with `\` taken as a separator as URL parsers do for http(s). `%2f` decodes to a separator, so
 /// `..%2f` is a `..` segment.
 fn has_dot_segment(path: &str) -> bool {
+    // Without a `.` or a `%` no segment is, or decodes to, `.` or `..` (most paths: no copy, no decoding).
+    if !path.bytes().any(|b| b == b'.' || b == b'%') {
+        return false;
+    }
     let mut bytes = path.as_bytes().to_vec();
     // Each round removes at least one `%`: a bounded number of rounds decodes any realistic nesting.
     for _ in 0..8 {

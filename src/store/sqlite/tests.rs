@@ -141,6 +141,10 @@ fn a_write_for_a_vanished_session_does_not_fail_the_group() {
                     created_at: 1,
                     record: Record::Internal(json!({})),
                 },
+                WriteOp::Turn {
+                    session: "gone".into(),
+                    turn: "{}".into(),
+                },
                 WriteOp::Session {
                     meta: meta("gone", 2),
                     create: false,
@@ -175,6 +179,72 @@ fn a_write_for_a_vanished_session_does_not_fail_the_group() {
         0
     );
     assert_eq!(count(&w.conn, "SELECT COUNT(*) FROM records"), 0);
+    assert_eq!(count(&w.conn, "SELECT COUNT(*) FROM turns"), 0);
+}
+
+#[test]
+fn turns_and_records_are_numbered_per_session_in_order() {
+    let turn = |s: &str, t: &str| WriteOp::Turn {
+        session: s.into(),
+        turn: t.into(),
+    };
+    let record = |s: &str, at: i64| WriteOp::Record {
+        session: s.into(),
+        created_at: at,
+        record: Record::Internal(json!({ "at": at })),
+    };
+    let mut w = Worker::new(conn(), StoreMetrics::default());
+    let mut group = |batches: Vec<Vec<WriteOp>>| {
+        let mut replies = Vec::new();
+        let batches = batches
+            .into_iter()
+            .map(|ops| {
+                let (reply, rx) = oneshot::channel();
+                replies.push(rx);
+                Batch { ops, reply }
+            })
+            .collect();
+        w.commit_group(batches);
+        for mut rx in replies {
+            assert!(matches!(rx.try_recv(), Ok(Ok(()))));
+        }
+    };
+    group(vec![
+        vec![create(meta("a", 1)), turn("a", "a1"), record("a", 1)],
+        vec![create(meta("b", 1)), turn("b", "b1"), turn("b", "b2")],
+    ]);
+    group(vec![
+        vec![turn("a", "a2"), record("a", 2), record("a", 3)],
+        vec![turn("b", "b3")],
+        vec![turn("a", "a3")],
+    ]);
+    let rows = |sql: &str| -> Vec<(String, i64, String)> {
+        let mut st = w.conn.prepare(sql).unwrap();
+        st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    let own = |v: &[(&str, i64, &str)]| -> Vec<(String, i64, String)> {
+        v.iter()
+            .map(|(s, n, t)| (s.to_string(), *n, t.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        rows("SELECT session_id, seq, turn FROM turns ORDER BY session_id, seq"),
+        own(&[
+            ("a", 1, "a1"),
+            ("a", 2, "a2"),
+            ("a", 3, "a3"),
+            ("b", 1, "b1"),
+            ("b", 2, "b2"),
+            ("b", 3, "b3"),
+        ])
+    );
+    assert_eq!(
+        rows("SELECT session_id, seq, CAST(created_at AS TEXT) FROM records ORDER BY session_id, seq"),
+        own(&[("a", 1, "1"), ("a", 2, "2"), ("a", 3, "3")])
+    );
 }
 
 #[test]

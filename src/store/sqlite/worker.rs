@@ -294,6 +294,22 @@ fn commit_batches(
     }
 }
 
+/// A session's next turn, numbered after its last one, in one statement: the number is a scalar subquery of a
+/// one-row `VALUES` (an `INSERT … SELECT` reading the table it writes would go through a temporary table, and a
+/// separate `SELECT MAX` cost a statement of its own per turn). For a session that is gone (deleted mid-turn) the
+/// number is NULL and `OR IGNORE` skips the row (`seq` is `NOT NULL`): a no-op, as for the other writes.
+const NUMBERED_TURN: &str = "INSERT OR IGNORE INTO turns (session_id, seq, turn) VALUES (?1,
+      CASE WHEN EXISTS (SELECT 1 FROM sessions WHERE id = ?1)
+        THEN (SELECT COALESCE(MAX(seq), 0) + 1 FROM turns WHERE session_id = ?1) END,
+      ?2)";
+
+/// A session's next record, numbered as [`NUMBERED_TURN`] numbers turns.
+const NUMBERED_RECORD: &str =
+    "INSERT OR IGNORE INTO records (session_id, seq, kind, created_at, record) VALUES (?1,
+      CASE WHEN EXISTS (SELECT 1 FROM sessions WHERE id = ?1)
+        THEN (SELECT COALESCE(MAX(seq), 0) + 1 FROM records WHERE session_id = ?1) END,
+      ?2, ?3, ?4)";
+
 fn apply(conn: &Connection, op: &WriteOp) -> Result<(), rusqlite::Error> {
     match op {
         WriteOp::Session { meta: m, create } => {
@@ -344,46 +360,21 @@ fn apply(conn: &Connection, op: &WriteOp) -> Result<(), rusqlite::Error> {
             ])?;
         }
         WriteOp::Turn { session, turn } => {
-            // The next number first, on its own: an INSERT … SELECT reading the table it writes goes through a
-            // temporary table.
-            let seq = next_seq(
-                conn,
-                "SELECT COALESCE(MAX(seq), 0) + 1 FROM turns WHERE session_id = ?1",
-                session,
-            )?;
-            conn.prepare_cached(
-                "INSERT INTO turns (session_id, seq, turn)
-                 SELECT ?1, ?3, ?2 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?1)",
-            )?
-            .execute(params![session, turn, seq])?;
+            conn.prepare_cached(NUMBERED_TURN)?
+                .execute(params![session, turn])?;
         }
         WriteOp::Record {
             session,
             created_at,
             record,
         } => {
-            let seq = next_seq(
-                conn,
-                "SELECT COALESCE(MAX(seq), 0) + 1 FROM records WHERE session_id = ?1",
-                session,
-            )?;
-            conn.prepare_cached(
-                "INSERT INTO records (session_id, seq, kind, created_at, record)
-                 SELECT ?1, ?5, ?2, ?3, ?4 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?1)",
-            )?
-            .execute(params![
+            conn.prepare_cached(NUMBERED_RECORD)?.execute(params![
                 session,
                 record.kind().as_str(),
                 created_at,
-                record.to_json(),
-                seq
+                record.to_json()
             ])?;
         }
     }
     Ok(())
-}
-
-/// The next sequence number of a session's rows, by `sql` (a cached statement).
-fn next_seq(conn: &Connection, sql: &str, session: &str) -> Result<i64, rusqlite::Error> {
-    conn.prepare_cached(sql)?.query_row([session], |r| r.get(0))
 }
