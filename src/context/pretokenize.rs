@@ -121,11 +121,11 @@ impl Searches {
 
 /// The pieces of `text`, in order, as tiktoken's pre-tokenizer cuts them (see the module doc); `find` is the
 /// pattern's search.
-fn pieces<'t>(
+fn pieces(
     which: Which,
-    text: &'t str,
+    text: &str,
     mut find: impl FnMut(&Input<'_>) -> Option<Match>,
-) -> impl Iterator<Item = &'t str> {
+) -> impl Iterator<Item = &str> {
     let mut pos = 0;
     std::iter::from_fn(move || {
         if pos >= text.len() {
