@@ -170,16 +170,6 @@ fn ascii_match(which: Which, b: &[u8], pos: usize) -> Option<usize> {
         Some(&c) if c.is_ascii() => Some(Some(c)),
         Some(_) => None,
     };
-    let ws = |c: u8| c == b' ' || (b'\t'..=b'\r').contains(&c);
-    let run = |mut i: usize, class: &dyn Fn(u8) -> bool| -> Option<usize> {
-        while let Some(c) = peek(i)? {
-            if !class(c) {
-                break;
-            }
-            i += 1;
-        }
-        Some(i)
-    };
     let o200k = matches!(which, Which::O200k);
     let c0 = peek(pos)??;
     if !o200k && c0 == b'\'' {
@@ -192,13 +182,13 @@ fn ascii_match(which: Which, b: &[u8], pos: usize) -> Option<usize> {
     if prefix || c0.is_ascii_alphabetic() {
         let start = pos + usize::from(prefix);
         if o200k {
-            let upper = run(start, &|c| c.is_ascii_uppercase())?;
-            let lower = run(upper, &|c| c.is_ascii_lowercase())?;
+            let upper = ascii_run(b, start, |c| c.is_ascii_uppercase())?;
+            let lower = ascii_run(b, upper, |c| c.is_ascii_lowercase())?;
             if lower > start {
                 return Some(contraction(b, lower)?.unwrap_or(lower));
             }
         } else {
-            let end = run(start, &|c| c.is_ascii_alphabetic())?;
+            let end = ascii_run(b, start, |c| c.is_ascii_alphabetic())?;
             if end > start {
                 return Some(end);
             }
@@ -212,20 +202,42 @@ fn ascii_match(which: Which, b: &[u8], pos: usize) -> Option<usize> {
         }
         return Some(i);
     }
-    let punct = |c: u8| !ws(c) && !c.is_ascii_alphanumeric();
     let p = pos + usize::from(c0 == b' ');
-    let end = run(p, &punct)?;
+    let end = ascii_run(b, p, |c| !ascii_space(c) && !c.is_ascii_alphanumeric())?;
     if end > p {
-        return run(end, &|c| c == b'\r' || c == b'\n' || (o200k && c == b'/'));
+        return if o200k {
+            ascii_run(b, end, |c| c == b'\r' || c == b'\n' || c == b'/')
+        } else {
+            ascii_run(b, end, |c| c == b'\r' || c == b'\n')
+        };
     }
     // Whitespace: up to its last line break, else all of it.
-    let end = run(pos, &ws)?;
+    let end = ascii_run(b, pos, ascii_space)?;
     Some(
         b[pos..end]
             .iter()
             .rposition(|&c| c == b'\r' || c == b'\n')
             .map_or(end, |k| pos + k + 1),
     )
+}
+
+/// The ASCII characters `\s` and `char::is_whitespace` take for whitespace: space, `\t \n \x0b \x0c \r`.
+fn ascii_space(c: u8) -> bool {
+    c == b' ' || (b'\t'..=b'\r').contains(&c)
+}
+
+/// The end of the run of `class` bytes from `i`; `None` when it stops at a byte that is not ASCII.
+fn ascii_run(b: &[u8], mut i: usize, class: impl Fn(u8) -> bool) -> Option<usize> {
+    while let Some(&c) = b.get(i) {
+        if !c.is_ascii() {
+            return None;
+        }
+        if !class(c) {
+            break;
+        }
+        i += 1;
+    }
+    Some(i)
 }
 
 /// The end of a contraction (`'s 't 're 've 'm 'll 'd`, any case) starting at `i`: `Some(None)` when there is
@@ -253,12 +265,10 @@ fn contraction(b: &[u8], i: usize) -> Option<Option<usize>> {
 /// or more, without a line break, to the non-space that follows it.
 fn lookahead_end(text: &str, start: usize, end: usize) -> usize {
     let piece = &text[start..end];
-    if piece
-        .as_bytes()
-        .first()
-        .is_some_and(|&b| b.is_ascii() && !(b == b' ' || (b'\t'..=b'\r').contains(&b)))
-    {
-        // Not a whitespace run (the ASCII whitespace `char::is_whitespace` knows: space, \t \n \x0b \x0c \r).
+    let bytes = piece.as_bytes();
+    let not_space = |b: Option<&u8>| b.is_some_and(|&b| b.is_ascii() && !ascii_space(b));
+    if not_space(bytes.first()) || not_space(bytes.last()) {
+        // Not a whitespace run.
         return end;
     }
     let mut chars = piece.chars();
