@@ -12,7 +12,7 @@ pub const PLACEHOLDER_PREFIX: &str = "[ctxgate] Tool result cleared";
 
 /// True when `m` is a tool message whose content is already one of our placeholders.
 pub fn is_placeholder(m: &Value) -> bool {
-    m.get("content")
+    field(m, "content")
         .and_then(Value::as_str)
         .is_some_and(|c| c.starts_with(PLACEHOLDER_PREFIX))
 }
@@ -20,8 +20,10 @@ pub fn is_placeholder(m: &Value) -> bool {
 /// The tool message `m` with its content replaced by a short placeholder naming the call, the tool and the
 /// result's size, and how to get it back (`recall_tool`, when the recall tool is offered in this request).
 pub fn placeholder(m: &Value, tool_name: &str, recall_tool: Option<&str>) -> Value {
-    let id = m.get("tool_call_id").and_then(Value::as_str).unwrap_or("");
-    let chars = match m.get("content") {
+    let id = field(m, "tool_call_id")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let chars = match field(m, "content") {
         Some(Value::String(s)) => s.chars().count(),
         _ => message_text(m).chars().count(),
     };
@@ -39,10 +41,10 @@ pub fn placeholder(m: &Value, tool_name: &str, recall_tool: Option<&str>) -> Val
 /// becomes plain text. Unchanged when already short enough. Cutting the output again changes nothing.
 pub fn truncated(m: &Value, max_chars: usize) -> Value {
     let text_only = matches!(
-        m.get("content"),
+        field(m, "content"),
         Some(Value::String(_)) | None | Some(Value::Null)
     );
-    let text = match m.get("content") {
+    let text = match field(m, "content") {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(_)) => message_text(&without_tool_calls(m)),
         _ => return m.clone(),
@@ -68,7 +70,7 @@ fn without_tool_calls(m: &Value) -> Value {
 /// `m` with `content` in place of its content (same key order; the old content is never copied).
 fn with_content(m: &Value, content: String) -> Value {
     let mut content = Some(Value::String(content));
-    let mut out = Map::new();
+    let mut out = Map::with_capacity(m.as_object().map_or(0, Map::len) + 1);
     for (k, v) in m.as_object().into_iter().flatten() {
         let v = match (k.as_str(), content.take()) {
             ("content", Some(c)) => c,
@@ -146,7 +148,7 @@ pub const PINNED_MARKER: &str =
 /// `m` (the pinned first user message) cut to about `keep_chars` characters: its head and its tail around a
 /// visible marker; content given as parts becomes plain text. Unchanged when already short enough.
 pub fn pinned(m: &Value, keep_chars: usize) -> Value {
-    let text = match m.get("content") {
+    let text = match field(m, "content") {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(_)) => message_text(m),
         _ => return m.clone(),
@@ -163,19 +165,37 @@ pub fn pinned(m: &Value, keep_chars: usize) -> Value {
     with_content(m, format!("{head}\n…[{left_out} {PINNED_MARKER}\n{tail}"))
 }
 
-/// A one-line digest of a call's arguments: compact, at most `max` characters.
+/// A one-line digest of a call's arguments: its words joined by single spaces, cut after `max` characters with
+/// `…` when anything follows.
 pub fn digest(arguments: &str, max: usize) -> String {
-    let mut out = String::new();
+    let mut out = String::with_capacity(max.min(arguments.len()) + '…'.len_utf8());
     let mut chars = 0;
     for (i, word) in arguments.split_whitespace().enumerate() {
-        for c in (i > 0).then_some(' ').into_iter().chain(word.chars()) {
-            if chars == max {
-                out.push('…');
-                return out;
+        let sep = usize::from(i > 0);
+        // Whole words while they fit (most do): one copy each instead of a push per character.
+        let len = if word.is_ascii() {
+            word.len()
+        } else {
+            word.chars().count()
+        };
+        if chars + sep + len <= max {
+            if sep == 1 {
+                out.push(' ');
             }
-            out.push(c);
-            chars += 1;
+            out.push_str(word);
+            chars += sep + len;
+            continue;
         }
+        let room = max - chars;
+        out.extend(
+            (i > 0)
+                .then_some(' ')
+                .into_iter()
+                .chain(word.chars())
+                .take(room),
+        );
+        out.push('…');
+        return out;
     }
     out
 }
@@ -256,6 +276,33 @@ mod tests {
         assert!(c.chars().count() < 300 + 120);
         assert_eq!(pinned(&m, 100_000), m, "short enough: unchanged");
         assert_eq!(pinned(&m, 300), p, "deterministic");
+    }
+
+    /// The digest as first written, a character at a time: the oracle of the word-at-a-time one.
+    fn digest_by_char(arguments: &str, max: usize) -> String {
+        let mut out = String::new();
+        let mut chars = 0;
+        for (i, word) in arguments.split_whitespace().enumerate() {
+            for c in (i > 0).then_some(' ').into_iter().chain(word.chars()) {
+                if chars == max {
+                    out.push('…');
+                    return out;
+                }
+                out.push(c);
+                chars += 1;
+            }
+        }
+        out
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn digest_equals_the_char_by_char_digest(
+            text in "[ a\\n\\té日{}\":,]{0,40}",
+            max in 0usize..20,
+        ) {
+            proptest::prop_assert_eq!(digest(&text, max), digest_by_char(&text, max));
+        }
     }
 
     #[test]

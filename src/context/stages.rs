@@ -13,10 +13,10 @@ use super::shape::{
 use super::tokens::{Encoding, TokenCounter};
 use super::units::{units, Unit};
 use crate::config::PruneConfig;
-use crate::message::{is_system, opens_turn, role, tool_calls};
+use crate::message::{field, is_system, opens_turn, role, tool_calls};
+use rustc_hash::FxHashMap as HashMap;
 use serde_json::Value;
 use std::borrow::Cow;
-use std::collections::HashMap;
 
 /// Where the rewrite cuts. All zero: nothing rewritten.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -187,7 +187,7 @@ impl<'a, 'c> Model<'a, 'c> {
         let tok = counter.messages_tokens(enc, msgs);
         let rl = run_loops_with(msgs, None, agent);
         let mut loop_of = vec![None; msgs.len()];
-        let mut tool_names = HashMap::new();
+        let mut tool_names = HashMap::default();
         for (li, l) in rl.loops.iter().enumerate() {
             loop_of[l.start..l.end]
                 .iter_mut()
@@ -260,14 +260,14 @@ impl<'a, 'c> Model<'a, 'c> {
             unit_of,
             times,
             tool_names,
-            alt: HashMap::new(),
+            alt: HashMap::default(),
             fold_unit,
             fold_starts,
             steps,
             cum,
             assistants: idx("assistant"),
             first_speaking: msgs.iter().position(|m| !is_system(m)).unwrap_or(0),
-            carried: HashMap::new(),
+            carried: HashMap::default(),
             last_block: None,
         }
     }
@@ -863,11 +863,11 @@ fn clearable_inputs(
     HashMap<usize, (Vec<(usize, u64)>, usize)>,
     HashMap<usize, usize>,
 ) {
-    let (mut inputs, mut at) = (HashMap::new(), HashMap::new());
+    let (mut inputs, mut at) = (HashMap::default(), HashMap::default());
     if prune.clear_tool_inputs.is_none() {
         return (inputs, at);
     }
-    let mut last_result: HashMap<usize, usize> = HashMap::new();
+    let mut last_result: HashMap<usize, usize> = HashMap::default();
     for c in loops.iter().flat_map(|l| &l.tool_calls) {
         if let Some(r) = c.result {
             let e = last_result.entry(c.position).or_insert(r);
@@ -879,9 +879,9 @@ fn clearable_inputs(
             .iter()
             .enumerate()
             .filter_map(|(at, call)| {
-                let f = call.get("function")?;
-                let name = f.get("name").and_then(Value::as_str).unwrap_or("");
-                let args = f.get("arguments").and_then(Value::as_str)?;
+                let f = field(call, "function")?;
+                let name = field(f, "name").and_then(Value::as_str).unwrap_or("");
+                let args = field(f, "arguments").and_then(Value::as_str)?;
                 let selected = prune.clear_tool_inputs.includes(name)
                     && !prune.exclude_tools.iter().any(|t| t == name);
                 // A token covers at least one byte: shorter text needs no count.

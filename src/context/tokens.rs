@@ -461,9 +461,11 @@ fn hash_value(kind: Kind, v: &Value) -> u64 {
         Val(&'a Value),
     }
     const INLINE: usize = 64;
-    let mut buf: Vec<u8> = Vec::with_capacity(256);
+    // Sized for a chat message with a few tool calls, so that neither grows on the common path.
+    let mut buf: Vec<u8> = Vec::with_capacity(512);
     buf.push(kind as u8);
-    let mut stack = vec![Item::Val(v)];
+    let mut stack = Vec::with_capacity(32);
+    stack.push(Item::Val(v));
     let text = |buf: &mut Vec<u8>, tag: u8, s: &str| {
         buf.push(tag);
         buf.extend_from_slice(&(s.len() as u64).to_le_bytes());
