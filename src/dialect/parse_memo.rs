@@ -30,8 +30,8 @@ struct Entry {
 }
 
 /// Sizes the memo by the history cache's budget (`store.cache_max_bytes`): an eighth of it, at most 32 MiB (the
-/// default 256 MiB gives 32 MiB; 64 MiB gives 8 MiB). The memo is built at the first parse with the size set last;
-/// returns the size in effect, which differs when a parse came first (tests that share the process).
+/// default 256 MiB gives 32 MiB; 64 MiB gives 8 MiB). Takes effect only while the memo is not built: the first
+/// parse or the first call builds it, at the size set then. Returns the size in effect.
 pub fn size_by(cache_max_bytes: u64) -> u64 {
     BUDGET.store((cache_max_bytes / 8).min(MAX_BYTES), Ordering::Relaxed);
     memo().policy().max_capacity().unwrap_or(MAX_BYTES)
