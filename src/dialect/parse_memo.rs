@@ -12,10 +12,13 @@ use xxhash_rust::xxh3::xxh3_128;
 
 /// The top-level fields whose arrays are parsed element by element.
 const ARRAYS: [&str; 3] = ["messages", "input", "tools"];
-/// Elements shorter than this are parsed: the memo's own cost (a hash, a lookup) would exceed what it saves.
-const MIN_BYTES: usize = 64;
-/// What an entry costs beyond its bytes (the memo's own bookkeeping, the value's allocations), for its weight.
-const ENTRY_OVERHEAD: usize = 160;
+/// Elements shorter than this are parsed: an entry holds ~800 bytes besides the element's own (measured below),
+/// several times a short element, to save a parse of a few thousand instructions. Below it: system prompts and
+/// questions of small chats (10,000 small sessions held 22 MB more with the memo from 64 bytes).
+const MIN_BYTES: usize = 256;
+/// What an entry holds beyond its bytes: the parsed value's allocations, the `Arc`, the memo's own bookkeeping
+/// (measured: 800–860 bytes for elements of 300 to 4,000 bytes), for its weight.
+const ENTRY_OVERHEAD: usize = 800;
 /// Bytes of elements (as sent) the memo keeps at most, whatever the history cache's budget.
 const MAX_BYTES: u64 = 32 << 20;
 /// Bytes the memo keeps at most, as [`size_by`] set it before the first parse.
@@ -160,6 +163,41 @@ mod tests {
             (256u64 << 20) / 8,
             MAX_BYTES,
             "the default budget gives the most"
+        );
+    }
+
+    /// What the memo really holds per element (the counting allocator, in a process of its own: moka frees
+    /// through an epoch on any thread): its bytes plus about [`ENTRY_OVERHEAD`], so its weight bounds it.
+    #[test]
+    fn an_entry_weighs_what_it_holds() {
+        crate::alone::alone(
+            "dialect::parse_memo::tests::an_entry_weighs_what_it_holds",
+            || {
+                for (len, n) in [(300usize, 3000usize), (4000, 500)] {
+                    let raws: Vec<Vec<u8>> = (0..n)
+                        .map(|i| {
+                            let pad = "x".repeat(len.saturating_sub(40));
+                            format!(r#"{{"role":"user","content":"{i:06} {pad}"}}"#).into_bytes()
+                        })
+                        .collect();
+                    let (got, ()) = crate::session::counting::measure(|| {
+                        for r in &raws {
+                            drop(element(r, None));
+                        }
+                        memo().run_pending_tasks();
+                    });
+                    let raw: usize = raws.iter().map(Vec::len).sum();
+                    let per_entry = got as f64 / n as f64;
+                    let weight = (raw / n + ENTRY_OVERHEAD) as f64;
+                    eprintln!(
+                        "{len}-byte elements: {per_entry:.0} bytes held each, weighed {weight:.0}"
+                    );
+                    assert!(
+                        (0.8..=1.25).contains(&(weight / per_entry)),
+                        "{len}-byte elements: {per_entry:.0} bytes held each, weighed {weight:.0}"
+                    );
+                }
+            },
         );
     }
 

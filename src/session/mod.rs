@@ -4,6 +4,8 @@ pub mod breaker;
 mod entry;
 pub mod export;
 mod heap;
+#[cfg(test)]
+pub(crate) use heap::counting;
 pub mod identity;
 pub mod manager;
 pub mod migrate;
