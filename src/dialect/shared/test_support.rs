@@ -212,3 +212,28 @@ pub fn replace_arguments(out: &mut [Cow<'_, Value>], args: &[Option<String>]) ->
 
 /// The (call id, new arguments) of the calls given new arguments.
 pub type Replaced = Vec<(String, String)>;
+
+/// Any JSON value, up to four levels deep: null, booleans, integers, finite floats, short strings and `extra`
+/// leaves, in arrays and in objects whose keys match `key` (a regex).
+pub fn arb_json_with(
+    extra: BoxedStrategy<Value>,
+    key: &'static str,
+) -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|n| json!(n)),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(|f| json!(f)),
+        ".{0,12}".prop_map(Value::String),
+        extra,
+    ];
+    leaf.prop_recursive(4, 40, 6, move |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::vec((key, inner), 0..6)
+                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+        ]
+    })
+}
