@@ -266,23 +266,39 @@ async fn the_cli_exports_and_imports_between_stores() {
 
 // --- imports checked as a whole (issue 26, findings 1, 2, 4, 5) -------------------------------------------------
 
-/// A small export written by hand: `anonymous-hand` with nodes n0 ← n1 ← n2, head n2, one turn sending all three.
+/// The ids of the hand-made export's nodes: content addresses, as the gateway computes them.
+fn hand_ids() -> [String; 3] {
+    let mut parent: Option<String> = None;
+    ["n0", "n1", "n2"].map(|text| {
+        let id = ctxgate::session::tree::node_id(
+            parent.as_deref(),
+            &json!({"role": "user", "content": text}),
+        )
+        .to_string();
+        parent = Some(id.clone());
+        id
+    })
+}
+
+/// A small export written by hand: `anonymous-hand` with nodes n0 ← n1 ← n2 (their contents; ids as
+/// [`hand_ids`]), head n2, one turn sending all three.
 fn hand_made() -> Vec<Value> {
-    let node = |id: &str, parent: Option<&str>, position: u32| {
+    let [n0, n1, n2] = hand_ids();
+    let node = |id: &str, parent: Option<&str>, position: u32, text: &str| {
         json!({"node": {"id": id, "parent": parent, "position": position, "kind": "client", "partial": false,
-            "created_at": 1_700_000_000, "message": {"role": "user", "content": id}}})
+            "created_at": 1_700_000_000, "message": {"role": "user", "content": text}}})
     };
     vec![
         json!({"ctxgate_export": 1, "exported_at": 1_700_000_100,
             "session": {"id": "anonymous-hand", "tenant": "anonymous", "dialect": "chat", "created_at": 1_700_000_000,
-                "last_active": 1_700_000_050, "message_count": 3, "token_estimate": 3, "head": "n2", "version": 1,
+                "last_active": 1_700_000_050, "message_count": 3, "token_estimate": 3, "head": n2, "version": 1,
                 "strategy": null, "idle_notified": null},
             "counts": {"nodes": 3, "records": 1, "turns": 1}}),
-        node("n0", None, 0),
-        node("n1", Some("n0"), 1),
-        node("n2", Some("n1"), 2),
+        node(&n0, None, 0, "n0"),
+        node(&n1, Some(&n0), 1, "n1"),
+        node(&n2, Some(&n1), 2, "n2"),
         json!({"record": {"kind": "internal", "value": {"by": "ctxgate", "round": 1, "at": 1_700_000_010}}}),
-        json!({"turn": {"at": 1_700_000_020, "head": "n2", "status": 200, "sent": [{"from": 0, "to": 3}]}}),
+        json!({"turn": {"at": 1_700_000_020, "head": n2, "status": 200, "sent": [{"from": 0, "to": 3}]}}),
     ]
 }
 
@@ -334,93 +350,103 @@ async fn an_import_is_checked_whole_and_a_bad_one_writes_nothing() {
         lines[k] = line;
         lines
     };
-    let cases: Vec<(&str, Vec<Value>, &str)> = vec![
+    let [n0, n1, n2] = hand_ids();
+    let cases: Vec<(&str, Vec<Value>, String)> = vec![
         (
             "a repeated id with other content",
-            with_node(3, node("n1", "n1")),
-            "line 4: node id \"n1\" is already on line 3: every node is exported once",
+            with_node(3, node(&n1, &n1)),
+            format!("line 4: node id {n1:?} is already on line 3: every node is exported once"),
         ),
         (
             "a repeated id, identical",
             with_node(3, hand_made()[2].clone()),
-            "line 4: node id \"n1\" is already on line 3: every node is exported once",
+            format!("line 4: node id {n1:?} is already on line 3: every node is exported once"),
         ),
         (
             "a parent missing from the file",
             edited(2, "/node/parent", |p| *p = json!("elsewhere")),
-            "line 3: node \"n1\": its parent \"elsewhere\" is not in the file",
+            format!("line 3: node {n1:?}: its parent \"elsewhere\" is not in the file"),
         ),
         (
             "a node that is its own parent",
-            edited(1, "/node/parent", |p| *p = json!("n0")),
-            "line 2: node \"n0\" is its own ancestor: its parents loop",
+            edited(1, "/node/parent", |p| *p = json!(n0)),
+            format!("line 2: node {n0:?} is its own ancestor: its parents loop"),
         ),
         (
             "a three-node cycle",
-            edited(1, "/node/parent", |p| *p = json!("n2")),
-            "line 2: node \"n0\" is its own ancestor: its parents loop",
+            edited(1, "/node/parent", |p| *p = json!(n2)),
+            format!("line 2: node {n0:?} is its own ancestor: its parents loop"),
+        ),
+        (
+            "a message changed under its id",
+            edited(2, "/node/message/content", |c| *c = json!("EVIL-IMPORTED")),
+            format!(
+                "line 3: node {n1:?} is not the id of its content: its parent and message make {:?}; node ids are \
+                 content addresses, so an edited message needs a new id (and so do the nodes and turns that name it)",
+                ctxgate::session::tree::node_id(Some(&n0), &json!({"role": "user", "content": "EVIL-IMPORTED"}))
+            ),
         ),
         (
             "a head not in the file",
             edited(0, "/session/head", |h| *h = json!("n9")),
-            "line 1: session.head \"n9\" is not a node of the file",
+            "line 1: session.head \"n9\" is not a node of the file".to_string(),
         ),
         (
             "a turn whose head is not in the file",
             edited(5, "/turn/head", |h| *h = json!("n9")),
-            "line 6: turn.head \"n9\" is not a node of the file",
+            "line 6: turn.head \"n9\" is not a node of the file".to_string(),
         ),
         (
             "a turn range of 10^12 messages",
             edited(5, "/turn/sent/0/to", |t| *t = json!(1_000_000_000_000u64)),
-            "line 6: turn.sent[0]: range 0..1000000000000 reaches beyond the history (3 messages to turn.head)",
+            "line 6: turn.sent[0]: range 0..1000000000000 reaches beyond the history (3 messages to turn.head)".to_string(),
         ),
         (
             "a range past the turn's own head",
-            edited(5, "/turn/head", |h| *h = json!("n0")),
-            "line 6: turn.sent[0]: range 0..3 reaches beyond the history (1 messages to turn.head)",
+            edited(5, "/turn/head", |h| *h = json!(n0)),
+            "line 6: turn.sent[0]: range 0..3 reaches beyond the history (1 messages to turn.head)".to_string(),
         ),
         (
             "a range backwards",
             edited(5, "/turn/sent/0", |r| *r = json!({"from": 2, "to": 1})),
-            "line 6: turn.sent[0]: range 2..1 runs backwards",
+            "line 6: turn.sent[0]: range 2..1 runs backwards".to_string(),
         ),
         (
             "ranges sending the history twice",
             edited(5, "/turn/sent", |s| *s = json!([{"from": 0, "to": 3}, {"from": 1, "to": 2}])),
-            "line 6: turn.sent[1]: range 1..2 sends messages of the history (3) a second time",
+            "line 6: turn.sent[1]: range 1..2 sends messages of the history (3) a second time".to_string(),
         ),
         (
             "a literal standing for a message outside the history",
             edited(5, "/turn/sent", |s| {
                 *s = json!([{"literal": {"role": "user", "content": "x"}, "kind": "cleared", "replaces": [7]}])
             }),
-            "line 6: turn.sent[0].replaces 7 is not a position of the history (3 messages to turn.head)",
+            "line 6: turn.sent[0].replaces 7 is not a position of the history (3 messages to turn.head)".to_string(),
         ),
         (
             "a turn whose at is not a number",
             edited(5, "/turn/at", |a| *a = json!("yesterday")),
-            "line 6: turn.at must be a timestamp (whole Unix seconds, 0 to 253402300799)",
+            "line 6: turn.at must be a timestamp (whole Unix seconds, 0 to 253402300799)".to_string(),
         ),
         (
             "a record whose at is not a number",
             edited(4, "/record/value/at", |a| *a = json!("noon")),
-            "line 5: record.value.at must be a timestamp (whole Unix seconds, 0 to 253402300799)",
+            "line 5: record.value.at must be a timestamp (whole Unix seconds, 0 to 253402300799)".to_string(),
         ),
         (
             "a node whose created_at is out of range",
             edited(2, "/node/created_at", |a| *a = json!(1e300)),
-            "line 3: node.created_at must be a timestamp (whole Unix seconds, 0 to 253402300799)",
+            "line 3: node.created_at must be a timestamp (whole Unix seconds, 0 to 253402300799)".to_string(),
         ),
         (
             "a session whose created_at is negative",
             edited(0, "/session/created_at", |a| *a = json!(-1)),
-            "line 1: session.created_at must be a timestamp (whole Unix seconds, 0 to 253402300799)",
+            "line 1: session.created_at must be a timestamp (whole Unix seconds, 0 to 253402300799)".to_string(),
         ),
         (
             "counts that do not match",
             edited(0, "/counts/records", |c| *c = json!(2)),
-            "line 6: the header counts Some(2) records, the file has 1: is it cut short?",
+            "line 6: the header counts Some(2) records, the file has 1: is it cut short?".to_string(),
         ),
     ];
     assert_eq!(refused(&h, &hand_made()).await.0, 200, "the base is valid");
@@ -433,7 +459,7 @@ async fn an_import_is_checked_whole_and_a_bad_one_writes_nothing() {
         .status()
         .is_success());
     for (what, lines, said) in cases {
-        assert_eq!(refused(&h, &lines).await, (400, said.to_string()), "{what}");
+        assert_eq!(refused(&h, &lines).await, (400, said), "{what}");
         assert!(gone(&h).await, "{what}: nothing written");
     }
 }
@@ -563,4 +589,78 @@ async fn stored_cycle_and_range() {
     .unwrap();
     assert_eq!(chat.status(), 200);
     assert_eq!(chat.headers()["x-ctxgate-session"], id);
+}
+
+// --- node ids are content addresses (issue 36, finding 5) ---------------------------------------------------------
+
+/// An export whose node `k` (from 0 among the nodes) holds `text` under its old id, imported as `new_id`.
+fn forged(export: &[u8], k: usize, text: &str, new_id: &str) -> (Vec<u8>, usize) {
+    let text_of = String::from_utf8(export.to_vec()).unwrap();
+    let mut lines: Vec<Value> = text_of
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    lines[0]["session"]["id"] = json!(new_id);
+    let at = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.get("node").is_some())
+        .nth(k)
+        .unwrap()
+        .0;
+    lines[at]["node"]["message"]["content"] = json!(text);
+    (body(&lines), at + 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_whose_node_id_does_not_match_its_content_is_refused() {
+    let h = Harness::start_with(|c| c.context.default_context_window = 6_000).await;
+    let (sid, mut m) = busy_session(&h).await;
+    let real = export(&h, &sid).await;
+    let forged_id = "anonymous-forged";
+    let (file, line) = forged(&real, 1, "EVIL-IMPORTED", forged_id);
+    let r = import(&h, file.clone(), "").await;
+    assert_eq!(r.status(), 400, "a node whose id is not its content's");
+    let v: Value = r.json().await.unwrap();
+    let said = v["error"]["message"].as_str().unwrap();
+    assert!(
+        said.starts_with(&format!("line {line}: node "))
+            && said.contains("is not the id of its content"),
+        "{said}"
+    );
+    // Nothing written: no forged session, and the real client's next turn resolves to what it sent.
+    let gone = h
+        .client
+        .get(h.url(&format!("/admin/sessions/{forged_id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), 404);
+    m.push(json!({"role": "user", "content": "And now?"}));
+    chat(&h, &m).await;
+    h.state.drain().await;
+    let after = String::from_utf8(export(&h, &sid).await).unwrap();
+    assert!(!after.contains("EVIL-IMPORTED"), "{after}");
+    // The CLI refuses it alike, naming the line.
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("c.toml");
+    let db = dir.path().join("c.db");
+    std::fs::write(
+        &conf,
+        format!("[store]\npath = {:?}\n", db.display().to_string()),
+    )
+    .unwrap();
+    let path = dir.path().join("forged.jsonl");
+    std::fs::write(&path, &file).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxgate"))
+        .args(["sessions", "import", path.to_str().unwrap(), "--config"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("line {line}: node ")), "{stderr}");
+    // The file as exported imports (under another id too: ids do not depend on the session).
+    let (same, _) = forged(&real, 0, "Fix the failing build.", "anonymous-copy");
+    assert_eq!(import(&h, same, "").await.status(), 200);
 }

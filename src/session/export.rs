@@ -2,6 +2,7 @@
 //! node, record and turn. `export → delete → import → export` gives the same bytes but `exported_at`.
 
 use super::migrate::all_turns;
+use super::tree::node_id;
 use super::Sessions;
 use crate::store::{
     committed, Compression, NodeKind, NodeRow, Record, SessionMeta, StoreError, StoredSession,
@@ -191,8 +192,10 @@ struct Lines {
 /// Parses and checks an export, as a whole, before anything is written: the header first, every line of a known
 /// kind with the fields it needs (timestamps as whole Unix seconds), as many nodes, records and turns as the
 /// header counts; then the history: node ids unique (a repeated id is refused, even with the same content), every
-/// parent in the file, no parent cycle, the header's head a node of the file, and every turn's head a node of the
-/// file (or empty) with its ranges inside the path to it. The session id must be one a client could have (see
+/// parent in the file, no parent cycle, every node's id the one its parent and message make ([`node_id`], as the
+/// gateway computes it: an id kept for changed content would stand for a message the client never sent), the
+/// header's head a node of the file, and every turn's head a node of the file (or empty) with its ranges inside
+/// the path to it. The session id must be one a client could have (see
 /// [`session_id_problem`]).
 pub fn parse(text: &[u8]) -> Result<Parsed, ImportError> {
     let text = std::str::from_utf8(text).map_err(|e| invalid(0, format!("not UTF-8: {e}")))?;
@@ -296,6 +299,20 @@ fn check_history(p: &Parsed, at: &Lines, header_line: usize) -> Result<(), Impor
             ),
         )
     })?;
+    for (k, n) in p.nodes.iter().enumerate() {
+        let content = node_id(n.parent.as_deref(), &n.message);
+        if *content != *n.id {
+            return Err(invalid(
+                at.nodes[k],
+                format!(
+                    "node {:?} is not the id of its content: its parent and message make {content:?}; node ids \
+                     are content addresses, so an edited message needs a new id (and so do the nodes and turns \
+                     that name it)",
+                    n.id
+                ),
+            ));
+        }
+    }
     let length_of = |id: &str| index.get(id).map(|&k| lengths[k]);
     if let Some(head) = &p.meta.head {
         if length_of(head).is_none() {
