@@ -21,6 +21,23 @@ pub enum GatewayError {
         /// The configured limit.
         limit: u64,
     },
+    /// A conversation request holds more than the gateway manages (`server.max_messages`, or more memory than
+    /// `server.request_memory_bytes`): 413, before it is parsed.
+    #[error("{message}")]
+    TooLarge {
+        /// What was counted and the limit, by its key.
+        message: String,
+    },
+    /// Requests in flight hold `server.request_memory_bytes`: 503 with `retry-after`.
+    #[error("the gateway's memory for requests in flight is spent: this request needs ~{need_mib} MiB of the {limit_mib} MiB that server.request_memory_bytes allows; retry after {retry_after_secs} s")]
+    MemoryBusy {
+        /// The estimate for this request, MiB.
+        need_mib: u64,
+        /// The configured budget, MiB.
+        limit_mib: u64,
+        /// Seconds the client is told to wait (`retry-after`).
+        retry_after_secs: u64,
+    },
     /// The client did not send the whole request body within `server.body_read_timeout_secs`.
     #[error("the request body was not received within {secs} s (server.body_read_timeout_secs)")]
     RequestTimeout {
@@ -104,9 +121,12 @@ impl GatewayError {
     pub fn status(&self) -> StatusCode {
         match self {
             GatewayError::BadRequest { .. } => StatusCode::BAD_REQUEST,
-            GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::PayloadTooLarge { .. } | GatewayError::TooLarge { .. } => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
             GatewayError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             GatewayError::Overloaded { .. }
+            | GatewayError::MemoryBusy { .. }
             | GatewayError::ShuttingDown { .. }
             | GatewayError::ConnectionsFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::ContextLengthExceeded { .. } => StatusCode::BAD_REQUEST,
@@ -125,6 +145,7 @@ impl GatewayError {
         match self {
             GatewayError::BadRequest { .. }
             | GatewayError::PayloadTooLarge { .. }
+            | GatewayError::TooLarge { .. }
             | GatewayError::RequestTimeout { .. }
             | GatewayError::ContextLengthExceeded { .. }
             | GatewayError::UnsupportedMediaType(_) => "invalid_request_error",
@@ -136,6 +157,7 @@ impl GatewayError {
                 "upstream_error"
             }
             GatewayError::Overloaded { .. }
+            | GatewayError::MemoryBusy { .. }
             | GatewayError::ShuttingDown { .. }
             | GatewayError::ConnectionsFull { .. }
             | GatewayError::Internal(_) => "server_error",
@@ -146,11 +168,13 @@ impl GatewayError {
     pub fn code(&self) -> Option<&'static str> {
         match self {
             GatewayError::BadRequest { .. } => None,
-            GatewayError::PayloadTooLarge { .. } => Some("request_too_large"),
-            GatewayError::RequestTimeout { .. } => Some("request_timeout"),
-            GatewayError::Overloaded { .. } | GatewayError::ConnectionsFull { .. } => {
-                Some("overloaded")
+            GatewayError::PayloadTooLarge { .. } | GatewayError::TooLarge { .. } => {
+                Some("request_too_large")
             }
+            GatewayError::RequestTimeout { .. } => Some("request_timeout"),
+            GatewayError::Overloaded { .. }
+            | GatewayError::MemoryBusy { .. }
+            | GatewayError::ConnectionsFull { .. } => Some("overloaded"),
             GatewayError::ShuttingDown { .. } => Some("shutting_down"),
             GatewayError::ContextLengthExceeded { .. } => Some("context_length_exceeded"),
             GatewayError::Unauthorized => Some("invalid_api_key"),
@@ -185,6 +209,9 @@ impl IntoResponse for GatewayError {
         let mut resp = (self.status(), axum::Json(self.body())).into_response();
         let retry_after = match self {
             GatewayError::Overloaded {
+                retry_after_secs, ..
+            }
+            | GatewayError::MemoryBusy {
                 retry_after_secs, ..
             } => Some(retry_after_secs),
             GatewayError::ConnectionsFull { .. } => Some(1),

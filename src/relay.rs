@@ -168,8 +168,17 @@ impl Relay {
         client_disconnected: bool,
         upstream_error: Option<String>,
     ) -> RelayOutcome {
+        let mut reply = self.tap.reply();
+        // The client did not get the end of a body the upstream broke off, whatever the tap could assemble (a whole
+        // JSON body whose `content-length` was then unmet never reached the client: its body is aborted); nor of a
+        // JSON body it left before its last chunk, which is held back until the finisher ran. (A stream's chunks
+        // went out as they came: what it saw is what the assembler says.)
+        let json = matches!(self.tap, Tap::Json { .. });
+        if upstream_error.is_some() || (client_disconnected && json) {
+            reply.complete = false;
+        }
         RelayOutcome {
-            reply: self.tap.reply(),
+            reply,
             client_disconnected,
             upstream_error,
             bytes: self.bytes,

@@ -290,6 +290,18 @@ pub fn strip_hop_by_hop(h: &HeaderMap) -> HeaderMap {
     end_to_end(h, |_| true)
 }
 
+/// The headers of an upstream's answer that go to the client: its end-to-end headers that `keep` accepts, without
+/// any `x-ctxgate-*` header — those are ctxgate's own word to the client (the session, what a rewrite did), which
+/// an upstream (or another gateway behind ctxgate) must not be able to speak.
+pub fn answer_headers(h: &HeaderMap, keep: impl Fn(&HeaderName) -> bool) -> HeaderMap {
+    end_to_end(h, |k| keep(k) && !is_own_header(k))
+}
+
+/// Whether `name` is one of ctxgate's own answer headers (`x-ctxgate-…`).
+fn is_own_header(name: &HeaderName) -> bool {
+    name.as_str().starts_with("x-ctxgate-")
+}
+
 /// The end-to-end headers of `h` that `keep` accepts, in their order (hop-by-hop ones and those the `Connection`
 /// header names are left out).
 pub fn end_to_end(h: &HeaderMap, keep: impl Fn(&HeaderName) -> bool) -> HeaderMap {

@@ -131,6 +131,35 @@ async fn a_json_body_reset_midway_aborts_the_client_body() {
     assert_eq!(view(&h, &id).await.messages.len(), 1, "no reply recorded");
 }
 
+/// A whole JSON body followed by a reset (the upstream announced more than it sent): the client gets no body (its
+/// connection is aborted, the answer was gathered first), so the reply must not count as complete: the turn says
+/// `complete=false` and the stored reply is marked partial.
+#[tokio::test]
+async fn a_whole_json_body_then_a_reset_is_recorded_partial_not_complete() {
+    let mut h = Harness::start().await;
+    let whole = json!({"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,
+        "message":{"role":"assistant","content":"never delivered"},"finish_reason":"stop"}]});
+    h.mock.push(MockReply::Broken {
+        content_type: "application/json".into(),
+        chunks: vec![(Duration::ZERO, Bytes::from(whole.to_string()))],
+    });
+    let resp = within(10, h.post_chat(body(false))).await;
+    let id = session(&h, &resp).await;
+    assert!(
+        within(10, resp.bytes()).await.is_err(),
+        "the body is cut, not ended"
+    );
+    let turn = h.next_turn().await;
+    assert!(turn.outcome.upstream_error.is_some());
+    assert!(
+        !turn.outcome.reply.complete,
+        "a reply the client never got is not complete"
+    );
+    let v = view(&h, &id).await;
+    assert_eq!(v.messages.len(), 2, "{:?}", v.messages);
+    assert_eq!(v.partial, [1], "the stored reply is marked partial");
+}
+
 /// HTML with 200 (a captive portal, a misconfigured base URL): relayed as is, nothing assembled or recorded.
 #[tokio::test]
 async fn html_with_200_is_relayed_as_is() {

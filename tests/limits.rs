@@ -53,6 +53,51 @@ async fn a_slow_chat_body_gets_408_in_openai_shape() {
     assert!(h.mock.requests().is_empty(), "nothing went upstream");
 }
 
+/// Twice `max_in_flight` connections send a chat request's headers and then one byte of its body a second (no
+/// credentials needed): they hold no in-flight slot (a conversation request takes one once its body has arrived),
+/// so a normal client keeps being answered while they trickle; each still gets its 408 at the body deadline.
+#[tokio::test]
+async fn slow_bodies_hold_no_slot_and_a_normal_client_keeps_being_answered() {
+    const SLOTS: usize = 4;
+    let h = Harness::start_with(|c| {
+        c.server.max_in_flight = SLOTS;
+        c.server.body_read_timeout_secs = 6;
+    })
+    .await;
+    let mut slow = Vec::new();
+    for _ in 0..2 * SLOTS {
+        let mut tcp = TcpStream::connect(h.addr).await.unwrap();
+        tcp.write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 5000\r\n\r\n{",
+        )
+        .await
+        .unwrap();
+        slow.push(tcp);
+    }
+    let trickle = tokio::spawn(async move {
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            for tcp in &mut slow {
+                let _ = tcp.write_all(b" ").await;
+            }
+        }
+        slow
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let body = json!({"model":"mock-model","messages":[{"role":"user","content":"hi"}]}).to_string();
+    for i in 0..6 {
+        let r = h.post_chat(body.clone()).await;
+        assert_eq!(r.status(), 200, "request {i} while slow bodies trickle");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let mut slow = trickle.await.unwrap();
+    // The trickling clients get their 408 at the body deadline, each.
+    for tcp in &mut slow {
+        let (text, _) = read_until_closed(tcp, Duration::from_secs(10)).await;
+        assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    }
+}
+
 #[tokio::test]
 async fn beyond_max_in_flight_requests_get_503_with_retry_after_until_a_stream_ends() {
     let h = Harness::start_with(|c| c.server.max_in_flight = 1).await;
@@ -66,10 +111,12 @@ async fn beyond_max_in_flight_requests_get_503_with_retry_after_until_a_stream_e
     let held = h.post_chat(body.to_string()).await;
     assert_eq!(held.status(), 200);
 
-    // Refused at once, before its body is read: headers only, the body never comes.
+    // A passthrough request is refused at once, before its body is read: headers only, the body never comes.
+    // (A conversation request takes its slot once its body has arrived: see
+    // `slow_bodies_hold_no_slot_and_a_normal_client_keeps_being_answered`.)
     let mut tcp = TcpStream::connect(h.addr).await.unwrap();
     tcp.write_all(
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 5000\r\n\r\n",
+        b"POST /v1/files HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 5000\r\n\r\n",
     )
     .await
     .unwrap();
@@ -112,9 +159,13 @@ async fn beyond_max_in_flight_requests_get_503_with_retry_after_until_a_stream_e
     let text = metrics.text().await.unwrap();
     assert!(
         text.lines().any(|l| l.starts_with("ctxgate_requests_total")
-            && l.contains("route=\"chat\"")
+            && l.contains("dialect=\"chat\",route=\"chat\"")
             && l.contains("status=\"5xx\"")
-            && l.ends_with(" 2")),
+            && l.ends_with(" 1"))
+            && text.lines().any(|l| l.starts_with("ctxgate_requests_total")
+                && l.contains("dialect=\"none\",route=\"passthrough\"")
+                && l.contains("status=\"5xx\",stream=\"false\"")
+                && l.ends_with(" 2")),
         "refusals are counted: {text}"
     );
 

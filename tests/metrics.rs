@@ -903,13 +903,14 @@ async fn overload_and_slow_bodies_are_counted_as_rejections() {
     let h = Harness::start_with(|c| {
         c.server.max_in_flight = 1;
         c.server.body_read_timeout_secs = 1;
+        c.server.max_messages = 2;
     })
     .await;
     // Every series that can occur exists from the start, at zero: admin requests are never refused, and only
-    // conversation requests wait for their body before being handled.
+    // conversation requests wait for their body (and are counted) before being handled.
     let m = parse(&scrape(&h).await);
     for route in ["chat", "passthrough", "admin"] {
-        for reason in ["overloaded", "body_timeout"] {
+        for reason in ["overloaded", "body_timeout", "too_large", "memory"] {
             let l = [("route", route), ("reason", reason)];
             let possible = route == "chat" || (route == "passthrough" && reason == "overloaded");
             assert_eq!(
@@ -921,30 +922,39 @@ async fn overload_and_slow_bodies_are_counted_as_rejections() {
     }
     assert_eq!(sum(&m, names::REQUESTS_REJECTED_TOTAL, &[]), 0.0);
 
-    // A chat request whose body never arrives holds the only in-flight slot until it is refused with 408.
+    // A chat request whose body never arrives holds no slot; it is refused with 408 at its deadline.
     let mut slow = TcpStream::connect(h.addr).await.unwrap();
     slow.write_all(
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"model\":\"m\",",
     )
     .await
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while sum(
-        &parse(&scrape(&h).await),
-        names::REQUESTS_IN_FLIGHT,
-        &[("route", "chat")],
-    ) < 1.0
-    {
-        assert!(Instant::now() < deadline, "the slow request never got in");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // A stream holds the only in-flight slot while it runs.
+    h.mock.push(ctxgate::mock::MockReply::sse_chunks(
+        &[ctxgate::mock::chunk(serde_json::json!({"content":"slow"}), None)],
+        Duration::from_millis(2500),
+    ));
+    let held = h
+        .client
+        .post(h.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(held.status(), 200);
     // Meanwhile: a chat request, a passthrough request and a GET on the chat path (a passthrough) are refused.
     let (s, _) = chat(&h, "busy", r#"{"model":"m","messages":[]}"#).await;
     assert_eq!(s, 503);
     assert_eq!(get(&h, "/v1/models").await, 503);
     assert_eq!(get(&h, "/v1/chat/completions").await, 503);
+    // More messages than server.max_messages: 413, before any slot is asked for.
+    let three = r#"{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]}"#;
+    let (s, _) = chat(&h, "many", three).await;
+    assert_eq!(s, 413);
     let (text, closed) = read_until_closed(&mut slow, Duration::from_secs(8)).await;
     assert!(closed && text.starts_with("HTTP/1.1 408"), "{text}");
+    held.bytes().await.unwrap();
 
     let (text, m) = settled(&h).await;
     let rejected = |route, reason| {
@@ -957,7 +967,8 @@ async fn overload_and_slow_bodies_are_counted_as_rejections() {
     assert_eq!(rejected("chat", "overloaded"), 1.0, "{text}");
     assert_eq!(rejected("passthrough", "overloaded"), 2.0, "{text}");
     assert_eq!(rejected("chat", "body_timeout"), 1.0, "{text}");
-    assert_eq!(sum(&m, names::REQUESTS_REJECTED_TOTAL, &[]), 4.0, "{text}");
+    assert_eq!(rejected("chat", "too_large"), 1.0, "{text}");
+    assert_eq!(sum(&m, names::REQUESTS_REJECTED_TOTAL, &[]), 5.0, "{text}");
     // and still counted among the answered requests, by status class
     let req = |route, status| {
         sum(
@@ -967,9 +978,9 @@ async fn overload_and_slow_bodies_are_counted_as_rejections() {
         )
     };
     assert_eq!(req("chat", "5xx"), 1.0);
-    assert_eq!(req("chat", "4xx"), 1.0);
+    assert_eq!(req("chat", "4xx"), 2.0);
     assert_eq!(req("passthrough", "5xx"), 2.0);
-    assert!(h.mock.requests().is_empty(), "nothing went upstream");
+    assert_eq!(h.mock.requests().len(), 1, "only the stream went upstream");
 }
 
 #[tokio::test]

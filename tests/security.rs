@@ -878,3 +878,44 @@ async fn huge_offsets_and_limits_are_400_not_the_first_page() {
     let (_, v) = get("/admin/sessions?limit=1000".into()).await;
     assert_eq!(v["sessions"][0]["id"], id);
 }
+
+/// `x-ctxgate-*` is ctxgate's own word to the client: an upstream (or a gateway behind ctxgate) that sends one —
+/// here a forged `x-ctxgate-rewrite` and `x-ctxgate-session` — does not get it to the client, on a conversation
+/// request or a passthrough one; the session header the client sees is ctxgate's.
+#[tokio::test]
+async fn an_upstreams_own_x_ctxgate_headers_never_reach_the_client() {
+    let h = Harness::start().await;
+    let forged = || MockReply::Json {
+        status: 200,
+        headers: vec![
+            ("content-type".into(), "application/json".into()),
+            ("x-ctxgate-rewrite".into(), "summarized; tokens=9->1".into()),
+            ("x-ctxgate-session".into(), "forged".into()),
+            ("x-ctxgate-anything".into(), "1".into()),
+            ("x-upstream-own".into(), "kept".into()),
+        ],
+        body: bytes::Bytes::from(
+            json!({"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,
+                "message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]})
+            .to_string(),
+        ),
+        delay: std::time::Duration::ZERO,
+    };
+    h.mock.push(forged());
+    let resp = h
+        .post_chat(json!({"model":"m","messages":[{"role":"user","content":"hello"}]}).to_string())
+        .await;
+    assert_eq!(resp.status(), 200);
+    let hd = resp.headers();
+    assert!(hd.get("x-ctxgate-rewrite").is_none(), "{hd:?}");
+    assert!(hd.get("x-ctxgate-anything").is_none(), "{hd:?}");
+    assert_eq!(hd.get_all("x-ctxgate-session").iter().count(), 1, "{hd:?}");
+    assert_ne!(hd["x-ctxgate-session"], "forged");
+    assert_eq!(hd["x-upstream-own"], "kept");
+    h.mock.push(forged());
+    let resp = h.client.get(h.url("/v1/models")).send().await.unwrap();
+    let hd = resp.headers();
+    assert!(hd.get("x-ctxgate-rewrite").is_none(), "{hd:?}");
+    assert!(hd.get("x-ctxgate-session").is_none(), "{hd:?}");
+    assert_eq!(hd["x-upstream-own"], "kept");
+}

@@ -26,8 +26,19 @@ pub struct ServerConfig {
     /// Most client connections open at once; further connections wait in the listen queue. 0: no limit.
     pub max_connections: usize,
     /// Most requests in flight at once (streams count until they end); beyond it requests get 503 with
-    /// `retry-after` at once. 0: no limit.
+    /// `retry-after` at once. A request with a body takes its slot once the body has arrived: a slow or idle
+    /// body holds none. 0: no limit.
     pub max_in_flight: usize,
+    /// Most conversation elements a conversation request may hold: the items of its `messages` (`input`) array
+    /// and the content blocks inside them, counted from the bytes before the body is parsed. A request with more
+    /// gets 413 `request_too_large` naming this key, in its API's error shape. Bounds what one request costs to
+    /// parse and to store (its new messages are one store write). 0: no limit.
+    pub max_messages: u64,
+    /// Bytes of memory that conversation requests in flight may hold together: each reserves, before it is parsed,
+    /// its body as it arrives and then an estimate of what managing it costs (its bytes, its elements and JSON
+    /// values, measured: docs/operations.md, "Memory"), until its answer has been sent. Beyond it a request gets
+    /// 503 with `retry-after`; one that could never fit gets 413. 0: no limit.
+    pub request_memory_bytes: u64,
 }
 
 impl Default for ServerConfig {
@@ -42,6 +53,8 @@ impl Default for ServerConfig {
             body_read_timeout_secs: 60,
             max_connections: 4096,
             max_in_flight: 1024,
+            max_messages: 50_000,
+            request_memory_bytes: 1024 * 1024 * 1024,
         }
     }
 }
@@ -69,6 +82,12 @@ impl ServerConfig {
         }
         if self.max_body_bytes == 0 {
             e.push("server.max_body_bytes: must be greater than 0".into());
+        }
+        if self.request_memory_bytes > 0 && self.request_memory_bytes < self.max_body_bytes {
+            e.push(format!(
+                "server.request_memory_bytes: {} is less than server.max_body_bytes ({}): no body of the largest size could be managed; raise it (or 0: no limit)",
+                self.request_memory_bytes, self.max_body_bytes
+            ));
         }
         for (key, v) in [
             ("drain_secs", self.drain_secs),

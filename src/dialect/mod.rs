@@ -5,6 +5,7 @@
 //! `dialect/` knows a wire format.
 
 pub mod anthropic;
+pub mod census;
 pub mod chat;
 mod names;
 pub mod naming;

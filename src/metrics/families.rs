@@ -208,7 +208,7 @@ pub(super) fn rejected(r: &Registry, l: &Lists) -> prometheus::Result<Series<Int
         r,
         (
             REQUESTS_REJECTED_TOTAL,
-            "Requests refused before being handled, by route, dialect and reason (overloaded: beyond server.max_in_flight, 503; body_timeout: body not received within server.body_read_timeout_secs, 408).",
+            "Requests refused before being handled, by route, dialect and reason (overloaded: beyond server.max_in_flight, 503; body_timeout: body not received within server.body_read_timeout_secs, 408; too_large: more elements than server.max_messages or more memory than server.request_memory_bytes, 413; memory: server.request_memory_bytes held by requests in flight, 503).",
             &["route", "dialect", "reason"],
         ),
         &[&l.routes, &l.dialects, &reasons],

@@ -64,6 +64,11 @@ label_enum! {
         Overloaded => "overloaded",
         /// The body did not arrive within `server.body_read_timeout_secs`: 408.
         BodyTimeout => "body_timeout",
+        /// More elements than `server.max_messages`, or more memory than `server.request_memory_bytes` could
+        /// ever give: 413.
+        TooLarge => "too_large",
+        /// The memory for requests in flight (`server.request_memory_bytes`) is spent: 503 with `retry-after`.
+        Memory => "memory",
     }
 }
 

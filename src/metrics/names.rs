@@ -9,7 +9,9 @@ pub const REQUESTS_IN_FLIGHT: &str = "ctxgate_requests_in_flight";
 pub const ACTIVE_STREAMS: &str = "ctxgate_active_streams";
 /// Counter: requests ctxgate refused before handling them, by `route` and `reason` (overloaded: beyond
 /// `server.max_in_flight`, answered 503; body_timeout: body not received within `server.body_read_timeout_secs`,
-/// answered 408). They are counted in `ctxgate_requests_total` too.
+/// answered 408; too_large: more elements than `server.max_messages` or more memory than `server.request_memory_bytes`,
+/// answered 413; memory: `server.request_memory_bytes` held by requests in flight, answered 503). They are counted
+/// in `ctxgate_requests_total` too.
 pub const REQUESTS_REJECTED_TOTAL: &str = "ctxgate_requests_rejected_total";
 /// Counter: conversation requests passed through without being managed, by `dialect` and `reason`
 /// (previous_response_id, conversation, compaction_trigger). They are counted in `ctxgate_requests_total` too.

@@ -11,7 +11,7 @@ use crate::error::GatewayError;
 use crate::metrics::{DialectLabel, Route};
 use crate::relay;
 use crate::session::manager::now_secs;
-use crate::upstream::end_to_end;
+use crate::upstream::answer_headers;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
@@ -100,7 +100,7 @@ pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
     timer.set_status(resp.status().as_u16());
     let mut builder = Response::builder().status(resp.status());
     if let Some(h) = builder.headers_mut() {
-        *h = end_to_end(resp.headers(), |k| k != http::header::CONTENT_LENGTH);
+        *h = answer_headers(resp.headers(), |k| k != http::header::CONTENT_LENGTH);
     }
     let stream = relay::passthrough(resp.bytes_stream().boxed(), state.upstream.timeout()).map(
         move |chunk| {

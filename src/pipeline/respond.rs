@@ -14,7 +14,7 @@ use crate::metrics::RequestTimer;
 use crate::recall::{HistorySource, LazyHistory};
 use crate::relay::{self, Finisher};
 use crate::session::SessionIdentity;
-use crate::upstream::end_to_end;
+use crate::upstream::answer_headers;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
@@ -237,7 +237,7 @@ fn head(
 ) -> http::response::Builder {
     let mut builder = Response::builder().status(status);
     if let Some(h) = builder.headers_mut() {
-        *h = end_to_end(upstream, |k| {
+        *h = answer_headers(upstream, |k| {
             keep_length || k != http::header::CONTENT_LENGTH
         });
         if let Some(v) = &own.rewrite {

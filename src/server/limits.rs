@@ -1,6 +1,10 @@
-//! `server.max_in_flight`: beyond it a `/v1/*` request is refused at once with 503 and `retry-after`, before its
-//! body is read; a response holds its slot until its body has been sent (a stream counts until it ends).
+//! `server.max_in_flight`: beyond it a `/v1/*` request is refused at once with 503 and `retry-after`; a response
+//! holds its slot until its body has been sent (a stream counts until it ends). A conversation request takes its
+//! slot only once its body has arrived and been admitted (`admission`: `server.max_messages`,
+//! `server.request_memory_bytes`), so that slow or idle bodies cannot hold the slots; other requests take theirs
+//! before their body, which is streamed to the upstream as it comes.
 
+use super::admission::{self, Memory, Reserved, Rules};
 use crate::app::AppState;
 use crate::dialect::Dialect;
 use crate::error::GatewayError;
@@ -16,86 +20,141 @@ use http_body::{Frame, SizeHint};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Seconds a refused client is told to wait.
 pub const RETRY_AFTER_SECS: u64 = 1;
 
-/// The in-flight slots (`None`: no limit).
+/// The in-flight slots (`None`: no limit) and the memory budget of conversation requests.
 #[derive(Clone)]
 pub struct InFlight {
     slots: Option<Arc<Semaphore>>,
     limit: usize,
+    memory: Memory,
+    rules: Arc<Rules>,
 }
 
 impl InFlight {
-    /// Slots for `limit` requests; 0 means no limit.
-    pub fn new(limit: usize) -> Self {
+    /// Slots and admission under `server`'s limits; a `max_in_flight` of 0 means no limit.
+    pub fn new(server: &crate::config::ServerConfig) -> Self {
+        let limit = server.max_in_flight;
         Self {
             slots: (limit > 0).then(|| Arc::new(Semaphore::new(limit))),
             limit,
+            memory: Memory::new(server.request_memory_bytes),
+            rules: Arc::new(Rules {
+                max_body_bytes: server.max_body_bytes,
+                body_timeout: Duration::from_secs(server.body_read_timeout_secs),
+                max_messages: server.max_messages,
+            }),
         }
     }
 }
 
-/// Middleware: takes a slot for the request and hands it to the response body, or refuses the request.
+/// The dialect of a conversation request (the routes the pipeline manages), from its method and path.
+fn conversation(req: &Request) -> Option<Dialect> {
+    match (req.method() == Method::POST, req.uri().path()) {
+        (true, "/v1/chat/completions") => Some(Dialect::Chat),
+        (true, "/v1/messages" | "/v1/messages/count_tokens") => Some(Dialect::Anthropic),
+        (true, "/v1/responses") => Some(Dialect::Responses),
+        _ => None,
+    }
+}
+
+/// Middleware: admits a conversation request's body, takes a slot for the request and hands it (and the
+/// request's memory) to the response body, or refuses the request.
 pub async fn limit(
     State((state, in_flight)): State<(Arc<AppState>, InFlight)>,
     req: Request,
     next: Next,
 ) -> Response {
-    let Some(slots) = &in_flight.slots else {
-        return next.run(req).await;
-    };
-    let Ok(permit) = slots.clone().try_acquire_owned() else {
-        // Counted like any answered request (route and status class), and as a rejection (the overload panel
-        // and alert).
-        let conversation = match (req.method() == Method::POST, req.uri().path()) {
-            (true, "/v1/chat/completions") => Some(Dialect::Chat),
-            (true, "/v1/messages") => Some(Dialect::Anthropic),
-            (true, "/v1/responses") => Some(Dialect::Responses),
-            _ => None,
-        };
-        let (route, dialect) = match conversation {
-            Some(d) => (Route::Chat, DialectLabel::from(d)),
-            None => (Route::Passthrough, DialectLabel::NoDialect),
-        };
-        state
-            .metrics
-            .rejected(route, dialect, RejectReason::Overloaded);
-        let mut timer = state.metrics.start(route, dialect, Instant::now());
-        timer.set_status(503);
-        tracing::warn!(
-            max_in_flight = in_flight.limit,
-            "server busy: refused a request (server.max_in_flight)"
-        );
-        // In the error shape of the API the client speaks.
+    let dialect = conversation(&req);
+    // The error shape of the API the client speaks.
+    let shape = dialect.unwrap_or_else(|| {
         let rest = req.uri().path().strip_prefix("/v1").unwrap_or_default();
-        let shape = match conversation {
-            Some(d) => d,
-            None if Api::of(rest, req.headers()) == Api::Anthropic => Dialect::Anthropic,
-            None => Dialect::Chat,
-        };
-        let e = GatewayError::Overloaded {
-            limit: in_flight.limit,
-            retry_after_secs: RETRY_AFTER_SECS,
-        };
-        return crate::pipeline::error_response(shape, e);
+        match Api::of(rest, req.headers()) {
+            Api::Anthropic => Dialect::Anthropic,
+            _ => Dialect::Chat,
+        }
+    });
+    let refuse = |reason, e: GatewayError| refuse(&state, dialect, shape, reason, e);
+    let (req, reserved) = match dialect {
+        Some(_) => {
+            let (parts, body) = req.into_parts();
+            match admission::admit(body, &in_flight.rules, &in_flight.memory).await {
+                Ok((raw, reserved)) => (Request::from_parts(parts, Body::from(raw)), reserved),
+                Err(e) => {
+                    let reason = match &e {
+                        GatewayError::RequestTimeout { .. } => Some(RejectReason::BodyTimeout),
+                        GatewayError::TooLarge { .. } => Some(RejectReason::TooLarge),
+                        GatewayError::MemoryBusy { .. } => Some(RejectReason::Memory),
+                        _ => None,
+                    };
+                    return refuse(reason, e);
+                }
+            }
+        }
+        None => (req, Reserved::default()),
     };
+    let permit = match &in_flight.slots {
+        None => None,
+        Some(slots) => match slots.clone().try_acquire_owned() {
+            Ok(p) => Some(p),
+            Err(_) => {
+                let e = GatewayError::Overloaded {
+                    limit: in_flight.limit,
+                    retry_after_secs: RETRY_AFTER_SECS,
+                };
+                return refuse(Some(RejectReason::Overloaded), e);
+            }
+        },
+    };
+    if permit.is_none() && dialect.is_none() {
+        return next.run(req).await;
+    }
     let resp = next.run(req).await;
     resp.map(|body| {
         Body::new(Holding {
             inner: body,
             _permit: permit,
+            _memory: reserved,
         })
     })
 }
 
-/// A response body that keeps its request's in-flight slot until it is dropped (sent, or the client left).
+/// A request refused before it is handled: counted like any answered request (route and status class) and, with
+/// a `reason`, as a rejection (the overload panel and alert); logged; answered in `shape`'s error shape.
+fn refuse(
+    state: &AppState,
+    dialect: Option<Dialect>,
+    shape: Dialect,
+    reason: Option<RejectReason>,
+    e: GatewayError,
+) -> Response {
+    let (route, label) = match dialect {
+        Some(d) => (Route::Chat, DialectLabel::from(d)),
+        None => (Route::Passthrough, DialectLabel::NoDialect),
+    };
+    if let Some(r) = reason {
+        state.metrics.rejected(route, label, r);
+    }
+    let mut timer = state.metrics.start(route, label, Instant::now());
+    timer.set_status(e.status().as_u16());
+    tracing::warn!(
+        status = e.status().as_u16(),
+        dialect = shape.as_str(),
+        "refused a request before handling it: {e}"
+    );
+    crate::pipeline::error_response(shape, e)
+}
+
+/// A response body that keeps its request's in-flight slot and memory until it is dropped (sent, or the client left).
 struct Holding {
     inner: Body,
-    _permit: OwnedSemaphorePermit,
+    _permit: Option<OwnedSemaphorePermit>,
+    /// The request's memory (conversation requests), given back with the slot.
+    _memory: Reserved,
 }
 
 impl http_body::Body for Holding {

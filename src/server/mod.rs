@@ -2,6 +2,7 @@
 //! inspector page (`/ui/`), and serving with graceful shutdown.
 
 mod admin;
+mod admission;
 mod conn;
 mod limits;
 mod metrics;
@@ -33,7 +34,7 @@ const METRICS_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// The gateway's routes.
 pub fn router(state: Arc<AppState>) -> Router {
-    let in_flight = limits::InFlight::new(state.config.server.max_in_flight);
+    let in_flight = limits::InFlight::new(&state.config.server);
     let v1 = Router::new()
         // Only POST is a chat request; any other method (GET lists stored completions) is the upstream's.
         .route(

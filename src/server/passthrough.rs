@@ -4,7 +4,7 @@ use crate::app::AppState;
 use crate::error::GatewayError;
 use crate::metrics::{DialectLabel, Route, UpstreamErrorClass};
 use crate::relay;
-use crate::upstream::{strip_hop_by_hop, Api};
+use crate::upstream::{answer_headers, Api};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
@@ -86,7 +86,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
     timer.set_stream(sse);
     let mut builder = Response::builder().status(resp.status());
     if let Some(h) = builder.headers_mut() {
-        *h = strip_hop_by_hop(resp.headers());
+        *h = answer_headers(resp.headers(), |_| true);
     }
     let metrics = state.metrics.clone();
     let stream = relay::passthrough(resp.bytes_stream().boxed(), state.upstream.timeout()).map(

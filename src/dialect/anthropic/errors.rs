@@ -11,9 +11,10 @@ pub fn error_type(e: &GatewayError) -> &'static str {
         GatewayError::BadRequest { .. } | GatewayError::ContextLengthExceeded { .. } => {
             "invalid_request_error"
         }
-        GatewayError::PayloadTooLarge { .. } => "request_too_large",
+        GatewayError::PayloadTooLarge { .. } | GatewayError::TooLarge { .. } => "request_too_large",
         GatewayError::RequestTimeout { .. } | GatewayError::UpstreamTimeout(_) => "timeout_error",
         GatewayError::Overloaded { .. }
+        | GatewayError::MemoryBusy { .. }
         | GatewayError::ShuttingDown { .. }
         | GatewayError::ConnectionsFull { .. } => "overloaded_error",
         GatewayError::Unauthorized => "authentication_error",

@@ -32,6 +32,8 @@ pub struct MessageAssembler {
     size: usize,
     /// The message went over [`MAX_ASSEMBLED_BYTES`]: it is no longer assembled.
     overflow: bool,
+    /// Tool-call deltas that belonged to no call (left out).
+    stray_deltas: usize,
 }
 
 use crate::dialect::MAX_ASSEMBLED_BYTES;
@@ -126,6 +128,12 @@ impl MessageAssembler {
                 .unwrap_or(pos as u64);
             let acc = match self.tool_calls.iter().position(|(i, _)| *i == index) {
                 Some(p) => &mut self.tool_calls[p].1,
+                // A delta for an index no call opened, that opens none either (no `id`, no name): it belongs to no
+                // call (an upstream's bug, or a forged `index`); left out rather than made a call without a name.
+                None if !opens_call(call) => {
+                    self.stray_deltas += 1;
+                    continue;
+                }
                 None => {
                     self.tool_calls.push((index, ToolCallAcc::default()));
                     let last = self.tool_calls.len() - 1;
@@ -244,10 +252,18 @@ impl MessageAssembler {
         if let Some(r) = &self.refusal {
             m.insert("refusal".into(), Value::String(r.clone()));
         }
-        if !self.tool_calls.is_empty() {
-            let calls: Vec<Value> = self
-                .tool_calls
-                .iter()
+        // A call that never got a name is no call a history can carry (the API would refuse it when resent).
+        let named = || self.tool_calls.iter().filter(|(_, c)| !c.name.is_empty());
+        let nameless = self.tool_calls.len() - named().count();
+        if nameless > 0 || self.stray_deltas > 0 {
+            tracing::warn!(
+                nameless_calls = nameless,
+                stray_deltas = self.stray_deltas,
+                "relay: streamed tool calls without a name or a call to belong to were left out of the recorded reply"
+            );
+        }
+        if named().next().is_some() {
+            let calls: Vec<Value> = named()
                 .map(|(_, c)| {
                     json!({
                         "id": c.id,
@@ -271,12 +287,25 @@ impl MessageAssembler {
             id: self.id.clone(),
             model: self.model.clone(),
             error: self.error.clone(),
-            // An error event means the reply was cut short, even when `[DONE]` follows it.
-            complete: (self.done || self.finish_reason.is_some()) && self.error.is_none(),
+            // An error event means the reply was cut short, even when `[DONE]` follows it; a call left out means
+            // the recorded message is not the one the client got.
+            complete: (self.done || self.finish_reason.is_some())
+                && self.error.is_none()
+                && nameless == 0,
             chunks: self.chunks,
             round_usage: Vec::new(),
         }
     }
+}
+
+/// Whether a tool-call delta can open a call: it carries the call's `id` or its function's name.
+fn opens_call(call: &Value) -> bool {
+    call.get("id").and_then(Value::as_str).is_some()
+        || call
+            .get("function")
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str)
+            .is_some()
 }
 
 /// Bytes of text a delta adds (its strings, roughly).
@@ -421,6 +450,36 @@ mod tests {
             ])
         );
         assert_eq!(r.finish_reason.as_deref(), Some("tool_calls"));
+    }
+
+    /// A delta for an index no call opened, carrying only arguments (here a forged `index` of 4,000,000,000),
+    /// belongs to no call: it is left out, not recorded as a call without a name; a call that never got a name is
+    /// left out and the reply is not complete.
+    #[test]
+    fn a_delta_for_no_call_is_left_out_and_a_nameless_call_is_not_recorded() {
+        let r = feed(&[
+            chunk(
+                json!({"role":"assistant","tool_calls":[
+                {"index":0,"id":"call_a","type":"function","function":{"name":"read","arguments":"{}"}}]}),
+                None,
+            ),
+            chunk(
+                json!({"tool_calls":[{"index":4_000_000_000u64,"function":{"arguments":"{\"x\":1}"}}]}),
+                Some("tool_calls"),
+            ),
+        ]);
+        assert_eq!(
+            r.message["tool_calls"],
+            json!([{"id":"call_a","type":"function","function":{"name":"read","arguments":"{}"}}])
+        );
+        assert!(r.complete);
+        let r = feed(&[chunk(
+            json!({"role":"assistant","tool_calls":[
+                {"index":4_000_000_000u64,"id":"call_x","function":{"arguments":"{}"}}]}),
+            Some("tool_calls"),
+        )]);
+        assert!(r.message.get("tool_calls").is_none(), "{}", r.message);
+        assert!(!r.complete);
     }
 
     #[test]
