@@ -207,3 +207,105 @@ fn a_webhook_needs_a_secret_and_a_valid_duration() {
     assert_eq!(ok.hooks.idle_after(), Duration::from_secs(2700));
     assert_eq!(ok.masked().hooks.secret.as_deref(), Some("***"));
 }
+
+/// A receiver that holds the first `hang` requests for 30 s (each delivery's timeout ends it first) and answers
+/// 200 after; it notes when each request arrived and for which session.
+#[derive(Clone)]
+struct Hanging {
+    got: Arc<Mutex<Vec<(std::time::Instant, String, u16)>>>,
+    hang: usize,
+}
+
+impl Hanging {
+    async fn start(hang: usize) -> (Hanging, String) {
+        let r = Hanging {
+            got: Arc::default(),
+            hang,
+        };
+        let app = axum::Router::new()
+            .route(
+                "/idle",
+                post(|State(r): State<Hanging>, headers: HeaderMap| async move {
+                    let session = headers["x-ctxgate-session"].to_str().unwrap().to_string();
+                    let status = {
+                        let mut got = r.got.lock().unwrap();
+                        let status = if got.len() < r.hang { 0 } else { 200 };
+                        got.push((std::time::Instant::now(), session, status));
+                        status
+                    };
+                    if status == 0 {
+                        tokio::time::sleep(Duration::from_secs(30)).await;
+                    }
+                    StatusCode::OK
+                }),
+            )
+            .with_state(r.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/idle", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (r, url)
+    }
+
+    fn got(&self) -> Vec<(std::time::Instant, String, u16)> {
+        self.got.lock().unwrap().clone()
+    }
+}
+
+/// Issue 36, finding 7: a receiver that hangs costs one `timeout_secs` per sweep, not one per due session: the
+/// due sessions are delivered concurrently (up to `hooks.concurrent_deliveries`), each still once per idle
+/// period, and each hung one retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_receiver_costs_one_timeout_for_all_due_sessions_not_one_each() {
+    const N: usize = 8;
+    let (rx, url) = Hanging::start(N).await;
+    let h = Harness::start_with(|c| {
+        hooked(c, &url);
+        c.hooks.timeout_secs = 1;
+    })
+    .await;
+    let mut sids = Vec::new();
+    for i in 0..N {
+        sids.push(chat(&h, &format!("hang-{i}"), "hello").await);
+    }
+    // Every session's first attempt (each hangs until its 1 s timeout).
+    for _ in 0..300 {
+        if rx.got().len() >= N {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let got = rx.got();
+    assert!(got.len() >= N, "{} attempts after 30 s", got.len());
+    let first: std::collections::HashSet<&str> = got[..N].iter().map(|g| g.1.as_str()).collect();
+    assert_eq!(first.len(), N, "one attempt per session first: {got:?}");
+    // In series the last first attempt would start (N - 1) timeouts after the first: 7 s.
+    let spread = got[N - 1].0 - got[0].0;
+    eprintln!("the first attempts of {N} due sessions spread over {spread:?}");
+    assert!(
+        spread < Duration::from_millis(3500),
+        "the first attempts of {N} due sessions spread over {spread:?}"
+    );
+    // Each is retried after its timeout and delivered once; then nothing more for this idle period.
+    for _ in 0..300 {
+        if rx.got().iter().filter(|g| g.2 == 200).count() >= N {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let got = rx.got();
+    for sid in &sids {
+        let delivered = got.iter().filter(|g| &g.1 == sid && g.2 == 200).count();
+        assert_eq!(delivered, 1, "{sid}: {got:?}");
+    }
+    assert_eq!(
+        got.len(),
+        2 * N,
+        "one hung attempt and one delivery each: {got:?}"
+    );
+    assert_eq!(
+        h.metric("ctxgate_hook_deliveries_total{outcome=\"delivered\"}")
+            .await,
+        N as f64
+    );
+}

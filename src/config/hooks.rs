@@ -21,6 +21,9 @@ pub struct HooksConfig {
     pub secret: Option<String>,
     /// Seconds a delivery may take before it counts as failed (and is retried).
     pub timeout_secs: u64,
+    /// Most deliveries in flight at once: the sessions due in one sweep are posted concurrently up to this many,
+    /// so a receiver that hangs costs about one `timeout_secs` per this many due sessions, not one each.
+    pub concurrent_deliveries: usize,
     /// Longest wait between two attempts of a failing delivery (they start at one second and double): a
     /// duration, at least `"1s"`.
     pub max_backoff: DurationSpec,
@@ -33,6 +36,7 @@ impl Default for HooksConfig {
             session_idle_after: DurationSpec::from_secs(30 * 60),
             secret: None,
             timeout_secs: 10,
+            concurrent_deliveries: 8,
             max_backoff: DurationSpec::from_secs(5 * 60),
         }
     }
@@ -49,6 +53,9 @@ impl HooksConfig {
         }
         if self.timeout_secs == 0 {
             e.push("hooks.timeout_secs: must be greater than 0".into());
+        }
+        if self.concurrent_deliveries == 0 {
+            e.push("hooks.concurrent_deliveries: must be greater than 0".into());
         }
         let Some(url) = &self.session_idle_url else {
             return;

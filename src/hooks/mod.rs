@@ -3,7 +3,8 @@
 //! period. What is due is derived from the sessions' rows (`last_active`, `idle_notified`), so a delivery pending
 //! at a crash or restart is found again by the next sweep; a period is marked done once the receiver answered 2xx
 //! (or refused it with a 4xx other than 429). On a shared store a per-session lock keeps two instances from
-//! delivering the same period.
+//! delivering the same period. The sessions due in one sweep are posted concurrently, up to
+//! `[hooks] concurrent_deliveries` at a time, so a receiver that hangs costs one timeout per that many.
 
 use crate::config::HooksConfig;
 use crate::error::GatewayError;
@@ -12,6 +13,7 @@ use crate::session::manager::now_secs;
 use crate::session::Sessions;
 use crate::store::{Lock, SessionMeta};
 use crate::upstream::Upstream;
+use futures_util::StreamExt;
 use hmac::{Hmac, Mac};
 use http::{HeaderMap, HeaderValue};
 use sha2::Sha256;
@@ -54,6 +56,7 @@ pub fn spawn(cfg: &HooksConfig, sessions: &Arc<Sessions>, metrics: Arc<Metrics>,
         timeout: Duration::from_secs(cfg.timeout_secs),
         idle_after: cfg.idle_after(),
         max_backoff: cfg.max_backoff(),
+        concurrency: cfg.concurrent_deliveries.max(1),
         backoff: HashMap::new(),
     };
     tracing::info!(
@@ -74,8 +77,20 @@ struct Sweeper {
     timeout: Duration,
     idle_after: Duration,
     max_backoff: Duration,
+    /// Most deliveries in flight at once (`hooks.concurrent_deliveries`).
+    concurrency: usize,
     /// Failing deliveries: (attempts so far, not before).
     backoff: HashMap<String, (u32, Instant)>,
+}
+
+/// What became of a due session in a sweep.
+enum Ended {
+    /// Delivered or refused: the period is done (its backoff forgotten).
+    Done,
+    /// Failed: retried after a backoff.
+    Retry(String),
+    /// Not attempted (another instance has it, or the session is gone).
+    Skipped,
 }
 
 /// How one attempt ended.
@@ -119,25 +134,52 @@ impl Sweeper {
         self.metrics.hooks_pending(due.len());
         self.backoff.retain(|id, _| due.iter().any(|m| &m.id == id));
         let now = Instant::now();
-        for m in due {
-            if self.backoff.get(&m.id).is_some_and(|(_, next)| *next > now) {
-                continue;
-            }
-            self.deliver(sessions, &m).await;
+        due.retain(|m| self.backoff.get(&m.id).is_none_or(|(_, next)| *next <= now));
+        // Concurrently, up to `concurrent_deliveries`: a receiver that hangs costs one timeout per that many
+        // sessions, not one per session. Each session appears once per sweep, so each period is still attempted
+        // once at a time (and on a shared store under its lock).
+        let this = &*self;
+        let ended: Vec<(String, Ended)> = futures_util::stream::iter(due)
+            .map(|m| async move {
+                let ended = this.deliver(sessions, &m).await;
+                (m.id, ended)
+            })
+            .buffer_unordered(self.concurrency)
+            .collect()
+            .await;
+        for (id, ended) in ended {
+            let why = match ended {
+                Ended::Skipped => continue,
+                Ended::Done => {
+                    self.backoff.remove(&id);
+                    continue;
+                }
+                Ended::Retry(why) => why,
+            };
+            self.metrics.hook(HookOutcome::Retried);
+            let (n, _) = self
+                .backoff
+                .get(&id)
+                .copied()
+                .unwrap_or((0, Instant::now()));
+            let wait = Duration::from_secs(1u64 << n.min(20)).min(self.max_backoff);
+            self.backoff
+                .insert(id.clone(), (n + 1, Instant::now() + wait));
+            tracing::warn!(session = %id, reason = %why, retry_in_secs = wait.as_secs(), "hooks: idle session delivery failed; retrying");
         }
         Ok(())
     }
 
     /// One attempt for session `m`'s idle period, under the session's lock on a shared store.
-    async fn deliver(&mut self, sessions: &Sessions, m: &SessionMeta) {
+    async fn deliver(&self, sessions: &Sessions, m: &SessionMeta) -> Ended {
         let store = sessions.store().clone();
         let token = match store.lock(&m.id, "idle-hook", 60_000).await {
-            Ok(Lock::HeldElsewhere) => return,
+            Ok(Lock::HeldElsewhere) => return Ended::Skipped,
             Ok(Lock::Acquired(t)) => Some(t),
             Ok(Lock::Local) => None,
             Err(e) => {
                 tracing::warn!(error = %e, session = %m.id, "hooks: cannot take the delivery lock");
-                return;
+                return Ended::Skipped;
             }
         };
         // Another instance may have delivered it while this one was listing.
@@ -148,46 +190,36 @@ impl Sweeper {
                         || s.meta.last_active != m.last_active =>
                 {
                     let _ = store.unlock(&m.id, "idle-hook", token.unwrap_or(0)).await;
-                    return;
+                    return Ended::Skipped;
                 }
                 Ok(Some(_)) => {}
                 _ => {
                     let _ = store.unlock(&m.id, "idle-hook", token.unwrap_or(0)).await;
-                    return;
+                    return Ended::Skipped;
                 }
             }
         }
         let outcome = self.attempt(sessions, m).await;
-        match outcome {
+        let ended = match outcome {
             Some(Attempt::Delivered) => {
                 self.metrics.hook(HookOutcome::Delivered);
-                self.backoff.remove(&m.id);
                 self.mark(sessions, m).await;
                 tracing::info!(session = %m.id, "hooks: idle session delivered");
+                Ended::Done
             }
             Some(Attempt::Refused(status)) => {
                 self.metrics.hook(HookOutcome::Failed);
-                self.backoff.remove(&m.id);
                 self.mark(sessions, m).await;
                 tracing::warn!(session = %m.id, status, "hooks: the receiver refused the idle session; not retried for this idle period");
+                Ended::Done
             }
-            Some(Attempt::Retry(why)) => {
-                self.metrics.hook(HookOutcome::Retried);
-                let (n, _) = self
-                    .backoff
-                    .get(&m.id)
-                    .copied()
-                    .unwrap_or((0, Instant::now()));
-                let wait = Duration::from_secs(1u64 << n.min(20)).min(self.max_backoff);
-                self.backoff
-                    .insert(m.id.clone(), (n + 1, Instant::now() + wait));
-                tracing::warn!(session = %m.id, reason = %why, retry_in_secs = wait.as_secs(), "hooks: idle session delivery failed; retrying");
-            }
-            None => {}
-        }
+            Some(Attempt::Retry(why)) => Ended::Retry(why),
+            None => Ended::Skipped,
+        };
         if let Some(t) = token {
             let _ = store.unlock(&m.id, "idle-hook", t).await;
         }
+        ended
     }
 
     /// Posts the session's export; `None` when there is nothing to post (the session is gone).
