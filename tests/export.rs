@@ -664,3 +664,75 @@ async fn an_import_whose_node_id_does_not_match_its_content_is_refused() {
     let (same, _) = forged(&real, 0, "Fix the failing build.", "anonymous-copy");
     assert_eq!(import(&h, same, "").await.status(), 200);
 }
+
+// --- the import's own body limit (issue 36, finding 7) ------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_larger_than_a_chat_body_imports_back_and_every_admin_413_is_json() {
+    // Chat bodies capped far below the session's export: the import route has a limit of its own.
+    let h = Harness::start_with(|c| {
+        c.context.default_context_window = 6_000;
+        c.server.max_body_bytes = 16 * 1024;
+    })
+    .await;
+    let (sid, _) = busy_session_small_requests(&h).await;
+    let file = export(&h, &sid).await;
+    assert!(file.len() > 16 * 1024, "{} bytes", file.len());
+    // A PATCH body over its limit: 413 in the gateway's JSON error shape, not axum's plain text.
+    let r = h
+        .client
+        .patch(h.url(&format!("/admin/sessions/{sid}")))
+        .header("content-type", "application/json")
+        .body(format!("{{\"strategy\": \"{}\"}}", "x".repeat(4 << 20)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    assert_eq!(r.headers()["content-type"], "application/json");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "request_too_large", "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    let r = import(&h, file.clone(), "?replace=true").await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    assert_eq!(
+        timeless(&export(&h, &sid).await),
+        timeless(&file),
+        "imported whole"
+    );
+    // Over admin.max_import_bytes: 413 naming the key, in the JSON error shape; nothing written.
+    let small = Harness::start_with(|c| c.admin.max_import_bytes = 1024).await;
+    let r = import(&small, file, "").await;
+    assert_eq!(r.status(), 413);
+    assert_eq!(r.headers()["content-type"], "application/json");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "request_too_large", "{v}");
+    assert_eq!(
+        v["error"]["message"],
+        "request body exceeds the limit of 1024 bytes (admin.max_import_bytes)"
+    );
+    let r = small
+        .client
+        .get(small.url(&format!("/admin/sessions/{sid}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+}
+
+/// A session of many turns, each request under 16 KiB: its export is larger than any one of them.
+async fn busy_session_small_requests(h: &Harness) -> (String, Vec<Value>) {
+    let mut m = Vec::new();
+    let mut sid = String::new();
+    for i in 0..12 {
+        m.push(
+            json!({"role": "user", "content": format!("question {i}: {}", "words ".repeat(100))}),
+        );
+        // Each request carries the last few messages only, as a client trimming its own history does.
+        let from = m.len().saturating_sub(3);
+        let (id, answer) = chat(h, &m[from..]).await;
+        sid = id;
+        m.push(answer["choices"][0]["message"].clone());
+    }
+    h.state.drain().await;
+    (sid, m)
+}

@@ -553,7 +553,42 @@ async fn victim(h: &Harness) -> (String, Vec<u8>) {
         .unwrap()
         .replace("the real history", "FORGED");
     assert!(forged.contains("FORGED"));
-    (id, forged.into_bytes())
+    (id, readdressed(&forged))
+}
+
+/// An edited export with every node id recomputed from its content (an import refuses a kept id), and the
+/// session's and turns' heads following them: a well-formed import that rewrites the history.
+fn readdressed(export: &str) -> Vec<u8> {
+    let mut lines: Vec<Value> = export
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut new_id = std::collections::HashMap::<String, String>::new();
+    for l in lines.iter_mut().filter(|l| l.get("node").is_some()) {
+        let n = &mut l["node"];
+        let parent = n["parent"].as_str().map(|p| new_id[p].clone());
+        let id = ctxgate::session::tree::node_id(parent.as_deref(), &n["message"]).to_string();
+        new_id.insert(n["id"].as_str().unwrap().to_string(), id.clone());
+        n["id"] = Value::from(id);
+        n["parent"] = parent.map_or(Value::Null, Value::from);
+    }
+    for head in lines.iter_mut().filter_map(|l| {
+        let path = if l.get("session").is_some() {
+            "/session/head"
+        } else {
+            "/turn/head"
+        };
+        l.pointer_mut(path)
+    }) {
+        if let Some(new) = head.as_str().and_then(|h| new_id.get(h)) {
+            *head = Value::from(new.clone());
+        }
+    }
+    lines
+        .iter()
+        .map(|l| format!("{l}\n"))
+        .collect::<String>()
+        .into_bytes()
 }
 
 fn code(body: &str) -> Value {

@@ -1,9 +1,10 @@
-//! `[admin]`: the admin API's token, loopback access without one, and the host names it is served under.
+//! `[admin]`: the admin API's token, loopback access without one, the host names it is served under, and the
+//! largest import it takes.
 
 use serde::{Deserialize, Serialize};
 
 /// `[admin]`
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     /// Bearer token required by `/admin/*`. When unset, the admin API is off unless
@@ -17,6 +18,25 @@ pub struct AdminConfig {
     /// `127.0.0.1` and `[::1]`; a page on one of these names may also call the admin API. For operators who front
     /// the gateway with a name; without a token any other `Host` is refused (a DNS-rebinding guard).
     pub allowed_hosts: Vec<String>,
+    /// Largest body `POST /admin/sessions/import` accepts, in bytes (its own limit: an export is often larger than
+    /// any one chat request, so `server.max_body_bytes` does not apply to it); larger bodies get 413. An import
+    /// holds the file and its parsed form in memory while it is checked, so keep it within what the gateway's
+    /// memory allows. Read at start-up.
+    pub max_import_bytes: u64,
+}
+
+/// `admin.max_import_bytes` unless set: 1 GiB, room for the export of a session of millions of messages.
+pub const DEFAULT_MAX_IMPORT_BYTES: u64 = 1024 * 1024 * 1024;
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            token: None,
+            allow_loopback_without_token: None,
+            allowed_hosts: Vec::new(),
+            max_import_bytes: DEFAULT_MAX_IMPORT_BYTES,
+        }
+    }
 }
 
 impl AdminConfig {
@@ -26,6 +46,9 @@ impl AdminConfig {
             if t.len() < 8 {
                 e.push("admin.token: must be at least 8 characters".into());
             }
+        }
+        if self.max_import_bytes == 0 {
+            e.push("admin.max_import_bytes: must be greater than 0".into());
         }
         for h in &self.allowed_hosts {
             if let Err(why) = check_host_name(h) {

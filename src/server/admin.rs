@@ -5,7 +5,7 @@
 
 use crate::app::AppState;
 use crate::error::GatewayError;
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -16,9 +16,15 @@ use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+mod failure;
 mod guard;
 mod lookup;
 mod paging;
+
+use failure::{body_rejected, store_error, AdminError};
+
+/// Largest `PATCH /admin/sessions/{id}` body: a strategy pin is a few dozen bytes.
+const PATCH_MAX_BYTES: usize = 64 * 1024;
 
 /// The `/admin` routes, authenticated. Logs at start-up who may reach them.
 pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
@@ -27,7 +33,10 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/admin/sessions", get(list))
         .route(
             "/admin/sessions/{id}",
-            get(show).delete(delete).patch(patch),
+            get(show)
+                .delete(delete)
+                .patch(patch)
+                .layer(axum::extract::DefaultBodyLimit::max(PATCH_MAX_BYTES)),
         )
         .route("/admin/sessions/{id}/turns", get(turns))
         .route("/admin/config/reload", axum::routing::post(reload))
@@ -35,7 +44,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route(
             "/admin/sessions/import",
             axum::routing::post(import).layer(axum::extract::DefaultBodyLimit::max(
-                usize::try_from(state.config.server.max_body_bytes).unwrap_or(usize::MAX),
+                usize::try_from(state.config.admin.max_import_bytes).unwrap_or(usize::MAX),
             )),
         )
         .route(
@@ -144,6 +153,11 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
+/// 404 for session `id`.
+fn not_found(id: &str) -> AdminError {
+    GatewayError::NotFound(format!("no session {id:?}")).into()
+}
+
 #[derive(Deserialize)]
 struct Page {
     limit: Option<String>,
@@ -152,21 +166,17 @@ struct Page {
     q: Option<String>,
 }
 
-fn store_error(e: crate::store::StoreError) -> GatewayError {
-    GatewayError::Internal(e.to_string())
-}
-
 async fn list(
     State(state): State<Arc<AppState>>,
     p: Result<Query<Page>, QueryRejection>,
-) -> Result<Response, GatewayError> {
+) -> Result<Response, AdminError> {
     let Query(p) = p.map_err(|e| paging::bad_query(&e))?;
     let (limit, offset) = paging::page(p.limit.as_deref(), p.offset.as_deref(), 1000)?;
     let (sessions, total) = match p.q.as_deref().filter(|q| !q.is_empty()) {
         Some(q) => state.sessions.find(q, limit, offset).await,
         None => state.sessions.list(limit, offset).await,
     }
-    .map_err(store_error)?;
+    .map_err(|e| store_error(&state, e))?;
     Ok(
         Json(json!({"sessions": sessions, "total": total, "limit": limit, "offset": offset}))
             .into_response(),
@@ -176,11 +186,16 @@ async fn list(
 async fn show(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-) -> Result<Response, GatewayError> {
+) -> Result<Response, AdminError> {
     let id = lookup::resolve(&state, id).await?;
-    match state.sessions.view(&id).await.map_err(store_error)? {
+    match state
+        .sessions
+        .view(&id)
+        .await
+        .map_err(|e| store_error(&state, e))?
+    {
         Some(v) => Ok(Json(v).into_response()),
-        None => Err(GatewayError::NotFound(format!("no session {id:?}"))),
+        None => Err(not_found(&id)),
     }
 }
 
@@ -196,7 +211,7 @@ async fn turns(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
     q: Result<Query<TurnsQuery>, QueryRejection>,
-) -> Result<Response, GatewayError> {
+) -> Result<Response, AdminError> {
     let id = lookup::resolve(&state, id).await?;
     let Query(q) = q.map_err(|e| paging::bad_query(&e))?;
     let (limit, offset) = paging::page(q.limit.as_deref(), q.offset.as_deref(), 500)?;
@@ -204,10 +219,10 @@ async fn turns(
         .sessions
         .turns(&id, offset, limit, q.messages.unwrap_or(true))
         .await
-        .map_err(store_error)?
+        .map_err(|e| store_error(&state, e))?
     {
         Some(page) => Ok(Json(page).into_response()),
-        None => Err(GatewayError::NotFound(format!("no session {id:?}"))),
+        None => Err(not_found(&id)),
     }
 }
 
@@ -216,21 +231,24 @@ async fn turns(
 async fn patch(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-    body: axum::body::Bytes,
-) -> Result<Response, GatewayError> {
+    body: Result<axum::body::Bytes, BytesRejection>,
+) -> Result<Response, AdminError> {
+    let body =
+        body.map_err(|r| body_rejected(&r, PATCH_MAX_BYTES as u64, "PATCH /admin/sessions/{id}"))?;
     let id = lookup::resolve(&state, id).await?;
     use crate::config::Strategy;
     let bad = || {
-        GatewayError::bad_request(
+        AdminError::from(GatewayError::bad_request(
             "expected a JSON object {\"strategy\": \"off\" | \"prune\" | \"summarize\" | \"hybrid\" | null}",
-        )
+        ))
     };
     let v: serde_json::Value = serde_json::from_slice(&body).map_err(|_| bad())?;
     let fields = v.as_object().ok_or_else(bad)?;
     if let Some(k) = fields.keys().find(|k| k.as_str() != "strategy") {
         return Err(GatewayError::bad_request(format!(
             "unknown field {k:?}: only \"strategy\" can be changed"
-        )));
+        ))
+        .into());
     }
     let strategy = match fields.get("strategy") {
         None => return Err(bad()),
@@ -246,13 +264,13 @@ async fn patch(
         .sessions
         .pin_strategy(&id, strategy)
         .await
-        .map_err(store_error)?
+        .map_err(|e| store_error(&state, e))?
     {
         Some(meta) => {
             tracing::info!(target: "ctxgate::admin", session = %id, strategy = strategy.map_or("none", |s| s.as_str()), "admin: session strategy pinned");
             Ok(Json(meta).into_response())
         }
-        None => Err(GatewayError::NotFound(format!("no session {id:?}"))),
+        None => Err(not_found(&id)),
     }
 }
 
@@ -275,16 +293,16 @@ async fn reload(State(state): State<Arc<AppState>>) -> Response {
 async fn export(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-) -> Result<Response, GatewayError> {
+) -> Result<Response, AdminError> {
     let id = lookup::resolve(&state, id).await?;
     match crate::session::export::export_session(&state.sessions, &id)
         .await
-        .map_err(store_error)?
+        .map_err(|e| store_error(&state, e))?
     {
         Some(body) => {
             Ok(([(http::header::CONTENT_TYPE, "application/x-ndjson")], body).into_response())
         }
-        None => Err(GatewayError::NotFound(format!("no session {id:?}"))),
+        None => Err(not_found(&id)),
     }
 }
 
@@ -297,8 +315,15 @@ struct ImportQuery {
 async fn import(
     State(state): State<Arc<AppState>>,
     q: Result<Query<ImportQuery>, QueryRejection>,
-    body: axum::body::Bytes,
-) -> Result<Response, GatewayError> {
+    body: Result<axum::body::Bytes, BytesRejection>,
+) -> Result<Response, AdminError> {
+    let body = body.map_err(|r| {
+        body_rejected(
+            &r,
+            state.config.admin.max_import_bytes,
+            "admin.max_import_bytes",
+        )
+    })?;
     let Query(q) = q.map_err(|e| paging::bad_query(&e))?;
     use crate::session::export::{self, ImportError};
     let parsed = export::parse(&body).map_err(|e| GatewayError::bad_request(e.to_string()))?;
@@ -312,21 +337,26 @@ async fn import(
             Json(json!({"error": {"message": e.to_string(), "type": "invalid_request_error", "code": "session_exists"}})),
         )
             .into_response()),
-        Err(ImportError::Store(e)) => Err(store_error(e)),
-        Err(e) => Err(GatewayError::bad_request(e.to_string())),
+        Err(ImportError::Store(e)) => Err(store_error(&state, e)),
+        Err(e) => Err(GatewayError::bad_request(e.to_string()).into()),
     }
 }
 
 async fn delete(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-) -> Result<Response, GatewayError> {
+) -> Result<Response, AdminError> {
     let id = lookup::resolve(&state, id).await?;
-    if state.sessions.delete(&id).await.map_err(store_error)? {
+    if state
+        .sessions
+        .delete(&id)
+        .await
+        .map_err(|e| store_error(&state, e))?
+    {
         tracing::info!(target: "ctxgate::admin", session = %id, "admin: session deleted");
         Ok(Json(json!({"id": id, "deleted": true})).into_response())
     } else {
-        Err(GatewayError::NotFound(format!("no session {id:?}")))
+        Err(not_found(&id))
     }
 }
 
@@ -335,16 +365,22 @@ async fn delete(
 async fn compress(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-) -> Result<Response, GatewayError> {
+) -> Result<Response, AdminError> {
     let id = lookup::resolve(&state, id).await?;
     let live = state.live();
     let Some(summarizer) = &live.summarizer else {
         return Err(GatewayError::bad_request(
             "summaries are off: set [summary] model to enable them",
-        ));
+        )
+        .into());
     };
-    let Some(entry) = state.sessions.entry(&id).await.map_err(store_error)? else {
-        return Err(GatewayError::NotFound(format!("no session {id:?}")));
+    let Some(entry) = state
+        .sessions
+        .entry(&id)
+        .await
+        .map_err(|e| store_error(&state, e))?
+    else {
+        return Err(not_found(&id));
     };
     let job = crate::summary::manual_job(
         entry.clone(),
@@ -360,7 +396,7 @@ async fn compress(
         .sessions
         .record_entry(&entry, crate::store::Record::from(record.clone()))
         .await
-        .map_err(store_error)?;
+        .map_err(|e| store_error(&state, e))?;
     tracing::info!(target: "ctxgate::admin", session = %id, upto = job.upto, "admin: session summarized");
     Ok(Json(record).into_response())
 }

@@ -2,6 +2,7 @@
 //! exactly one session has that raw id (any tenant, any dialect); otherwise a 404 listing the candidates or
 //! pointing at `?q=`.
 
+use super::failure::{store_error, AdminError};
 use crate::app::AppState;
 use crate::error::GatewayError;
 use crate::session::identity::client_id_part;
@@ -12,8 +13,8 @@ const NAMED: usize = 10;
 /// The stored session `id` names: `id` itself when it exists, else the one session whose id is a tenant's
 /// prefix followed by `id` (as the gateway forms it: hashed when not plain, with a dialect's `.<dialect>`
 /// scope allowed).
-pub(super) async fn resolve(state: &AppState, id: String) -> Result<String, GatewayError> {
-    let store_error = |e: crate::store::StoreError| GatewayError::Internal(e.to_string());
+pub(super) async fn resolve(state: &AppState, id: String) -> Result<String, AdminError> {
+    let store_error = |e| store_error(state, e);
     if state
         .sessions
         .entry(&id)
@@ -36,16 +37,16 @@ pub(super) async fn resolve(state: &AppState, id: String) -> Result<String, Gate
         .collect();
     match candidates.len() {
         1 => Ok(candidates.remove(0)),
-        0 => Err(GatewayError::NotFound(format!(
+        0 => Err(AdminError::Gateway(GatewayError::NotFound(format!(
             "no session {id:?}: session ids carry their tenant's prefix (`<prefix>-{part}`, as the answer's \
              x-ctxgate-session header names it); search with GET /admin/sessions?q={part}"
-        ))),
+        )))),
         n => {
             candidates.truncate(NAMED);
-            Err(GatewayError::NotFound(format!(
+            Err(AdminError::Gateway(GatewayError::NotFound(format!(
                 "{n} sessions have the id {id:?} (one per tenant or dialect): {}; name one of them",
                 candidates.join(", ")
-            )))
+            ))))
         }
     }
 }
