@@ -222,7 +222,16 @@ async fn sessions_cmd(config: Option<PathBuf>, action: SessionsAction) -> anyhow
     {
         anyhow::bail!("no store at {} (store.path)", cfg.store.path.display());
     }
-    let store = ctxgate::store::open(&cfg.store)?;
+    // Commands that write lock a SQLite file (refused while a gateway holds it); those that read do not.
+    let writes = matches!(
+        action,
+        SessionsAction::Delete { .. } | SessionsAction::Import { .. }
+    );
+    let store = if writes {
+        ctxgate::store::open(&cfg.store)?
+    } else {
+        ctxgate::store::open_reader(&cfg.store)?
+    };
     let sessions = ctxgate::session::Sessions::new(store, cfg.store.cache_max_bytes)
         .with_neutral_history(ctxgate::dialect::Dialect::history_as_neutral);
     let mut out = std::io::stdout().lock();

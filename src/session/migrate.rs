@@ -41,7 +41,8 @@ pub async fn all_turns(src: &dyn Store, id: &str) -> Result<Vec<String>, crate::
 pub async fn migrate(from: &StoreConfig, to: &StoreConfig) -> Result<Migrated, String> {
     let secret = tenant::store_secret_hex(from).map_err(|e| format!("source: {e}"))?;
     tenant::adopt_secret(to, &secret).map_err(|e| format!("target: {e}"))?;
-    let src = store::open(from).map_err(|e| format!("source: {e}"))?;
+    // The source is only read (not locked); the target is written (a SQLite one is locked).
+    let src = store::open_reader(from).map_err(|e| format!("source: {e}"))?;
     let dst = store::open(to).map_err(|e| format!("target: {e}"))?;
     copy_all(&*src, &*dst).await
 }

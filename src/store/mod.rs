@@ -293,6 +293,20 @@ pub fn open(cfg: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
     open_instrumented(cfg, StoreMetrics::default())
 }
 
+/// Opens the configured backend for reading while a gateway may be running on it (`ctxgate sessions list`, `show`,
+/// `export`, the source of `migrate`): a SQLite file is neither locked nor watched (see [`SqliteStore::open_reader`]);
+/// the other backends open as [`open`] does.
+pub fn open_reader(cfg: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
+    match cfg.backend {
+        StoreBackend::Sqlite => Ok(Arc::new(SqliteStore::open_reader(
+            &cfg.path,
+            cfg.queue_capacity,
+            StoreMetrics::default(),
+        )?)),
+        _ => open(cfg),
+    }
+}
+
 /// Opens the configured backend, recording its operations' latency and errors in `metrics`.
 pub fn open_with_metrics(
     cfg: &StoreConfig,

@@ -2,7 +2,12 @@
 //! order, committing writes in small groups so that many sessions never queue on SQLite's lock. Each caller's
 //! batch runs in its own savepoint inside the group's transaction, so one failing batch fails only its caller;
 //! batches that failed for a transient reason (busy, locked, read-only, I/O) are kept and retried with backoff.
+//! The database file is locked for one gateway (`file`); the worker notices when it is deleted or replaced and
+//! writes it back from the open connection (`watch`, `restore`).
 
+mod file;
+mod restore;
+mod watch;
 mod worker;
 
 use super::{NodeKind, NodeRow, Record, SessionMeta, Store, StoreError, StoredSession, WriteOp};
@@ -14,6 +19,7 @@ use std::sync::mpsc::{self, TrySendError};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::oneshot;
+use watch::Watch;
 use worker::Worker;
 
 /// Commands queued for the worker when no capacity is configured.
@@ -29,6 +35,7 @@ enum Cmd {
     Delete(String, Reply<bool>),
     Purge(i64, Reply<u64>),
     QueryOnly(bool, Reply<()>),
+    Ping(Reply<()>),
 }
 
 /// SQLite behind a worker thread.
@@ -131,30 +138,44 @@ impl SqliteStore {
     }
 
     /// Like [`SqliteStore::open_with_metrics`], queueing at most `queue_capacity` commands for the worker; beyond
-    /// that, new commands are refused at once with [`StoreError::QueueFull`].
+    /// that, new commands are refused at once with [`StoreError::QueueFull`]. The file is locked first: refused
+    /// (naming it) while another process holds it; the worker watches it for as long as the store is open.
     pub fn open_with(
         path: &Path,
         queue_capacity: usize,
         metrics: StoreMetrics,
     ) -> Result<Self, StoreError> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
-        }
-        let conn = Connection::open(path)
-            .map_err(|e| err(format!("cannot open {}: {e}", path.display())))?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(err)?;
-        check_integrity(&conn, path)?;
-        conn.execute_batch(SCHEMA).map_err(err)?;
-        migrate(&conn).map_err(err)?;
-        // Room for every statement the worker caches (a dozen), so none is parsed again.
-        conn.set_prepared_statement_cache_capacity(32);
+        create_folder(path)?;
+        let file = file::DbFile::lock(path)?;
+        let conn = open_checked(path)?;
+        Self::start(
+            Worker::new(conn, metrics.clone()).watching(Watch::new(file, connect)),
+            queue_capacity,
+            metrics,
+        )
+    }
+
+    /// Opens the database at `path` for reading while a gateway may hold it (`ctxgate sessions list`, `show`,
+    /// `export`, the source of `migrate`): no lock is taken and the file is not watched.
+    pub fn open_reader(
+        path: &Path,
+        queue_capacity: usize,
+        metrics: StoreMetrics,
+    ) -> Result<Self, StoreError> {
+        create_folder(path)?;
+        let conn = open_checked(path)?;
+        Self::start(Worker::new(conn, metrics.clone()), queue_capacity, metrics)
+    }
+
+    fn start(
+        worker: Worker,
+        queue_capacity: usize,
+        metrics: StoreMetrics,
+    ) -> Result<Self, StoreError> {
         let (tx, rx) = mpsc::sync_channel::<Cmd>(queue_capacity.max(1));
-        let worker_metrics = metrics.clone();
         std::thread::Builder::new()
             .name("ctxgate-sqlite".into())
-            .spawn(move || Worker::new(conn, worker_metrics).run(rx))
+            .spawn(move || worker.run(rx))
             .map_err(err)?;
         Ok(Self { tx, metrics })
     }
@@ -185,6 +206,45 @@ impl SqliteStore {
             rx.await.unwrap_or(Err(StoreError::Closed))
         })
     }
+}
+
+/// Creates the database's folder when it is missing.
+fn create_folder(path: &Path) -> Result<(), StoreError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
+    }
+    Ok(())
+}
+
+/// Opens the database at `path` (creating it when missing), refusing a damaged one, with the schema and settings.
+fn open_checked(path: &Path) -> Result<Connection, StoreError> {
+    let conn =
+        Connection::open(path).map_err(|e| err(format!("cannot open {}: {e}", path.display())))?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(err)?;
+    check_integrity(&conn, path)?;
+    prepare(&conn).map_err(err)?;
+    Ok(conn)
+}
+
+/// Opens the database at `path` as [`open_checked`] does, without the integrity check (a file just written back).
+fn connect(path: &Path) -> Result<Connection, String> {
+    let conn =
+        Connection::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(|e| e.to_string())?;
+    prepare(&conn).map_err(|e| e.to_string())?;
+    Ok(conn)
+}
+
+/// The schema (created or migrated) and the connection's settings.
+fn prepare(conn: &Connection) -> Result<(), rusqlite::Error> {
+    conn.execute_batch(SCHEMA)?;
+    migrate(conn)?;
+    // Room for every statement the worker caches (a dozen), so none is parsed again.
+    conn.set_prepared_statement_cache_capacity(32);
+    Ok(())
 }
 
 /// Refuses a file that is not a sound SQLite database (`PRAGMA quick_check`), with what is wrong, the file, and
@@ -272,12 +332,25 @@ impl Store for SqliteStore {
     fn purge_idle(&self, before: i64) -> BoxFuture<'static, Result<u64, StoreError>> {
         self.send(StoreOp::Purge, move |r| Cmd::Purge(before, r))
     }
+
+    /// Answers what the worker knows of the file (deleted and not written back: the reason) after a one-row read.
+    fn ping(&self) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.send(StoreOp::Probe, Cmd::Ping)
+    }
 }
 
 fn run_other(conn: &mut Connection, cmd: Cmd, metrics: &StoreMetrics) {
     let started = Instant::now();
     match cmd {
         Cmd::Write(..) => {}
+        Cmd::Ping(r) => {
+            let res = conn
+                .prepare_cached("SELECT 1 FROM sessions LIMIT 1")
+                .and_then(|mut s| s.exists([]))
+                .map(|_| ())
+                .map_err(err);
+            let _ = r.send(res);
+        }
         Cmd::QueryOnly(on, r) => {
             let res = conn.pragma_update(None, "query_only", on).map_err(err);
             let _ = r.send(res);
@@ -426,5 +499,7 @@ fn turns(
     Ok((rows, total as u64))
 }
 
+#[cfg(test)]
+mod file_tests;
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,9 @@
 //! The SQLite worker thread: group commits with a savepoint per caller's batch, retries of batches that failed
-//! for a transient reason (in each session's order), barriers that wait for them.
+//! for a transient reason (in each session's order), barriers that wait for them; and, once a second, a look at
+//! the database file (`watch`): while it is deleted and not written back, writes are held and the rest is
+//! answered with why.
 
+use super::watch::Watch;
 use super::{err, run_other, Cmd, Reply};
 use crate::metrics::{StoreMetrics, StoreOp};
 use crate::store::{StoreError, WriteOp};
@@ -36,6 +39,9 @@ pub(super) struct Worker {
     backoff: Duration,
     /// Batches in the last group committed.
     last_group: usize,
+    /// The database file, when the store holds one (not in tests over an in-memory connection, nor for readers).
+    /// After `conn`: the file's lock is released only once the connection is closed.
+    watch: Option<Watch>,
 }
 
 impl Worker {
@@ -48,13 +54,43 @@ impl Worker {
             retry_at: None,
             backoff: RETRY_FIRST,
             last_group: 0,
+            watch: None,
+        }
+    }
+
+    /// Watches the database file (see [`Watch`]).
+    pub(super) fn watching(mut self, watch: Watch) -> Self {
+        self.watch = Some(watch);
+        self
+    }
+
+    /// Why the store cannot take writes now (the database file is deleted and not written back), if it cannot.
+    fn failure(&self) -> Option<StoreError> {
+        self.watch.as_ref()?.failure().map(err)
+    }
+
+    /// Looks at the database file when it is due (or with `now`); once it is mended, held writes go at once.
+    fn look_at_the_file(&mut self, now: bool) {
+        let Some(watch) = self.watch.as_mut() else {
+            return;
+        };
+        if !now && Instant::now() < watch.next {
+            return;
+        }
+        if watch.check(&mut self.conn) && !self.retry.is_empty() {
+            self.retry_at = Some(Instant::now());
+            self.backoff = RETRY_FIRST;
         }
     }
 
     /// Runs until every sender is gone; whatever was queued is applied first, so nothing queued is lost.
     pub(super) fn run(mut self, rx: mpsc::Receiver<Cmd>) {
         loop {
-            let first = match self.retry_at {
+            let wake = match (self.retry_at, self.watch.as_ref().map(|w| w.next)) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let first = match wake {
                 None => match rx.recv() {
                     Ok(c) => Some(c),
                     Err(_) => break,
@@ -65,6 +101,7 @@ impl Worker {
                     Err(RecvTimeoutError::Disconnected) => break,
                 },
             };
+            self.look_at_the_file(false);
             let mut writes: Vec<Batch> = Vec::new();
             if self.retry_at.is_some_and(|at| at <= Instant::now()) {
                 self.retry_at = None;
@@ -107,6 +144,9 @@ impl Worker {
 
     /// The queue is closed: one last attempt at the batches still failing, then they are given up (logged).
     fn shut_down(mut self) {
+        if self.failure().is_some() {
+            self.look_at_the_file(true);
+        }
         if !self.retry.is_empty() {
             let pending = std::mem::take(&mut self.retry);
             self.commit_group(pending);
@@ -129,6 +169,23 @@ impl Worker {
         let (writes, barriers): (Vec<Batch>, Vec<Batch>) =
             writes.into_iter().partition(|b| !b.ops.is_empty());
         self.barriers.extend(barriers.into_iter().map(|b| b.reply));
+        if let Some(failure) = self.failure() {
+            // Held, not acknowledged: applied to a connection whose file is gone, they would be lost.
+            self.retry.extend(writes);
+            if !self.retry.is_empty() && self.retry_at.is_none() {
+                self.retry_at = Some(Instant::now() + self.backoff);
+                self.backoff = (self.backoff * 2).min(RETRY_MAX);
+            }
+            let answer = if self.retry.is_empty() {
+                Ok(())
+            } else {
+                Err(failure)
+            };
+            for r in self.barriers.drain(..) {
+                let _ = r.send(answer.clone());
+            }
+            return;
+        }
         if !writes.is_empty() {
             // A session with a batch waiting for a retry keeps its order: its later batches wait behind it.
             let mut blocked: HashSet<String> = self
@@ -173,6 +230,16 @@ impl Worker {
     }
 
     fn run_other(&mut self, cmd: Cmd) {
+        // While the file is deleted and not written back: answered with why (a write is held, by `commit_group`).
+        let cmd = match (self.failure(), cmd) {
+            (None, cmd) | (Some(_), cmd @ (Cmd::Write(..) | Cmd::QueryOnly(..))) => cmd,
+            (Some(e), Cmd::Ping(r)) => return drop(r.send(Err(e))),
+            (Some(e), Cmd::Load(_, r)) => return drop(r.send(Err(e))),
+            (Some(e), Cmd::List(_, _, r)) => return drop(r.send(Err(e))),
+            (Some(e), Cmd::Turns(_, _, _, r)) => return drop(r.send(Err(e))),
+            (Some(e), Cmd::Delete(_, r)) => return drop(r.send(Err(e))),
+            (Some(e), Cmd::Purge(_, r)) => return drop(r.send(Err(e))),
+        };
         if let Cmd::Delete(id, _) = &cmd {
             self.forget_retries(id);
         }
