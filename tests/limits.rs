@@ -98,6 +98,74 @@ async fn slow_bodies_hold_no_slot_and_a_normal_client_keeps_being_answered() {
     }
 }
 
+/// A conversation request of many tiny messages (here 30,000, over the default `server.max_messages` of 20,000;
+/// a body of 1.2 MB that the gateway once parsed into ~75 MB, and 400,000 of them into 0.89 GB) is refused with
+/// 413 naming the limit before it is parsed, in its API's shape; four at once change nothing for another tenant,
+/// whose turns keep being answered and stored; nothing of theirs reaches the upstream or the store.
+#[tokio::test]
+async fn a_request_of_too_many_messages_is_413_before_parsing_and_others_are_served() {
+    let h = Harness::start().await;
+    let many: Vec<Value> = (0..30_000)
+        .map(|i| json!({"role":"user","content":format!("m{i}")}))
+        .collect();
+    let chat = json!({"model":"mock-model","messages":many}).to_string();
+    let anthropic = json!({"model":"claude-x","max_tokens":5,"messages":[{"role":"user","content":
+        (0..30_000).map(|i| json!({"type":"text","text":format!("b{i}")})).collect::<Vec<_>>()}]})
+    .to_string();
+    let big = (0..4).map(|k| {
+        let (path, body) = if k % 2 == 0 {
+            ("/v1/chat/completions", chat.clone())
+        } else {
+            ("/v1/messages", anthropic.clone())
+        };
+        h.client
+            .post(h.url(path))
+            .header("content-type", "application/json")
+            .header("anthropic-version", "2023-06-01")
+            .header("authorization", format!("Bearer attacker-{k}"))
+            .body(body)
+            .send()
+    });
+    let victim = async {
+        let mut ids = Vec::new();
+        for i in 0..5 {
+            let r = h
+                .client
+                .post(h.url("/v1/chat/completions"))
+                .header("authorization", "Bearer victim")
+                .json(&json!({"model":"mock-model","messages":[{"role":"user","content":format!("q{i}")}]}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            ids.push(session_header(&r));
+        }
+        ids
+    };
+    let (answers, ids) = tokio::join!(futures_util::future::join_all(big), victim);
+    for (k, r) in answers.into_iter().enumerate() {
+        let r = r.unwrap();
+        assert_eq!(r.status(), 413, "request {k}");
+        assert!(r.headers().get("x-ctxgate-session").is_none());
+        let e: Value = r.json().await.unwrap();
+        let text = e.to_string();
+        // 30,000 messages, or one message and its 30,000 blocks
+        let counted = if k % 2 == 0 { "30000" } else { "30001" };
+        assert!(text.contains("server.max_messages") && text.contains(counted), "{text}");
+        let kind = if k % 2 == 0 {
+            &e["error"]["code"]
+        } else {
+            &e["error"]["type"]
+        };
+        assert_eq!(kind, "request_too_large", "{text}");
+    }
+    assert_eq!(h.mock.requests().len(), 5, "only the victim's turns went upstream");
+    h.state.drain().await;
+    for id in ids {
+        assert!(h.state.sessions.view(&id).await.unwrap().is_some());
+    }
+}
+
 #[tokio::test]
 async fn beyond_max_in_flight_requests_get_503_with_retry_after_until_a_stream_ends() {
     let h = Harness::start_with(|c| c.server.max_in_flight = 1).await;

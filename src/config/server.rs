@@ -53,7 +53,7 @@ impl Default for ServerConfig {
             body_read_timeout_secs: 60,
             max_connections: 4096,
             max_in_flight: 1024,
-            max_messages: 50_000,
+            max_messages: 20_000,
             request_memory_bytes: 1024 * 1024 * 1024,
         }
     }

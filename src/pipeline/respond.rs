@@ -185,8 +185,14 @@ pub(super) async fn after_rounds(
     // turn's finisher) short.
     let rounds_dialect = rounds.dialect;
     match state.tasks.spawn(rounds.json(first)).await {
-        Ok((status, headers, bytes)) => {
-            finish(head(status, &headers, false, own), Body::from(bytes))
+        Ok((status, mut headers, bytes)) => {
+            // `x-ctxgate-recall` is ours (the rounds set it); every other `x-ctxgate-*` the upstream sent is left out.
+            let recall = headers.remove(super::RECALL_HEADER);
+            let mut builder = head(status, &headers, false, own);
+            if let (Some(v), Some(h)) = (recall, builder.headers_mut()) {
+                h.insert(super::RECALL_HEADER, v);
+            }
+            finish(builder, Body::from(bytes))
         }
         Err(e) => error_response(
             rounds_dialect,

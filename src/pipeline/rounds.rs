@@ -233,6 +233,8 @@ impl Rounds {
             .finalize_answer(final_value, &names, usage, first_id);
         let raw = Bytes::from(serde_json::to_vec(&out).unwrap_or_default());
         self.finish(&raw, round_usage).await;
+        // The upstream's own `x-ctxgate-recall`, if it sent one, never stands for ours.
+        headers.remove(super::RECALL_HEADER);
         if round > 0 {
             headers.insert(super::RECALL_HEADER, http::HeaderValue::from(round));
         }

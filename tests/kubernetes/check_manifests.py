@@ -9,7 +9,7 @@
 - terminationGracePeriodSeconds exceeds the preStop pause + server.shutdown_grace_secs + server.drain_secs.
 - The memory limit is at least the sizing sum of docs/operations.md ("Memory: what grows with traffic"):
   idle + 1.25 x store.cache_max_bytes + the bounded tables + 24 KB x server.max_connections
-  + 0.5 MB x server.max_in_flight.
+  + 0.5 MB x server.max_in_flight + server.request_memory_bytes.
 - Redis keeps its data on a volume with the append-only file on.
 Exits non-zero, naming every failed check, when any fails.
 """
@@ -142,8 +142,10 @@ def main():
     # 4. Memory: the limit covers the sizing sum, and requests equal it.
     in_flight = server["max_in_flight"]
     check(in_flight > 0, "server.max_in_flight is 0 (unbounded): no memory limit can cover it")
+    requests = server["request_memory_bytes"]
+    check(requests > 0, "server.request_memory_bytes is 0 (unbounded): no memory limit can cover it")
     need = (IDLE_BYTES + CACHE_FACTOR * store["cache_max_bytes"] + tables_bytes(store["cache_max_bytes"])
-            + PER_CONNECTION_BYTES * server["max_connections"] + PER_IN_FLIGHT_BYTES * in_flight)
+            + PER_CONNECTION_BYTES * server["max_connections"] + PER_IN_FLIGHT_BYTES * in_flight + requests)
     limit = quantity(gw["resources"]["limits"]["memory"])
     check(limit >= need, f"memory limit {limit / 2**20:.0f} MiB is below the sizing sum {need / 2**20:.0f} MiB")
     check(quantity(gw["resources"]["requests"]["memory"]) == limit, "the memory request is not the limit")

@@ -376,3 +376,35 @@ fn a_fold_cut_past_pruned_steps_only_leaves_the_current_run_whole() {
     let also = r.messages.iter().position(|v| *v == m[5]);
     assert!(notice.is_some() && notice < also, "{:#?}", r.messages);
 }
+
+/// A search through the fold depths of a long run keeps only the carriers of the fold block it made last: each
+/// block lists every call folded so far, so keeping the carriers of every block it passed through held memory
+/// quadratic in the run's calls (a request of 5,000 calls peaked at 1.2 GB on the release build; 123 MB now).
+#[test]
+fn a_search_through_fold_depths_keeps_only_the_last_blocks_carriers() {
+    let msgs = long_run(300, |_| 40);
+    let counter = TokenCounter::new();
+    let prune = PruneConfig::default();
+    let mut model = crate::context::stages::Model::new(
+        &msgs,
+        vec![0; msgs.len()],
+        &counter,
+        Encoding::O200k,
+        &prune,
+        Some("recall_tool_call"),
+        true,
+    );
+    // every fold depth from the first step to the last, as a search may pass through them
+    let mut carriers = 0;
+    for fold in (4..msgs.len()).step_by(2) {
+        let c = crate::context::stages::Cuts {
+            fold,
+            ..Default::default()
+        };
+        if model.carrier_tokens_for_test(fold + 1, &c).is_some() {
+            carriers += 1;
+        }
+        assert!(model.carried_len() <= 1, "fold {fold}: {}", model.carried_len());
+    }
+    assert!(carriers > 100, "the search folded: {carriers}");
+}
