@@ -183,14 +183,34 @@ async fn list(
     )
 }
 
+/// History messages per page of `GET /admin/sessions/{id}` unless `limit` says otherwise.
+const VIEW_DEFAULT_LIMIT: u32 = 500;
+/// Most history messages a page of `GET /admin/sessions/{id}` holds.
+const VIEW_MAX_LIMIT: u32 = 5000;
+
+#[derive(Deserialize)]
+struct ViewQuery {
+    limit: Option<String>,
+    offset: Option<String>,
+}
+
+/// The session, with a page of its history (`limit`, `offset`; `total` says how many there are).
 async fn show(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
+    q: Result<Query<ViewQuery>, QueryRejection>,
 ) -> Result<Response, AdminError> {
+    let Query(q) = q.map_err(|e| paging::bad_query(&e))?;
+    let (limit, offset) = paging::page_of(
+        q.limit.as_deref(),
+        q.offset.as_deref(),
+        VIEW_DEFAULT_LIMIT,
+        VIEW_MAX_LIMIT,
+    )?;
     let id = lookup::resolve(&state, id).await?;
     match state
         .sessions
-        .view(&id)
+        .view_page(&id, Some((offset, limit)))
         .await
         .map_err(|e| store_error(&state, e))?
     {

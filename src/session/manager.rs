@@ -81,15 +81,24 @@ pub struct SessionView {
     pub token_estimate: u64,
     /// The strategy an operator pinned for the session (`null`: none).
     pub strategy: Option<String>,
-    /// The full history (the path to the latest leaf), as the client sent it (in its dialect's shape).
+    /// Messages in the history (the path to the latest leaf): what `offset` and `limit` page through.
+    pub total: u64,
+    /// Position in the history of the first message of `messages`.
+    pub offset: u64,
+    /// Most messages asked for.
+    pub limit: u32,
+    /// The history's messages `offset..offset + limit`, as the client sent them (in its dialect's shape).
     pub messages: Vec<Value>,
     /// The node id of each message of `messages` (what a turn's `sent_from` refers to).
     pub ids: Vec<String>,
-    /// Positions in `messages` of replies that were cut short.
+    /// Positions in the history of the replies of `messages` that were cut short.
     pub partial: Vec<u32>,
-    /// The history's run loops (user message → tool calls → final reply), as a summary.
+    /// The run loops (user message → tool calls → final reply) found in `messages`, as a summary, with positions
+    /// in the history: a loop that began before the page starts at its first message (without its user message),
+    /// one that goes on after it ends at its last.
     pub run_loops: Vec<RunLoopView>,
-    /// The other branches: where they leave the history and their messages from there.
+    /// The other branches: where they leave the history, and their messages from there (of a page: at most
+    /// `limit` of each).
     pub branches: Vec<BranchView>,
     /// Compression records (rewrites and summaries), oldest first.
     pub compressions: Vec<Compression>,
@@ -129,28 +138,31 @@ fn preview(m: &Value) -> String {
 /// `session/` reads no wire format.
 pub type NeutralHistory = fn(&str, &[Value]) -> Option<(Vec<Value>, Vec<usize>)>;
 
-/// The run loops of a history in `dialect`'s shape, found on its neutral form; positions are the history's.
+/// The run loops of messages in `dialect`'s shape that start at position `base` of a history, found on their
+/// neutral form; positions are the history's.
 fn run_loop_views(
     neutral_history: Option<NeutralHistory>,
     dialect: &str,
     messages: &[Value],
     timestamps: &[i64],
+    base: usize,
 ) -> Vec<RunLoopView> {
     let converted = neutral_history.and_then(|f| f(dialect, messages));
     let (neutral, native_of): (&[Value], Vec<usize>) = match &converted {
         None => (messages, (0..messages.len()).collect()),
         Some((m, native)) => (m, native.clone()),
     };
-    let at = |i: usize| native_of.get(i).copied().unwrap_or(i);
+    let native = |i: usize| native_of.get(i).copied().unwrap_or(i);
     let times: Vec<i64> = (0..neutral.len())
-        .map(|i| timestamps.get(at(i)).copied().unwrap_or(0))
+        .map(|i| timestamps.get(native(i)).copied().unwrap_or(0))
         .collect();
+    let at = |i: usize| base + native(i);
     run_loops(neutral, Some(&times))
         .loops
         .into_iter()
         .map(|l| RunLoopView {
             start: at(l.start),
-            end: at(l.end.saturating_sub(1)) + 1,
+            end: base + native(l.end.saturating_sub(1)) + 1,
             user: l.user.map(|i| preview(&neutral[i])),
             final_reply: l.final_reply.map(|i| preview(&neutral[i])),
             tool_calls: l
@@ -905,14 +917,32 @@ impl Sessions {
         self.load_entry(id).await
     }
 
-    /// The admin view of a session.
+    /// The admin view of a session, its whole history.
     pub async fn view(&self, id: &str) -> Result<Option<SessionView>, StoreError> {
+        self.view_page(id, None).await
+    }
+
+    /// The admin view of a session with messages `offset..offset + limit` of its history (`page`; `None`: all of
+    /// them), and of each other branch at most `limit` messages: what the answer holds is bounded by the page,
+    /// whatever the session's length.
+    pub async fn view_page(
+        &self,
+        id: &str,
+        page: Option<(u64, u32)>,
+    ) -> Result<Option<SessionView>, StoreError> {
         let Some(entry) = self.load_entry(id).await? else {
             return Ok(None);
         };
         let st = entry.state.lock();
         let meta = entry.meta(&st);
         let history = st.tree.history();
+        let total = history.len();
+        let (offset, limit) = page.unwrap_or((0, u32::try_from(total).unwrap_or(u32::MAX)));
+        // A branch shows as many messages as the page asked for (all of them for the whole view).
+        let branch_cap = page.map_or(usize::MAX, |(_, limit)| limit as usize);
+        let from = usize::try_from(offset).unwrap_or(usize::MAX).min(total);
+        let to = from.saturating_add(limit as usize).min(total);
+        let window = history.get(from..to).unwrap_or(&[]);
         let branches = st
             .tree
             .other_leaves()
@@ -928,14 +958,15 @@ impl Sessions {
                         .path_to(Some(&leaf.id))
                         .into_iter()
                         .filter(|n| n.position >= at)
+                        .take(branch_cap)
                         .map(|n| (*n.message).clone())
                         .collect(),
                 }
             })
             .collect();
-        let messages: Vec<Value> = history.iter().map(|n| (*n.message).clone()).collect();
-        let timestamps: Vec<i64> = history.iter().map(|n| n.created_at).collect();
-        let ids: Vec<String> = history.iter().map(|n| n.id.to_string()).collect();
+        let messages: Vec<Value> = window.iter().map(|n| (*n.message).clone()).collect();
+        let timestamps: Vec<i64> = window.iter().map(|n| n.created_at).collect();
+        let ids: Vec<String> = window.iter().map(|n| n.id.to_string()).collect();
         Ok(Some(SessionView {
             id: entry.id.clone(),
             dialect: entry.dialect,
@@ -944,12 +975,21 @@ impl Sessions {
             message_count: meta.message_count,
             token_estimate: meta.token_estimate,
             strategy: meta.strategy.clone(),
-            partial: history
+            total: total as u64,
+            offset,
+            limit,
+            partial: window
                 .iter()
                 .filter(|n| n.partial)
                 .map(|n| n.position)
                 .collect(),
-            run_loops: run_loop_views(self.neutral_history, entry.dialect, &messages, &timestamps),
+            run_loops: run_loop_views(
+                self.neutral_history,
+                entry.dialect,
+                &messages,
+                &timestamps,
+                from,
+            ),
             messages,
             ids,
             branches,

@@ -15,8 +15,18 @@ pub fn page(
     offset: Option<&str>,
     max_limit: u32,
 ) -> Result<(u32, u64), GatewayError> {
+    page_of(limit, offset, DEFAULT_LIMIT, max_limit)
+}
+
+/// [`page`] with a default page size of its own (at most `max_limit`).
+pub fn page_of(
+    limit: Option<&str>,
+    offset: Option<&str>,
+    default_limit: u32,
+    max_limit: u32,
+) -> Result<(u32, u64), GatewayError> {
     let limit = match limit {
-        None => DEFAULT_LIMIT.min(max_limit),
+        None => default_limit.min(max_limit),
         Some(s) => s
             .parse::<u32>()
             .ok()

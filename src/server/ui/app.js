@@ -1,12 +1,13 @@
 // The session inspector: reads the /admin API — without a token when the gateway lets it (the token form appears
 // only when the API answers 401; a token is kept in sessionStorage for this tab) — and renders everything with
 // textContent (message text is never parsed as HTML). Every session has an address (#/s/<id>); lists are paged,
-// long histories are rendered a window at a time.
+// a session's history is fetched a page at a time as it is needed and rendered a window at a time.
 "use strict";
 
 const TOKEN_KEY = "ctxgate-admin-token";
 const PAGE = 50;          // sessions per page
 const WINDOW = 100;       // history messages rendered per step
+const HISTORY_PAGE = 500; // history messages fetched per request (GET /admin/sessions/{id}?limit&offset)
 const TURNS_PAGE = 200;   // turns listed per request
 const CLIP = 4000;        // characters of a message shown before "show all"
 
@@ -139,8 +140,33 @@ function messageBox(m, label, cls, badge) {
 
 // --- one session ---------------------------------------------------------------------------------------------
 
+/// The session's next page of history, appended to what `s` holds (false: there was none).
+async function fetchHistory(s) {
+  const v = await api(`/admin/sessions/${encodeURIComponent(s.id)}?limit=${HISTORY_PAGE}&offset=${s.messages.length}`);
+  s.total = v.total;
+  s.messages.push(...v.messages);
+  s.ids.push(...v.ids);
+  s.partial.push(...(v.partial || []));
+  return v.messages.length > 0;
+}
+
+/// Fetches pages until `s` holds `n` messages of its history (or all of them).
+async function historyUpTo(s, n) {
+  while (s.messages.length < Math.min(n, s.total)) {
+    if (!(await fetchHistory(s))) break;
+  }
+}
+
+/// Fetches pages until node `id` is among those `s` holds (or the whole history is).
+async function historyThrough(s, id) {
+  while (!s.ids.includes(id) && s.messages.length < s.total) {
+    if (!(await fetchHistory(s))) break;
+  }
+}
+
 async function openSession(id) {
-  const s = await api("/admin/sessions/" + encodeURIComponent(id));
+  const s = await api(`/admin/sessions/${encodeURIComponent(id)}?limit=${HISTORY_PAGE}`);
+  s.partial = s.partial || [];
   state.session = s;
   state.shown = 0;
   $("session-id").textContent = s.id;
@@ -150,7 +176,7 @@ async function openSession(id) {
   $("strategy-said").textContent = "";
   $("history").replaceChildren();
   $("turn-view").hidden = true;
-  renderMore();
+  await renderMore();
   renderBranches(s);
   renderRecords(s);
   show("session");
@@ -171,17 +197,27 @@ async function openSession(id) {
   }
 }
 
-function renderMore() {
+/// The next window of the history, fetching the page it is on first when it is not here yet (one at a time: a
+/// second click while a page is on its way does nothing).
+async function renderMore() {
   const s = state.session;
-  const box = $("history");
-  const end = Math.min(s.messages.length, state.shown + WINDOW);
-  for (let i = state.shown; i < end; i++) {
-    const partial = (s.partial || []).includes(i) ? " · partial" : "";
-    box.append(messageBox(s.messages[i], `#${i}${partial}`, ""));
+  if (s.rendering) return;
+  s.rendering = true;
+  try {
+    await historyUpTo(s, state.shown + WINDOW);
+    if (state.session !== s) return;
+    const box = $("history");
+    const end = Math.min(s.messages.length, state.shown + WINDOW);
+    for (let i = state.shown; i < end; i++) {
+      const partial = s.partial.includes(i) ? " · partial" : "";
+      box.append(messageBox(s.messages[i], `#${i}${partial}`, ""));
+    }
+    state.shown = end;
+    $("more").hidden = end >= s.total;
+    $("more").textContent = `show more (${s.total - end} left)`;
+  } finally {
+    s.rendering = false;
   }
-  state.shown = end;
-  $("more").hidden = end >= s.messages.length;
-  $("more").textContent = `show more (${s.messages.length - end} left)`;
 }
 
 function renderBranches(s) {
@@ -251,6 +287,9 @@ async function openTurn(n) {
   // A turn asked for later (or another session) wins.
   if (asked !== turnAsked || state.session !== s) return;
   const t = page.turns[0];
+  // The history as far as the turn's head (all of it for a turn of another branch).
+  await historyThrough(s, t.head);
+  if (asked !== turnAsked || state.session !== s) return;
   for (const tr of $("turns").children) tr.classList.toggle("selected", tr.dataset.turn === String(n));
   $("turn-title").textContent = `Turn ${t.turn} · ${t.model} · ${t.strategy}` +
     (t.rewritten ? ` · ${(t.stages || []).join(", ")}` : " · sent as the client sent it");
@@ -385,7 +424,7 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - PAGE); loadList().catch(fail); });
   $("next").addEventListener("click", () => { state.offset += PAGE; loadList().catch(fail); });
-  $("more").addEventListener("click", renderMore);
+  $("more").addEventListener("click", () => renderMore().catch(fail));
   $("turns-more").addEventListener("click", () => moreTurns().catch(fail));
   $("strategy").addEventListener("change", () => pin().catch(fail));
   for (const b of document.querySelectorAll(".tabs button")) b.addEventListener("click", () => tab(b.dataset.tab));

@@ -184,6 +184,14 @@ def test_a_2000_message_session_opens_without_freezing(inspector: str):
         assert shown == 100
         page.click("#more")
         expect(page.locator("#history .msg")).to_have_count(200)
+        # The history comes a page (500 messages) at a time: past the first page the next one is fetched.
+        assert admin(base, f"/admin/sessions/{sid}")["total"] == 2000
+        assert len(admin(base, f"/admin/sessions/{sid}")["messages"]) == 500
+        for shown in range(300, 701, 100):
+            page.click("#more")
+            expect(page.locator("#history .msg")).to_have_count(shown)
+        assert "message 650:" in page.locator("#history .msg").nth(650).text_content()
+        expect(page.locator("#more")).to_have_text("show more (1300 left)")
         # The turn of 2,000 messages side by side.
         started_turn = time.monotonic()
         page.click("#tab-turns")
@@ -191,6 +199,9 @@ def test_a_2000_message_session_opens_without_freezing(inspector: str):
         page.wait_for_selector("#turn-sent .msg")
         turn = time.monotonic() - started_turn
         assert page.locator("#turn-sent .msg").count() == 1999
+        # Its history as far as its head: every page of it fetched, each message marked as sent.
+        expect(page.locator("#turn-history .msg")).to_have_count(1999)
+        assert page.locator("#turn-history .msg.state-sent").count() == 1999
         browser.close()
     (REPO / "target/ui-load.txt").write_text(
         f"2000-message session: opened in {loaded * 1000:.0f} ms; its one turn side by side in {turn * 1000:.0f} ms\n"
