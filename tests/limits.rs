@@ -84,7 +84,8 @@ async fn slow_bodies_hold_no_slot_and_a_normal_client_keeps_being_answered() {
         slow
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let body = json!({"model":"mock-model","messages":[{"role":"user","content":"hi"}]}).to_string();
+    let body =
+        json!({"model":"mock-model","messages":[{"role":"user","content":"hi"}]}).to_string();
     for i in 0..6 {
         let r = h.post_chat(body.clone()).await;
         assert_eq!(r.status(), 200, "request {i} while slow bodies trickle");
@@ -151,7 +152,10 @@ async fn a_request_of_too_many_messages_is_413_before_parsing_and_others_are_ser
         let text = e.to_string();
         // 30,000 messages, or one message and its 30,000 blocks
         let counted = if k % 2 == 0 { "30000" } else { "30001" };
-        assert!(text.contains("server.max_messages") && text.contains(counted), "{text}");
+        assert!(
+            text.contains("server.max_messages") && text.contains(counted),
+            "{text}"
+        );
         let kind = if k % 2 == 0 {
             &e["error"]["code"]
         } else {
@@ -159,7 +163,11 @@ async fn a_request_of_too_many_messages_is_413_before_parsing_and_others_are_ser
         };
         assert_eq!(kind, "request_too_large", "{text}");
     }
-    assert_eq!(h.mock.requests().len(), 5, "only the victim's turns went upstream");
+    assert_eq!(
+        h.mock.requests().len(),
+        5,
+        "only the victim's turns went upstream"
+    );
     h.state.drain().await;
     for id in ids {
         assert!(h.state.sessions.view(&id).await.unwrap().is_some());

@@ -931,7 +931,10 @@ async fn overload_and_slow_bodies_are_counted_as_rejections() {
     .unwrap();
     // A stream holds the only in-flight slot while it runs.
     h.mock.push(ctxgate::mock::MockReply::sse_chunks(
-        &[ctxgate::mock::chunk(serde_json::json!({"content":"slow"}), None)],
+        &[ctxgate::mock::chunk(
+            serde_json::json!({"content":"slow"}),
+            None,
+        )],
         Duration::from_millis(2500),
     ));
     let held = h

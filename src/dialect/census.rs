@@ -146,7 +146,14 @@ mod tests {
 
     #[test]
     fn invalid_or_truncated_json_is_counted_as_far_as_it_reads() {
-        for raw in [&b""[..], b"{", b"{\"messages\":[{", b"\"open", b"]]]}}}", b"{\"messages\":[{\"a\":\"\\"] {
+        for raw in [
+            &b""[..],
+            b"{",
+            b"{\"messages\":[{",
+            b"\"open",
+            b"]]]}}}",
+            b"{\"messages\":[{\"a\":\"\\",
+        ] {
             let c = count(raw);
             assert!(c.elements <= 1 && c.containers <= 3, "{raw:?}: {c:?}");
         }

@@ -404,7 +404,11 @@ fn a_search_through_fold_depths_keeps_only_the_last_blocks_carriers() {
         if model.carrier_tokens_for_test(fold + 1, &c).is_some() {
             carriers += 1;
         }
-        assert!(model.carried_len() <= 1, "fold {fold}: {}", model.carried_len());
+        assert!(
+            model.carried_len() <= 1,
+            "fold {fold}: {}",
+            model.carried_len()
+        );
     }
     assert!(carriers > 100, "the search folded: {carriers}");
 }
