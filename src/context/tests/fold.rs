@@ -379,18 +379,64 @@ fn a_fold_cut_past_pruned_steps_only_leaves_the_current_run_whole() {
 
 /// A search through the fold depths of a long run keeps only the carriers of the fold block it made last: each
 /// block lists every call folded so far, so keeping the carriers of every block it passed through held memory
-/// quadratic in the run's calls (a request of 5,000 calls peaked at 1.2 GB on the release build; 123 MB now).
+/// quadratic in the run's calls (a request of 5,000 calls peaked at 1.2 GB on the release build; 123 MB now). The
+/// carrier's tokens are summed from its head and its lines, and equal a count of the carrier as sent, whatever
+/// the ids, names and arguments of the calls folded.
 #[test]
 fn a_search_through_fold_depths_keeps_only_the_last_blocks_carriers() {
-    let msgs = long_run(300, |_| 40);
+    let mut msgs = long_run(300, |_| 40);
+    // calls whose ids, names and arguments end in spaces, punctuation, newlines or nothing at all
+    let odd = [
+        ("call_x \n", "bash", "{\"cmd\": \"ls\"}\n\n"),
+        ("c)", "", ""),
+        ("é\r", "read_file", "  "),
+        ("id-\"", "grep", "x\u{a0}"),
+    ];
+    for (k, (id, name, args)) in odd.iter().enumerate() {
+        let at = 2 + 2 * (10 + k);
+        msgs[at] = json!({"role":"assistant","content":null,"tool_calls":[
+            {"id":id,"type":"function","function":{"name":name,"arguments":args}}]});
+        msgs[at + 1]["tool_call_id"] = json!(id);
+    }
+    // parallel calls: one message, three calls (they share its position), then their results
+    let ids = [
+        "par_a".to_string(),
+        "par_b".to_string(),
+        "par_c".to_string(),
+    ];
+    let at = 2 + 2 * 20;
+    msgs.splice(
+        at..at + 2,
+        [
+            json!({"role":"assistant","content":null,"tool_calls":[
+                {"id":ids[0],"type":"function","function":{"name":"bash","arguments":"{\"cmd\": \"ls\"}"}},
+                {"id":ids[1],"type":"function","function":{"name":"read_file",
+                    "arguments":"{\"path\": \"src/some/long/path/to/a/module/file_name.rs\", \"lines\": 120}"}},
+                {"id":ids[2],"type":"function","function":{"name":"g","arguments":"{}"}}]}),
+            result(&ids[0], 30),
+            result(&ids[1], 5),
+            result(&ids[2], 12),
+        ],
+    );
     let counter = TokenCounter::new();
     let prune = PruneConfig::default();
+    for enc in [Encoding::O200k, Encoding::Cl100k] {
+        search_every_fold_depth(&msgs, &counter, enc, &prune);
+    }
+}
+
+fn search_every_fold_depth(
+    msgs: &[Value],
+    counter: &TokenCounter,
+    enc: Encoding,
+    prune: &PruneConfig,
+) {
     let mut model = crate::context::stages::Model::new(
-        &msgs,
+        msgs,
         vec![0; msgs.len()],
-        &counter,
-        Encoding::O200k,
-        &prune,
+        counter,
+        enc,
+        prune,
         Some("recall_tool_call"),
         true,
     );
@@ -401,7 +447,12 @@ fn a_search_through_fold_depths_keeps_only_the_last_blocks_carriers() {
             fold,
             ..Default::default()
         };
-        if model.carrier_tokens_for_test(fold + 1, &c).is_some() {
+        if let Some((t, sent)) = model.carrier_for_test(fold + 1, &c) {
+            assert_eq!(
+                t,
+                counter.message_tokens(enc, &sent),
+                "{enc:?}, fold {fold}: the summed count is a count of the carrier as sent"
+            );
             carriers += 1;
         }
         assert!(
