@@ -590,6 +590,175 @@ fn compare_over_the_shared_traces() {
     }
 }
 
+/// The working set's counts add up: a row's totals are the sum of its traces', a trace's the sum of its steps';
+/// shown ≤ facts and whole ≤ shown everywhere.
+fn check_working_set(r: &compare::CompareRow) {
+    let t = &r.totals;
+    let sum = |f: fn(&compare::TraceFacts) -> usize| r.traces.iter().map(f).sum::<usize>();
+    assert_eq!(
+        (
+            sum(|x| x.facts),
+            sum(|x| x.shown),
+            sum(|x| x.whole),
+            sum(|x| x.fact_steps),
+            sum(|x| x.fact_steps_shown)
+        ),
+        (
+            t.facts,
+            t.facts_shown,
+            t.facts_whole,
+            t.fact_steps,
+            t.fact_steps_shown
+        ),
+        "{}",
+        r.label
+    );
+    for x in &r.traces {
+        let facts: usize = x.steps.iter().map(|s| s.working_set.facts).sum();
+        let shown: usize = x.steps.iter().map(|s| s.working_set.shown).sum();
+        let whole: usize = x.steps.iter().map(|s| s.working_set.whole).sum();
+        assert_eq!(
+            (facts, shown, whole),
+            (x.facts, x.shown, x.whole),
+            "{}",
+            x.trace
+        );
+        for s in &x.steps {
+            let ws = &s.working_set;
+            assert!(ws.whole <= ws.shown && ws.shown <= ws.facts, "{}", x.trace);
+            assert_eq!(ws.hidden.len(), ws.facts - ws.shown, "{}", x.trace);
+        }
+    }
+    if t.facts > 0 {
+        assert_eq!(t.shown_share, Some(t.facts_shown as f64 / t.facts as f64));
+        assert_eq!(t.whole_share, Some(t.facts_whole as f64 / t.facts as f64));
+    }
+}
+
+/// SHOWN and WHOLE over the shared traces, in every dialect they replay in: the facts of the answers are the same
+/// whatever the dialect (found on the neutral form: chat `tool` messages, Anthropic `tool_result` blocks, Responses
+/// `function_call_output` items); sending everything shows them all whole; a 16k window keeps them all in view, an
+/// 8k one hides some; the counts add up per trace and per step.
+#[test]
+fn compare_measures_the_working_set_in_every_dialect() {
+    let Some(files) = trace_files() else { return };
+    let traces: Vec<(String, Value)> = files
+        .iter()
+        .map(|p| {
+            let t = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+            (p.display().to_string(), t)
+        })
+        .collect();
+    let rows = compare::rows(&Config::default(), &[]).unwrap();
+    let mut facts = Vec::new();
+    for dialect in [Dialect::Chat, Dialect::Anthropic, Dialect::Responses] {
+        for window in [8000, 16_000] {
+            let opts = ReplayOptions {
+                window: Some(window),
+                dialect: Some(dialect),
+                ..Default::default()
+            };
+            let out = compare::run(&traces, &opts, &rows, &Counters::default(), &|| ()).unwrap();
+            let at = format!("{} {window}", dialect.as_str());
+            for r in &out {
+                check_working_set(r);
+                println!(
+                    "{at} {}: facts {}, shown {:?}, whole {:?}, steps all shown {}/{}",
+                    r.label,
+                    r.totals.facts,
+                    r.totals.shown_share,
+                    r.totals.whole_share,
+                    r.totals.fact_steps_shown,
+                    r.totals.fact_steps
+                );
+            }
+            let off = &out[0].totals;
+            assert!(off.facts > 0, "{at}");
+            assert_eq!(off.facts_whole, off.facts, "{at}: sending everything");
+            facts.push(off.facts);
+            for r in &out[1..] {
+                assert_eq!(r.totals.facts, off.facts, "{at} {}", r.label);
+                if window == 16_000 {
+                    assert_eq!(r.totals.facts_shown, r.totals.facts, "{at} {}", r.label);
+                } else {
+                    assert!(r.totals.facts_shown < r.totals.facts, "{at} {}", r.label);
+                }
+            }
+            let mut text = Vec::new();
+            compare::write_table(&mut text, &out).unwrap();
+            let text = String::from_utf8(text).unwrap();
+            let header = text.lines().next().unwrap();
+            assert!(header.ends_with("SHOWN  WHOLE"), "{header}");
+            assert!(
+                text.lines().nth(1).unwrap().ends_with("100.0% 100.0%"),
+                "{text}"
+            );
+        }
+    }
+    assert!(facts.windows(2).all(|w| w[0] == w[1]), "{facts:?}");
+}
+
+/// A trace written in each dialect with one fact: the line number the agent read in a tool output and now
+/// edits. Sent whole when everything is sent; in a small window, the output is cleared and the fact hidden.
+#[test]
+fn facts_are_found_in_the_tool_outputs_of_every_dialect() {
+    let output = format!(
+        "src/http/request.py:1096: raise ImproperlyConfigured\n{}",
+        "filler line\n".repeat(400)
+    );
+    let chat = json!({"id":"chat","model":"gpt-4o","messages":[
+        {"role":"system","content":"You fix bugs."},
+        {"role":"user","content":"Fix the failing test."},
+        {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",
+            "function":{"name":"grep","arguments":"{\"pattern\":\"raise\"}"}}]},
+        {"role":"tool","tool_call_id":"c1","content":output},
+        {"role":"assistant","content":"Reading it.","tool_calls":[{"id":"c2","type":"function",
+            "function":{"name":"read","arguments":"{\"path\":\"notes.txt\"}"}}]},
+        {"role":"tool","tool_call_id":"c2","content":"filler ".repeat(600)},
+        {"role":"assistant","content":null,"tool_calls":[{"id":"c3","type":"function",
+            "function":{"name":"edit","arguments":"{\"line\":1096}"}}]}]});
+    let anthropic = json!({"id":"anthropic","model":"claude-sonnet-4","system":"You fix bugs.","messages":[
+        {"role":"user","content":"Fix the failing test."},
+        {"role":"assistant","content":[{"type":"tool_use","id":"c1","name":"grep","input":{"pattern":"raise"}}]},
+        {"role":"user","content":[{"type":"tool_result","tool_use_id":"c1","content":output}]},
+        {"role":"assistant","content":[{"type":"text","text":"Reading it."},
+            {"type":"tool_use","id":"c2","name":"read","input":{"path":"notes.txt"}}]},
+        {"role":"user","content":[{"type":"tool_result","tool_use_id":"c2","content":"filler ".repeat(600)}]},
+        {"role":"assistant","content":[{"type":"tool_use","id":"c3","name":"edit","input":{"line":1096}}]}]});
+    let responses = json!({"id":"responses","model":"gpt-5","instructions":"You fix bugs.","input":[
+        {"type":"message","role":"user","content":[{"type":"input_text","text":"Fix the failing test."}]},
+        {"type":"function_call","call_id":"c1","name":"grep","arguments":"{\"pattern\":\"raise\"}"},
+        {"type":"function_call_output","call_id":"c1","output":output},
+        {"type":"message","role":"assistant","content":[{"type":"output_text","text":"Reading it."}]},
+        {"type":"custom_tool_call","call_id":"c2","name":"read","input":"notes.txt"},
+        {"type":"custom_tool_call_output","call_id":"c2","output":"filler ".repeat(600)},
+        {"type":"function_call","call_id":"c3","name":"edit","arguments":"{\"line\":1096}"}]});
+    let cfg = Config::default();
+    for trace in [chat, anthropic, responses] {
+        let id = trace["id"].as_str().unwrap().to_string();
+        let off = replay_trace(&trace, &opts(100_000, Strategy::Off), &cfg).unwrap();
+        let last = off.steps.last().unwrap();
+        assert_eq!(
+            (last.working_set.facts, last.working_set.whole),
+            (1, 1),
+            "{id}: {:?}",
+            off.steps
+        );
+        // "ImproperlyConfigured" and the path are in the output but not in the answer: no facts
+        assert_eq!(off.totals.facts, 1, "{id}");
+        let tight = replay_trace(&trace, &opts(2000, Strategy::Prune), &cfg).unwrap();
+        let last = tight.steps.last().unwrap();
+        assert_eq!(last.outcome, Outcome::Rewrite, "{id}");
+        assert_eq!(last.working_set.facts, 1, "{id}");
+        assert_eq!(last.working_set.whole, 0, "{id}: the output was cleared");
+        assert_eq!(
+            last.working_set.hidden.len(),
+            1 - last.working_set.shown,
+            "{id}"
+        );
+    }
+}
+
 fn ctxgate(args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_ctxgate"))
         .args(args)
@@ -628,6 +797,28 @@ fn the_compare_command_prints_one_row_per_strategy_and_setting() {
     );
     assert_eq!(rows[0]["totals"]["cache_cost"], 1.0);
     assert!(rows[1]["totals"]["prefix_stable"].is_number());
+    // the working set, per row, per trace and per step: the counts add up
+    for row in rows {
+        let traces = row["traces"].as_array().unwrap();
+        assert_eq!(traces.len(), 2);
+        for key in ["facts", "shown", "whole"] {
+            let total = row["totals"][if key == "facts" {
+                "facts".to_string()
+            } else {
+                format!("facts_{key}")
+            }]
+            .as_u64()
+            .unwrap();
+            let per_trace: u64 = traces.iter().map(|t| t[key].as_u64().unwrap()).sum();
+            assert_eq!(per_trace, total, "{key}");
+            for t in traces {
+                let steps = t["steps"].as_array().unwrap();
+                assert!(!steps.is_empty() && steps.iter().all(|s| s["index"].is_u64()));
+                let per_step: u64 = steps.iter().map(|s| s[key].as_u64().unwrap()).sum();
+                assert_eq!(per_step, t[key].as_u64().unwrap(), "{key}");
+            }
+        }
+    }
     // text: a header and ten rows
     let out = ctxgate(&[
         "replay",
@@ -641,7 +832,12 @@ fn the_compare_command_prints_one_row_per_strategy_and_setting() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 5);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().count(), 5);
+    assert!(
+        text.lines().next().unwrap().ends_with(" SHOWN  WHOLE"),
+        "{text}"
+    );
 }
 
 #[test]

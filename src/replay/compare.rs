@@ -4,8 +4,10 @@
 //! figures a user picks settings by. A setting names any config key by its path (`context.target`,
 //! `prune.keep_tool_results`, `models."gpt-4o*".context_window`); its value is read as a TOML value (a plain
 //! string when it is not one), set onto the loaded config, which is then deserialised and validated again.
+//! SHOWN and WHOLE are the working set kept in view (`working_set`), with its counts per trace and step in JSON.
 
 use super::text::{percent, ratio};
+use super::working_set::WorkingSet;
 use super::{replay_trace_with, Counters, ReplayOptions, ReplayReport, ReplayTotals};
 use crate::config::{Config, Strategy};
 use serde::Serialize;
@@ -182,6 +184,61 @@ pub struct CompareRow {
     pub summaries: bool,
     /// The totals over every step of every trace.
     pub totals: ReplayTotals,
+    /// The working set kept in view, per trace and step.
+    pub traces: Vec<TraceFacts>,
+}
+
+/// The working set of one trace's replay in a row (`working_set`): the facts of its answers and how many the
+/// requests sent kept in view, over every step (a refused one shows none), and per step.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TraceFacts {
+    /// The trace's name.
+    pub trace: String,
+    /// Facts over every step.
+    pub facts: usize,
+    /// Of them, shown.
+    pub shown: usize,
+    /// Of them, with a source output sent whole.
+    pub whole: usize,
+    /// Steps with at least one fact.
+    pub fact_steps: usize,
+    /// Of them, those with every fact shown.
+    pub fact_steps_shown: usize,
+    /// Every step: the index of its answer and its working set.
+    pub steps: Vec<StepFacts>,
+}
+
+/// One step's working set.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepFacts {
+    /// Index of the item answering the request.
+    pub index: usize,
+    /// Its facts, shown, whole and hidden.
+    #[serde(flatten)]
+    pub working_set: WorkingSet,
+}
+
+impl TraceFacts {
+    /// The working set of `report` (the replay of the trace named `trace`).
+    pub fn of(trace: &str, report: &ReplayReport) -> Self {
+        let t = &report.totals;
+        TraceFacts {
+            trace: trace.to_string(),
+            facts: t.facts,
+            shown: t.facts_shown,
+            whole: t.facts_whole,
+            fact_steps: t.fact_steps,
+            fact_steps_shown: t.fact_steps_shown,
+            steps: report
+                .steps
+                .iter()
+                .map(|s| StepFacts {
+                    index: s.index,
+                    working_set: s.working_set.clone(),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// Replays every `(name, trace)` once per row with `opts` (its strategy and summaries set by the row), sharing
@@ -240,9 +297,11 @@ pub fn run(
     let mut reports = results.into_iter().map(|(_, r)| r);
     let mut out = Vec::with_capacity(rows.len());
     for (row, opts) in rows.iter().zip(&row_opts) {
-        let mut steps = Vec::new();
-        for report in reports.by_ref().take(traces.len()) {
-            steps.extend(report?.steps);
+        let (mut steps, mut facts) = (Vec::new(), Vec::with_capacity(traces.len()));
+        for ((name, _), report) in traces.iter().zip(reports.by_ref().take(traces.len())) {
+            let report = report?;
+            facts.push(TraceFacts::of(name, &report));
+            steps.extend(report.steps);
         }
         out.push(CompareRow {
             label: row.label.clone(),
@@ -251,6 +310,7 @@ pub fn run(
             summaries: opts.summaries
                 && matches!(row.strategy, Strategy::Hybrid | Strategy::Summarize),
             totals: ReplayTotals::of(&steps),
+            traces: facts,
         });
     }
     Ok(out)
@@ -261,7 +321,7 @@ pub fn write_table(out: &mut impl Write, rows: &[CompareRow]) -> io::Result<()> 
     let width = rows.iter().map(|r| r.label.len()).max().unwrap_or(0).max(8);
     writeln!(
         out,
-        "{:<width$} {:>6} {:>9} {:>7} {:>8} {:>7} {:>7} {:>6} {:>7} {:>6} {:>6} {:>9} {:>5}",
+        "{:<width$} {:>6} {:>9} {:>7} {:>8} {:>7} {:>7} {:>6} {:>7} {:>6} {:>6} {:>9} {:>5} {:>6} {:>6}",
         "ROW",
         "SAVED",
         "RATIO>THR",
@@ -274,13 +334,15 @@ pub fn write_table(out: &mut impl Write, rows: &[CompareRow]) -> io::Result<()> 
         "FOLDED",
         "TASK",
         "SUMMARIES",
-        "ASKED"
+        "ASKED",
+        "SHOWN",
+        "WHOLE"
     )?;
     for r in rows {
         let t = &r.totals;
         writeln!(
             out,
-            "{:<width$} {:>5.1}% {:>9} {:>7} {:>8} {:>7} {:>7} {:>6} {:>7} {:>6} {:>6} {:>9} {:>5}",
+            "{:<width$} {:>5.1}% {:>9} {:>7} {:>8} {:>7} {:>7} {:>6} {:>7} {:>6} {:>6} {:>9} {:>5} {:>6} {:>6}",
             r.label,
             t.savings * 100.0,
             ratio(t.mean_ratio_above),
@@ -294,6 +356,8 @@ pub fn write_table(out: &mut impl Write, rows: &[CompareRow]) -> io::Result<()> 
             percent(t.task_whole_share),
             t.summary_calls,
             t.summaries_wanted,
+            percent(t.shown_share),
+            percent(t.whole_share),
         )?;
     }
     Ok(())

@@ -5,11 +5,13 @@
 //! Offline there is no LLM to write summaries: when they are simulated, every summary the planner asks for is
 //! taken as written (a stand-in of the length the summary request asks for, at most `summary.max_tokens` tokens)
 //! before the next turn, as if the background job always finished in time. `compare` runs several strategies and settings over the same traces.
+//! `working_set` measures what of the facts the agent's next step uses each request sent keeps in view.
 
 pub mod cache;
 pub mod compare;
 mod text;
 pub mod traces;
+pub mod working_set;
 
 #[cfg(test)]
 mod tests;
@@ -34,6 +36,7 @@ use cache::{billed_at, Sequence, Weights};
 use serde::Serialize;
 use serde_json::Value;
 use traces::Trace;
+use working_set::WorkingSet;
 
 /// "Now" for every step: no message has a first-seen time, so ages play no part.
 const NOW: i64 = 1_700_000_000;
@@ -142,6 +145,9 @@ pub struct ReplayStep {
     /// What the cost model predicts this step is billed, in the same tokens as `wire_tokens`: the forecast
     /// scaled by this request's wire tokens per estimated token; what is measured when there is no forecast.
     pub predicted_billed: f64,
+    /// The facts of the recorded answer (code-like strings taken from earlier tool outputs) and how many of them
+    /// what is sent keeps in view (`working_set`).
+    pub working_set: WorkingSet,
 }
 
 /// Sums over steps (of one trace or several).
@@ -199,6 +205,22 @@ pub struct ReplayTotals {
     pub task_whole: usize,
     /// `task_whole / rewritten`; `None` without rewrites.
     pub task_whole_share: Option<f64>,
+    /// Facts of the answers (`working_set`), over every step (a refused one shows none).
+    pub facts: usize,
+    /// Of them, those shown: a source output sent whole, or the string itself.
+    pub facts_shown: usize,
+    /// Of them, those with a source output sent whole.
+    pub facts_whole: usize,
+    /// Steps whose answer has at least one fact.
+    pub fact_steps: usize,
+    /// Of them, those with every fact shown.
+    pub fact_steps_shown: usize,
+    /// `facts_shown / facts` (SHOWN); `None` without facts.
+    pub shown_share: Option<f64>,
+    /// `facts_whole / facts` (WHOLE); `None` without facts.
+    pub whole_share: Option<f64>,
+    /// `fact_steps_shown / fact_steps`; `None` without facts.
+    pub steps_shown_share: Option<f64>,
 }
 
 fn share(part: f64, whole: f64) -> Option<f64> {
@@ -225,6 +247,12 @@ impl ReplayTotals {
             t.prefix_pairs += usize::from(s.prefix_stable.is_some());
             t.prefix_stable_pairs += usize::from(s.prefix_stable == Some(true));
             t.task_whole += usize::from(s.task_whole == Some(true));
+            let ws = &s.working_set;
+            t.facts += ws.facts;
+            t.facts_shown += ws.shown;
+            t.facts_whole += ws.whole;
+            t.fact_steps += usize::from(ws.facts > 0);
+            t.fact_steps_shown += usize::from(ws.facts > 0 && ws.shown == ws.facts);
             if s.outcome != Outcome::Reject {
                 sent_client += s.client_tokens;
                 t.billed += billed_at(s.wire_tokens, s.wire_cached, s.cache_price);
@@ -249,6 +277,9 @@ impl ReplayTotals {
         t.cache_cost = share(t.billed, t.client_billed);
         t.predicted_cost = share(t.predicted, t.client_billed);
         t.task_whole_share = share(t.task_whole as f64, t.rewritten as f64);
+        t.shown_share = share(t.facts_shown as f64, t.facts as f64);
+        t.whole_share = share(t.facts_whole as f64, t.facts as f64);
+        t.steps_shown_share = share(t.fact_steps_shown as f64, t.fact_steps as f64);
         t
     }
 }
@@ -395,6 +426,8 @@ struct Run<'a> {
     sent_seq: Sequence,
     /// Replayed in its own format, every request's conversation is a prefix of the trace's: weighed once.
     native_items: Option<cache::Shape>,
+    /// The recorded answer of every step (aligned with the trace's steps), neutral.
+    answers: Vec<Vec<Value>>,
 }
 
 /// What the planner made of one request.
@@ -450,6 +483,7 @@ impl<'a> Run<'a> {
             sent_seq: Sequence::default(),
             native_items: (dialect == t.format)
                 .then(|| counters.weights.items(encoding, t.items())),
+            answers: t.answers(),
             model,
         })
     }
@@ -493,6 +527,8 @@ impl<'a> Run<'a> {
         if let Some(upto) = s.wanted_summary {
             s.summary_call = self.write_summary(upto, p.length);
         }
+        let sent = (p.rewritten.as_deref(), p.upstream_body.as_deref());
+        s.working_set = self.working_set(k, &request, s.outcome, sent, &raw);
         Ok((s, raw, p.upstream_body))
     }
 
@@ -549,6 +585,30 @@ impl<'a> Run<'a> {
             rewritten,
             upstream_body,
         })
+    }
+
+    /// What the request sent keeps in view of the facts of the answer to item `k` (`working_set`): the client's
+    /// neutral messages when forwarded, the rewritten ones when rewritten, nothing when refused.
+    fn working_set(
+        &self,
+        k: usize,
+        request: &Request,
+        outcome: Outcome,
+        (rewritten, upstream): (Option<&[Value]>, Option<&[u8]>),
+        raw: &[u8],
+    ) -> WorkingSet {
+        let answer = match self.t.steps.binary_search(&k) {
+            Ok(i) => self.answers.get(i).map(Vec::as_slice).unwrap_or_default(),
+            Err(_) => &[],
+        };
+        let prior = request.messages();
+        let facts = working_set::facts(prior, answer);
+        let sent = match (outcome, upstream) {
+            (Outcome::Reject, _) | (_, None) => None,
+            (Outcome::Forward, _) => Some((prior, raw)),
+            (Outcome::Rewrite, Some(body)) => Some((rewritten.unwrap_or(prior), body)),
+        };
+        working_set::visibility(prior, &facts, sent)
     }
 
     /// The prompt cache: the client's sequence and what is sent (`sent_body`), and what the step is billed.
@@ -697,6 +757,7 @@ fn step(
         cache_price: cache::CACHED_PRICE,
         forecast: None,
         predicted_billed: 0.0,
+        working_set: WorkingSet::default(),
     };
     match decision {
         Decision::Forward { .. } => {

@@ -44,9 +44,15 @@ pub fn write_text(out: &mut impl Write, name: &str, r: &ReplayReport) -> io::Res
         .filter(|(on, _)| *on)
         .map(|(_, f)| *f)
         .collect::<String>();
+        let ws = &s.working_set;
+        let hidden = if ws.shown < ws.facts {
+            format!("  HIDDEN {}/{} facts", ws.facts - ws.shown, ws.facts)
+        } else {
+            String::new()
+        };
         writeln!(
             out,
-            "  step {:>4}  client {:>7}  upstream {:>7}  {:>4.2}{}  cached {:>3.0}%  {what}  {verdict}{wanted}{flags}",
+            "  step {:>4}  client {:>7}  upstream {:>7}  {:>4.2}{}  cached {:>3.0}%  {what}  {verdict}{wanted}{flags}{hidden}",
             s.index,
             s.client_tokens,
             s.upstream_tokens,
@@ -60,7 +66,8 @@ pub fn write_text(out: &mut impl Write, name: &str, r: &ReplayReport) -> io::Res
         out,
         "  total: {} steps, {} above threshold (*), {} rewritten ({} summary-free), {} rejected, {} invalid, \
          {} over the window; tokens {} -> {} (saved {:.1}%); mean upstream/client above threshold: {}; \
-         prefix-stable pairs {}/{} ({}); cache cost {}; task whole in {}/{} rewrites ({}); {} summary call(s)",
+         prefix-stable pairs {}/{} ({}); cache cost {}; task whole in {}/{} rewrites ({}); {} summary call(s); \
+         facts shown {}/{} ({}), whole {} ({}), steps with every fact shown {}/{}",
         t.steps,
         t.above_threshold,
         t.rewritten,
@@ -80,6 +87,13 @@ pub fn write_text(out: &mut impl Write, name: &str, r: &ReplayReport) -> io::Res
         t.rewritten,
         percent(t.task_whole_share),
         t.summary_calls,
+        t.facts_shown,
+        t.facts,
+        percent(t.shown_share),
+        t.facts_whole,
+        percent(t.whole_share),
+        t.fact_steps_shown,
+        t.fact_steps,
     )
 }
 

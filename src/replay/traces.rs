@@ -6,7 +6,7 @@
 
 use crate::dialect::anthropic::convert as anthropic_convert;
 use crate::dialect::anthropic::from_chat::{chat_to_anthropic, DEFAULT_MAX_TOKENS};
-use crate::dialect::responses::convert as responses_convert;
+use crate::dialect::responses::convert::{self as responses_convert, Kind};
 use crate::dialect::responses::from_chat::chat_to_responses;
 use crate::dialect::Dialect;
 use crate::message::role;
@@ -174,6 +174,56 @@ impl<'a> Trace<'a> {
         }
     }
 
+    /// The answer of every step (aligned with `steps`): the neutral assistant message(s) the model wrote there —
+    /// the chat message itself, the Anthropic message's conversion, the Responses items' group(s) starting there
+    /// with each of their call items (answered or not).
+    pub fn answers(&self) -> Vec<Vec<Value>> {
+        let neutral: Vec<(usize, Value)> = match self.format {
+            Dialect::Chat => self
+                .steps
+                .iter()
+                .filter_map(|&k| Some((k, self.items.get(k)?.clone())))
+                .collect(),
+            Dialect::Anthropic => {
+                let n = anthropic_convert::to_neutral(self.obj.get("system"), self.items);
+                n.messages
+                    .into_iter()
+                    .zip(n.origins)
+                    .filter(|(m, _)| role(m) == "assistant")
+                    .filter_map(|(m, o)| Some((o.native()?, m)))
+                    .collect()
+            }
+            Dialect::Responses => {
+                // with each call item of the group on its own: an unanswered one has no neutral tool call
+                let n = responses_convert::to_neutral(self.obj.get("instructions"), self.items);
+                let mut out = Vec::new();
+                for (m, o) in n.messages.into_iter().zip(n.origins) {
+                    let Some(range) = o.items().filter(|_| role(&m) == "assistant") else {
+                        continue;
+                    };
+                    let start = range.start;
+                    out.push((start, m));
+                    let calls = self.items.get(range).unwrap_or_default().iter();
+                    let calls = calls.filter(|it| responses_convert::kind(it) == Kind::Call);
+                    out.extend(
+                        calls
+                            .flat_map(responses_convert::neutral_of)
+                            .map(|c| (start, c)),
+                    );
+                }
+                out
+            }
+        };
+        let mut by_step: std::collections::BTreeMap<usize, Vec<Value>> = Default::default();
+        for (k, m) in neutral {
+            by_step.entry(k).or_default().push(m);
+        }
+        self.steps
+            .iter()
+            .map(|k| by_step.remove(k).unwrap_or_default())
+            .collect()
+    }
+
     fn copy(&self, body: &mut Map<String, Value>, keys: &[&str]) {
         for key in keys {
             if let Some(v) = self.obj.get(*key).filter(|v| !v.is_null()) {
@@ -256,6 +306,19 @@ mod tests {
             {"type":"message","role":"assistant","content":[{"type":"output_text","text":"done"}]}]});
         // the reasoning item and its call are one answer
         assert_eq!(read(&responses), (Dialect::Responses, vec![1, 4]));
+        // each step's answer, neutral
+        let answers = |v: &Value| Trace::read(v).unwrap().answers();
+        let calls = |a: &[Vec<Value>]| a.iter().map(|m| m.len()).collect::<Vec<_>>();
+        assert_eq!(calls(&answers(&chat)), [1, 1]);
+        assert_eq!(answers(&chat)[1][0]["content"], "done");
+        let a = answers(&anthropic);
+        assert_eq!(a[0][0]["tool_calls"][0]["id"], "c");
+        assert_eq!(a[1][0]["content"], "done");
+        let a = answers(&responses);
+        // the group, and its call on its own
+        assert_eq!(calls(&a), [2, 1]);
+        assert_eq!(a[0][0]["tool_calls"][0]["function"]["name"], "f");
+        assert_eq!(a[1][0]["content"], "done");
         // plain text without a system prompt reads as chat (the same request either way)
         let plain =
             json!({"messages":[{"role":"user","content":"u"},{"role":"assistant","content":"a"}]});
