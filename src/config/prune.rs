@@ -34,6 +34,10 @@ pub struct PruneConfig {
     pub min_input_tokens: u64,
     /// Tools whose calls and results are never cleared.
     pub exclude_tools: Vec<String>,
+    /// Tokens (about) of a cleared result's distinctive strings — paths, dotted, snake_case and CamelCase names,
+    /// numbers of 4+ digits, most used first — that its placeholder names, so the model knows what the recall
+    /// would give back. 0: the placeholder names only the call, the tool and the size.
+    pub digest_tokens: u64,
 }
 
 impl Default for PruneConfig {
@@ -50,6 +54,7 @@ impl Default for PruneConfig {
             clear_tool_inputs: ToolSelection::All(true),
             min_input_tokens: 200,
             exclude_tools: Vec::new(),
+            digest_tokens: 0,
         }
     }
 }

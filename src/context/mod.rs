@@ -5,6 +5,7 @@ pub mod body;
 pub mod bpe;
 mod cost;
 pub mod decide;
+pub mod digest;
 pub mod fold;
 pub mod long_context;
 pub mod models;

@@ -20,19 +20,38 @@ pub fn is_placeholder(m: &Value) -> bool {
 /// The tool message `m` with its content replaced by a short placeholder naming the call, the tool and the
 /// result's size, and how to get it back (`recall_tool`, when the recall tool is offered in this request).
 pub fn placeholder(m: &Value, tool_name: &str, recall_tool: Option<&str>) -> Value {
+    placeholder_with_digest(m, tool_name, recall_tool, 0)
+}
+
+/// [`placeholder`], naming besides up to about `digest_tokens` tokens of the result's distinctive strings
+/// (`prune.digest_tokens`: paths, names, numbers, most used first; see [`super::digest`]), so that the model
+/// knows what the recall would give back.
+pub fn placeholder_with_digest(
+    m: &Value,
+    tool_name: &str,
+    recall_tool: Option<&str>,
+    digest_tokens: u64,
+) -> Value {
     let id = field(m, "tool_call_id")
         .and_then(Value::as_str)
         .unwrap_or("");
-    let chars = match field(m, "content") {
-        Some(Value::String(s)) => s.chars().count(),
-        _ => message_text(m).chars().count(),
+    let text_of = match field(m, "content") {
+        Some(Value::String(s)) => std::borrow::Cow::Borrowed(s.as_str()),
+        _ => std::borrow::Cow::Owned(message_text(m)),
+    };
+    let chars = text_of.chars().count();
+    let words = super::digest::distinctive(&text_of, digest_tokens);
+    let naming = if words.is_empty() {
+        String::new()
+    } else {
+        format!(", naming {}", words.join(", "))
     };
     let how = match recall_tool {
         Some(t) => format!(" Call `{t}` with call_id \"{id}\" to see it again."),
         None => " ctxgate keeps it in the conversation's full history.".to_string(),
     };
     let text = format!(
-        "{PLACEHOLDER_PREFIX} to save context: call {id} ({tool_name}), {chars} characters.{how}"
+        "{PLACEHOLDER_PREFIX} to save context: call {id} ({tool_name}), {chars} characters{naming}.{how}"
     );
     with_content(m, text)
 }
@@ -204,6 +223,35 @@ pub fn digest(arguments: &str, max: usize) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_placeholder_with_a_digest_names_the_results_distinctive_strings() {
+        let m = json!({"role":"tool","tool_call_id":"call_7","content":
+            "src/app/views.py:120: def handle_request(self):\nsrc/app/views.py:188: raise ImproperlyConfigured"});
+        let plain = placeholder(&m, "grep", Some("recall_tool_call"));
+        let with = placeholder_with_digest(&m, "grep", Some("recall_tool_call"), 16);
+        let text = |v: &Value| v["content"].as_str().unwrap_or_default().to_string();
+        assert!(!text(&plain).contains("naming"), "{}", text(&plain));
+        let t = text(&with);
+        assert!(
+            t.starts_with(PLACEHOLDER_PREFIX) && is_placeholder(&with),
+            "{t}"
+        );
+        assert!(
+            t.contains("naming src/app/views.py, ") && t.contains("handle_request"),
+            "{t}"
+        );
+        assert!(t.ends_with("Call `recall_tool_call` with call_id \"call_7\" to see it again."));
+        assert_eq!(
+            with,
+            placeholder_with_digest(&m, "grep", Some("recall_tool_call"), 16)
+        );
+        // a digest of 0 tokens is the plain placeholder
+        assert_eq!(
+            plain,
+            placeholder_with_digest(&m, "grep", Some("recall_tool_call"), 0)
+        );
+    }
 
     #[test]
     fn placeholder_names_call_tool_size_and_recall() {

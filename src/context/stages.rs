@@ -8,7 +8,7 @@ use super::cost::{self, Choice};
 use super::fold::{fold_block, fold_line, foldable_units, with_block};
 use super::runloop::{run_loops_with, RunLoop, ToolCallRef};
 use super::shape::{
-    clear_inputs, is_cleared_input, is_placeholder, pinned, placeholder, truncated,
+    clear_inputs, is_cleared_input, is_placeholder, pinned, placeholder_with_digest, truncated,
 };
 use super::tokens::{Encoding, TokenCounter};
 use super::units::{units, Unit};
@@ -159,6 +159,8 @@ pub struct Model<'a, 'c> {
     assistants: Vec<usize>,
     /// Index of the first message that is not a system message.
     first_speaking: usize,
+    /// Whether each message is a system message (asked for every message of every candidate cut: read once).
+    system: Vec<bool>,
     /// The carrier as sent: (index, cleared, fold block) → the message and its tokens; only for the fold block
     /// last made (a block grows with the calls folded, so keeping every one a search passed through held memory
     /// quadratic in a run's calls: 1.2 GB for a request of 5,000 calls).
@@ -274,6 +276,7 @@ impl<'a, 'c> Model<'a, 'c> {
             cum,
             assistants: idx("assistant"),
             first_speaking: msgs.iter().position(|m| !is_system(m)).unwrap_or(0),
+            system: msgs.iter().map(is_system).collect(),
             carried: HashMap::default(),
             last_block: None,
             carrier_heads: HashMap::default(),
@@ -293,7 +296,7 @@ impl<'a, 'c> Model<'a, 'c> {
 
     /// What the cuts do to message `i`.
     pub fn mode(&self, i: usize, c: &Cuts) -> Mode {
-        if is_system(&self.msgs[i]) {
+        if self.system[i] {
             return Mode::Keep;
         }
         let cut = self.cut_mode(i, c);
@@ -513,7 +516,7 @@ impl<'a, 'c> Model<'a, 'c> {
                     Some((calls, _)) => clear_inputs(&msgs[i], calls, recall),
                     None => {
                         let name = names.get(&i).copied().unwrap_or("unknown tool");
-                        placeholder(&msgs[i], name, recall)
+                        placeholder_with_digest(&msgs[i], name, recall, prune.digest_tokens)
                     }
                 },
                 Mode::Pinned => {
@@ -592,7 +595,7 @@ impl<'a, 'c> Model<'a, 'c> {
 
     /// Whether a summary of `from..to` would replace anything (system messages and `keep_user` stay anyway).
     pub fn summarizable(&self, from: usize, to: usize, keep_user: Option<usize>) -> bool {
-        (from..to.min(self.msgs.len())).any(|i| !is_system(&self.msgs[i]) && Some(i) != keep_user)
+        (from..to.min(self.msgs.len())).any(|i| !self.system[i] && Some(i) != keep_user)
     }
 
     /// The newest user message before `j`.
@@ -783,8 +786,7 @@ impl<'a, 'c> Model<'a, 'c> {
                 }
                 let Unit { start, end } = self.units[ui];
                 let holds = |k: Option<usize>| k.is_some_and(|k| k >= start && k < end);
-                let protected =
-                    is_system(&self.msgs[start]) || holds(c.keep_user) || holds(self.first_user);
+                let protected = self.system[start] || holds(c.keep_user) || holds(self.first_user);
                 if protected {
                     continue;
                 }
