@@ -66,6 +66,17 @@ pub fn fold_line(id: &str, tool: &str, arguments: &str) -> String {
     format!("- {id} {tool} {}", digest(arguments, GIST_CHARS))
 }
 
+/// [`fold_line`], followed by what its result named (`words`: its distinctive strings, see
+/// [`super::digest`]), when any. Still one line starting with `- ` (the words hold no whitespace).
+pub fn fold_line_naming(id: &str, tool: &str, arguments: &str, words: &[&str]) -> String {
+    let mut line = fold_line(id, tool, arguments);
+    if !words.is_empty() {
+        line.push_str(" → ");
+        line.push_str(&words.join(", "));
+    }
+    line
+}
+
 /// The block listing folded calls (`lines`, oldest first), and how to get one back.
 pub fn fold_block(lines: &[String], recall_tool: Option<&str>) -> String {
     let how = match recall_tool {
@@ -144,6 +155,21 @@ mod tests {
         // b: followed by a plain reply (fine); c: after a plain reply (two assistants would meet); d: excluded
         // tool; e: the newest, nothing after it.
         assert_eq!(starts, [2, 4]);
+    }
+
+    #[test]
+    fn a_line_names_what_its_result_named_on_one_line() {
+        let words = ["src/parse.rs", "parse_stmt", "1088"];
+        let line = fold_line_naming("call_1", "grep", "{\"q\": \"fn\"}", &words);
+        assert_eq!(
+            line,
+            "- call_1 grep {\"q\": \"fn\"} → src/parse.rs, parse_stmt, 1088"
+        );
+        assert!(!line.contains('\n'));
+        assert_eq!(
+            fold_line_naming("call_1", "grep", "{}", &[]),
+            fold_line("call_1", "grep", "{}")
+        );
     }
 
     #[test]

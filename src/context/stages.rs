@@ -5,7 +5,7 @@
 //! cheapest down to the target, so consecutive turns share an identical prefix.
 
 use super::cost::{self, Choice};
-use super::fold::{fold_block, fold_line, foldable_units, with_block};
+use super::fold::{fold_block, fold_line_naming, foldable_units, with_block};
 use super::runloop::{run_loops_with, RunLoop, ToolCallRef};
 use super::shape::{
     clear_inputs, is_cleared_input, is_placeholder, pinned, placeholder_with_digest, truncated,
@@ -401,8 +401,20 @@ impl<'a, 'c> Model<'a, 'c> {
     /// The lines of the calls folded under `c`, oldest first.
     fn fold_lines(&self, c: &Cuts) -> Vec<String> {
         self.folded_calls(c)
-            .map(|(_, call)| fold_line(call.id, call.name, call.arguments))
+            .map(|(_, call)| self.line_of(call))
             .collect()
+    }
+
+    /// The line a folded call leaves: its id, tool and arguments' gist, and what its result names
+    /// (`prune.digest_tokens`).
+    fn line_of(&self, call: &ToolCallRef<'a>) -> String {
+        let output = call
+            .result
+            .and_then(|r| self.msgs.get(r))
+            .map(crate::message::message_text)
+            .unwrap_or_default();
+        let words = super::digest::distinctive(&output, self.prune.digest_tokens);
+        fold_line_naming(call.id, call.name, call.arguments, &words)
     }
 
     /// The tokens of carrier `i` as sent under `c`, exactly as [`Self::carrier`] would count it, without building
@@ -411,9 +423,9 @@ impl<'a, 'c> Model<'a, 'c> {
     /// whole is the sum of its lines, each counted once per plan. (Counting every candidate's whole carrier made a
     /// search through a run of n calls tokenize O(n²) text: 12 s for one request of 5,000 calls.)
     fn carrier_tokens(&mut self, i: usize, cleared: bool, c: &Cuts) -> u64 {
-        let folded: Vec<(usize, &'a str, &'a str, &'a str)> = self
+        let folded: Vec<(usize, ToolCallRef<'a>)> = self
             .folded_calls(c)
-            .map(|(n, call)| (n, call.id, call.name, call.arguments))
+            .map(|(n, call)| (n, call.clone()))
             .collect();
         if folded.is_empty() {
             // no block: the carrier is the base message
@@ -438,13 +450,20 @@ impl<'a, 'c> Model<'a, 'c> {
             }
         };
         let last = folded.len() - 1;
-        let (counter, enc) = (self.counter, self.enc);
-        for (k, (at, id, name, arguments)) in folded.into_iter().enumerate() {
-            let (joined, alone) = *self.line_tokens.entry(at).or_insert_with(|| {
-                let line = fold_line(id, name, arguments);
-                let alone = counter.text_tokens(enc, &line);
-                (counter.text_tokens(enc, &format!("{line}\n")), alone)
-            });
+        for (k, (at, call)) in folded.into_iter().enumerate() {
+            let (joined, alone) = match self.line_tokens.get(&at) {
+                Some(n) => *n,
+                None => {
+                    let line = self.line_of(&call);
+                    let alone = self.counter.text_tokens(self.enc, &line);
+                    let n = (
+                        self.counter.text_tokens(self.enc, &format!("{line}\n")),
+                        alone,
+                    );
+                    self.line_tokens.insert(at, n);
+                    n
+                }
+            };
             t += if k < last { joined } else { alone };
         }
         t
