@@ -54,7 +54,7 @@ impl Default for PruneConfig {
             clear_tool_inputs: ToolSelection::All(true),
             min_input_tokens: 200,
             exclude_tools: Vec::new(),
-            digest_tokens: 32,
+            digest_tokens: 48,
         }
     }
 }
