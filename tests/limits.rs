@@ -54,8 +54,9 @@ async fn a_slow_chat_body_gets_408_in_openai_shape() {
 }
 
 /// Twice `max_in_flight` connections send a chat request's headers and then one byte of its body a second (no
-/// credentials needed): they hold no in-flight slot (a conversation request takes one once its body has arrived),
-/// so a normal client keeps being answered while they trickle; each still gets its 408 at the body deadline.
+/// credentials needed), and as many do so on a passthrough path: they hold no in-flight slot (a conversation request
+/// takes one once its body has arrived; a passthrough one when its body, streamed to the upstream, ends), so a
+/// normal client keeps being answered while they trickle; each chat one still gets its 408 at the body deadline.
 #[tokio::test]
 async fn slow_bodies_hold_no_slot_and_a_normal_client_keeps_being_answered() {
     const SLOTS: usize = 4;
@@ -65,6 +66,7 @@ async fn slow_bodies_hold_no_slot_and_a_normal_client_keeps_being_answered() {
     })
     .await;
     let mut slow = Vec::new();
+    let mut passthrough = Vec::new();
     for _ in 0..2 * SLOTS {
         let mut tcp = TcpStream::connect(h.addr).await.unwrap();
         tcp.write_all(
@@ -73,11 +75,18 @@ async fn slow_bodies_hold_no_slot_and_a_normal_client_keeps_being_answered() {
         .await
         .unwrap();
         slow.push(tcp);
+        let mut tcp = TcpStream::connect(h.addr).await.unwrap();
+        tcp.write_all(
+            b"POST /v1/files HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 5000\r\n\r\n{",
+        )
+        .await
+        .unwrap();
+        passthrough.push(tcp);
     }
     let trickle = tokio::spawn(async move {
         for _ in 0..3 {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            for tcp in &mut slow {
+            for tcp in slow.iter_mut().chain(passthrough.iter_mut()) {
                 let _ = tcp.write_all(b" ").await;
             }
         }
@@ -89,6 +98,12 @@ async fn slow_bodies_hold_no_slot_and_a_normal_client_keeps_being_answered() {
     for i in 0..6 {
         let r = h.post_chat(body.clone()).await;
         assert_eq!(r.status(), 200, "request {i} while slow bodies trickle");
+        let models = h.client.get(h.url("/v1/models")).send().await.unwrap();
+        assert_eq!(
+            models.status(),
+            200,
+            "passthrough {i} while slow bodies trickle"
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let mut slow = trickle.await.unwrap();
@@ -187,15 +202,12 @@ async fn beyond_max_in_flight_requests_get_503_with_retry_after_until_a_stream_e
     let held = h.post_chat(body.to_string()).await;
     assert_eq!(held.status(), 200);
 
-    // A passthrough request is refused at once, before its body is read: headers only, the body never comes.
-    // (A conversation request takes its slot once its body has arrived: see
-    // `slow_bodies_hold_no_slot_and_a_normal_client_keeps_being_answered`.)
+    // A request without a body is refused at once. (One with a body takes its slot once the body has arrived:
+    // see `slow_bodies_hold_no_slot_and_a_normal_client_keeps_being_answered`.)
     let mut tcp = TcpStream::connect(h.addr).await.unwrap();
-    tcp.write_all(
-        b"POST /v1/files HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 5000\r\n\r\n",
-    )
-    .await
-    .unwrap();
+    tcp.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
     let mut buf = vec![0u8; 4096];
     let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf))
         .await
@@ -230,6 +242,17 @@ async fn beyond_max_in_flight_requests_get_503_with_retry_after_until_a_stream_e
     // passthrough shares the limit; health and metrics do not
     let models = h.client.get(h.url("/v1/models")).send().await.unwrap();
     assert_eq!(models.status(), 503);
+    // a passthrough body takes its slot when it ends: none is free, so 503 too
+    let upload = h
+        .client
+        .post(h.url("/v1/files"))
+        .header("content-type", "application/json")
+        .body("{\"purpose\":\"x\"}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(upload.status(), 503);
+    assert_eq!(upload.headers()["retry-after"], "1");
     let metrics = h.client.get(h.url("/metrics")).send().await.unwrap();
     assert_eq!(metrics.status(), 200);
     let text = metrics.text().await.unwrap();
@@ -241,7 +264,7 @@ async fn beyond_max_in_flight_requests_get_503_with_retry_after_until_a_stream_e
             && text.lines().any(|l| l.starts_with("ctxgate_requests_total")
                 && l.contains("dialect=\"none\",route=\"passthrough\"")
                 && l.contains("status=\"5xx\",stream=\"false\"")
-                && l.ends_with(" 2")),
+                && l.ends_with(" 3")),
         "refusals are counted: {text}"
     );
 

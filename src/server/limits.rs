@@ -1,10 +1,12 @@
-//! `server.max_in_flight`: beyond it a `/v1/*` request is refused at once with 503 and `retry-after`; a response
-//! holds its slot until its body has been sent (a stream counts until it ends). A conversation request takes its
-//! slot only once its body has arrived and been admitted (`admission`: `server.max_messages`,
-//! `server.request_memory_bytes`), so that slow or idle bodies cannot hold the slots; other requests take theirs
-//! before their body, which is streamed to the upstream as it comes.
+//! `server.max_in_flight`: beyond it a `/v1/*` request is refused with 503 and `retry-after`; a response holds its
+//! slot until its body has been sent (a stream counts until it ends). No request holds a slot while its body
+//! arrives, so slow or idle bodies cannot hold the slots: a conversation request takes its slot once its body has
+//! arrived and been admitted (`admission`: `server.max_messages`, `server.request_memory_bytes`); a passthrough
+//! request with a body streams it to the upstream and takes its slot when it ends (`late_slot`); one without a
+//! body takes it at once.
 
 use super::admission::{self, Memory, Reserved, Rules};
+use super::late_slot::{LateSlot, SlotAtEnd};
 use crate::app::AppState;
 use crate::dialect::Dialect;
 use crate::error::GatewayError;
@@ -97,6 +99,35 @@ pub async fn limit(
         }
         None => (req, Reserved::default()),
     };
+    // A passthrough request with a body streams it to the upstream and takes its slot when it ends.
+    let has_body = http_body::Body::size_hint(req.body()).exact() != Some(0);
+    if let (None, true, Some(slots)) = (dialect, has_body, &in_flight.slots) {
+        let late = LateSlot::new(slots.clone());
+        let (mut parts, body) = req.into_parts();
+        parts.extensions.insert(late.clone());
+        let req = Request::from_parts(parts, Body::new(SlotAtEnd::new(body, late.clone())));
+        let resp = next.run(req).await;
+        if late.refused() {
+            // answered 503 by the passthrough (and counted there among the requests): a rejection too
+            state.metrics.rejected(
+                Route::Passthrough,
+                DialectLabel::NoDialect,
+                RejectReason::Overloaded,
+            );
+            tracing::warn!(
+                max_in_flight = in_flight.limit,
+                "refused a passthrough request when its body ended: server.max_in_flight reached"
+            );
+        }
+        return resp.map(|body| {
+            Body::new(Holding {
+                inner: body,
+                _permit: None,
+                _late: Some(late),
+                _memory: Reserved::default(),
+            })
+        });
+    }
     let permit = match &in_flight.slots {
         None => None,
         Some(slots) => match slots.clone().try_acquire_owned() {
@@ -118,6 +149,7 @@ pub async fn limit(
         Body::new(Holding {
             inner: body,
             _permit: permit,
+            _late: None,
             _memory: reserved,
         })
     })
@@ -153,6 +185,8 @@ fn refuse(
 struct Holding {
     inner: Body,
     _permit: Option<OwnedSemaphorePermit>,
+    /// The slot a passthrough body took when it ended.
+    _late: Option<Arc<LateSlot>>,
     /// The request's memory (conversation requests), given back with the slot.
     _memory: Reserved,
 }

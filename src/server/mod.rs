@@ -4,6 +4,7 @@
 mod admin;
 mod admission;
 mod conn;
+mod late_slot;
 mod limits;
 mod metrics;
 mod passthrough;

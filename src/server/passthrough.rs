@@ -57,6 +57,17 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
         .await;
     let resp = match result {
         Ok(r) => r,
+        // The body ended when every in-flight slot was taken (`late_slot`): refused like any request beyond
+        // `server.max_in_flight`, not an upstream failure.
+        Err(_) if late_refused(&parts) => {
+            let e = GatewayError::Overloaded {
+                limit: state.config.server.max_in_flight,
+                retry_after_secs: super::limits::RETRY_AFTER_SECS,
+            };
+            log(&parts.method, path, e.status().as_u16(), started);
+            timer.set_status(e.status().as_u16());
+            return e.into_response();
+        }
         Err(e) => {
             log(&parts.method, path, e.status().as_u16(), started);
             let class = match e {
@@ -105,6 +116,14 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
     builder
         .body(Body::from_stream(stream))
         .unwrap_or_else(|e| GatewayError::Internal(e.to_string()).into_response())
+}
+
+/// Whether the request's body took no in-flight slot when it ended (none was free).
+fn late_refused(parts: &http::request::Parts) -> bool {
+    parts
+        .extensions
+        .get::<Arc<super::late_slot::LateSlot>>()
+        .is_some_and(|l| l.refused())
 }
 
 /// Whether `path` has a segment that is `.` or `..` once percent-decoded (repeatedly, so that double encoding is
