@@ -161,6 +161,26 @@ mod tests {
         assert_eq!(first[..2], ["a_b_c_d", "x.y.zzzz"]);
     }
 
+    proptest::proptest! {
+        /// Any text, any budget: the digest is the same each time, within its budget, made of distinctive strings
+        /// found in the text, none twice.
+        #[test]
+        fn the_digest_is_deterministic_bounded_and_taken_from_the_text(
+            text in "([a-zA-Z_]{1,12}|[0-9]{1,6}|[./:_-]|[ \n\t,;()\"'=]|é|→){0,80}",
+            tokens in 0u64..64,
+        ) {
+            let d = distinctive(&text, tokens);
+            proptest::prop_assert_eq!(&d, &distinctive(&text, tokens));
+            let chars: usize = d.iter().map(|w| w.chars().count() + 2).sum();
+            proptest::prop_assert!(chars <= tokens as usize * CHARS_PER_TOKEN);
+            for (k, w) in d.iter().enumerate() {
+                proptest::prop_assert!(text.contains(w) && is_distinctive(w), "{w:?}");
+                proptest::prop_assert!(!d[..k].contains(w), "{w:?} twice");
+                proptest::prop_assert!(!w.chars().any(char::is_whitespace), "{w:?}");
+            }
+        }
+    }
+
     #[test]
     fn urls_hashes_and_punctuation_alone_are_left_out() {
         let d = distinctive(
