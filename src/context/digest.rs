@@ -1,21 +1,27 @@
-//! What a cleared tool result was about, in a few words: its distinctive strings (paths, dotted, snake_case and
-//! CamelCase names of 6+ characters, numbers of 4+ digits), most used first, within a budget — so that a
-//! placeholder tells the model what `recall_tool_call` would give back. Pure and deterministic: the same output
-//! and budget give the same words.
+//! Code-like strings — the paths, names and numbers an agent takes from a tool output — and a cleared result's
+//! digest of them. One definition serves both the placeholders and fold lines (which name, most used first and
+//! within `prune.digest_tokens`, what `recall_tool_call` would give back) and `replay`'s working-set measure (whose
+//! *facts* are these strings). Pure and deterministic.
+//!
+//! A **code-like string** is a path (a run of letters, digits, `_ . / - ~` with a `/`, a segment with a letter,
+//! and two segments or a leading `/` or `~`; not a markup closing tag), a dotted name (identifiers joined by `.`,
+//! 6+ characters), a snake_case (with `_`) or CamelCase (an upper-case letter after the first character, and a
+//! lower-case one) name of 6+ characters, or a number of 4+ digits (a run of digits not inside a word).
 
 use std::collections::HashMap;
 
 /// Characters a token of a digest is reckoned at (code-like strings tokenize at about this rate).
 const CHARS_PER_TOKEN: usize = 4;
-/// Shortest name kept (a path or number has its own rule).
+/// The shortest dotted, snake_case or CamelCase name that is a code-like string.
 const MIN_NAME: usize = 6;
-/// Shortest number kept.
+/// The fewest digits of a number that is a code-like string.
 const MIN_DIGITS: usize = 4;
-/// Longest string kept: a longer one (a hash, base64) names nothing the model would look for.
+/// Longest string a digest names: a longer one (a hash, base64) names nothing the model would look for.
 const MAX_LEN: usize = 120;
 
-/// The distinctive strings of `text`, most frequent first (first appearance breaks ties), as many as fit in
-/// about `tokens` tokens (each string and its separator counted); empty when `tokens` is 0.
+/// The distinctive strings of `text` (its code-like strings), most frequent first (first appearance breaks ties),
+/// as many as fit in about `tokens` tokens (each string and its separator counted), none inside one already
+/// named; empty when `tokens` is 0.
 pub fn distinctive(text: &str, tokens: u64) -> Vec<&str> {
     let budget = usize::try_from(tokens)
         .unwrap_or(usize::MAX)
@@ -25,16 +31,28 @@ pub fn distinctive(text: &str, tokens: u64) -> Vec<&str> {
     }
     // string → (count, first position)
     let mut seen: HashMap<&str, (usize, usize)> = HashMap::new();
-    for (at, word) in words(text) {
-        if is_distinctive(word) {
-            seen.entry(word).or_insert((0, at)).0 += 1;
+    for (at, word) in code_strings(text) {
+        if word.len() <= MAX_LEN {
+            let e = seen.entry(word).or_insert((0, at));
+            e.0 += 1;
+            e.1 = e.1.min(at);
         }
     }
     let mut ranked: Vec<(&str, (usize, usize))> = seen.into_iter().collect();
-    ranked.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.1 .1.cmp(&b.1 .1)));
+    // most used, then first seen, then the longer (a path before the name it starts with), then by bytes
+    ranked.sort_by(|a, b| {
+        (b.1 .0.cmp(&a.1 .0))
+            .then(a.1 .1.cmp(&b.1 .1))
+            .then(b.0.len().cmp(&a.0.len()))
+            .then(a.0.cmp(b.0))
+    });
     let mut out = Vec::new();
     let mut used = 0;
     for (word, _) in ranked {
+        // already named inside a string kept (`request.py` in `django/http/request.py`)
+        if out.iter().any(|w: &&str| w.contains(word)) {
+            continue;
+        }
         let cost = word.chars().count() + 2;
         if used + cost > budget {
             continue;
@@ -45,67 +63,84 @@ pub fn distinctive(text: &str, tokens: u64) -> Vec<&str> {
     out
 }
 
-/// The words of `text` with their byte positions: runs of letters, digits and `_ . / - :`, with the punctuation a
-/// sentence puts around them trimmed. A single `:` separates (`request.py:1096` is a path and a line number); a
-/// double one joins (`Escape::new`).
-fn words(text: &str) -> impl Iterator<Item = (usize, &str)> {
-    text.split(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '.' | '/' | '-' | ':')))
-        .scan(0usize, move |pos, raw| {
-            let start = *pos;
-            // `split` on a `char` predicate: each separator is one character, of its own width
-            let sep = text[start + raw.len()..]
-                .chars()
-                .next()
-                .map_or(0, char::len_utf8);
-            *pos += raw.len() + sep;
-            Some((start, raw))
-        })
-        .flat_map(|(start, raw)| {
-            let parts: Vec<(usize, &str)> = if raw.contains("::") {
-                vec![(start, raw)]
-            } else {
-                raw.split(':')
-                    .scan(start, |at, p| {
-                        let here = *at;
-                        *at += p.len() + 1;
-                        Some((here, p))
-                    })
-                    .collect()
-            };
-            parts
-        })
-        .map(|(start, raw)| {
-            let lead = raw.len() - raw.trim_start_matches(['.', '-', ':', '/']).len();
-            let word = raw.trim_matches(['.', '-', ':', '/']);
-            (start + lead, word)
-        })
-        .filter(|(_, w)| !w.is_empty() && w.len() <= MAX_LEN)
+fn is_word(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
 }
 
-/// A path, a dotted, snake_case, CamelCase or `::`-qualified name of [`MIN_NAME`]+ characters, or a number of
-/// [`MIN_DIGITS`]+ digits.
-fn is_distinctive(w: &str) -> bool {
-    if w.bytes().all(|b| b.is_ascii_digit()) {
-        return w.len() >= MIN_DIGITS;
-    }
-    if !w.chars().any(char::is_alphabetic) || w.contains("://") {
+fn is_path_byte(b: u8) -> bool {
+    is_word(b) || matches!(b, b'.' | b'/' | b'-' | b'~')
+}
+
+/// The maximal runs of `text` whose bytes all satisfy `keep` (ASCII only, so every run is a `str` slice), with
+/// their byte positions.
+fn runs(text: &str, keep: fn(u8) -> bool) -> impl Iterator<Item = (usize, &str)> {
+    text.split(move |c: char| !c.is_ascii() || !keep(c as u8))
+        .filter(|r| !r.is_empty())
+        .map(move |r| (r.as_ptr() as usize - text.as_ptr() as usize, r))
+}
+
+fn is_path(s: &str) -> bool {
+    let segments: Vec<&str> = s.split('/').filter(|p| !p.is_empty()).collect();
+    s.contains('/')
+        && segments
+            .iter()
+            .any(|p| p.bytes().any(|b| b.is_ascii_alphabetic()))
+        && (segments.len() >= 2 || s.starts_with('/') || s.starts_with('~'))
+}
+
+fn is_ident(s: &str) -> bool {
+    s.bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+}
+
+/// A snake_case or CamelCase name of 6+ characters (one identifier, no dots).
+fn is_name(s: &str) -> bool {
+    if s.len() < MIN_NAME || !is_ident(s) {
         return false;
     }
-    if w.contains('/') {
-        // a path: at least one segment with a letter, and a file name or two segments
-        return w.split('/').filter(|s| !s.is_empty()).count() >= 2 || w.contains('.');
-    }
-    if w.chars().count() < MIN_NAME {
-        return false;
-    }
-    let dotted = w.contains('.') && w.split('.').all(|s| !s.is_empty());
-    let snake = w.contains('_');
-    let camel = w
-        .chars()
-        .zip(w.chars().skip(1))
-        .any(|(a, b)| a.is_lowercase() && b.is_uppercase());
-    let qualified = w.contains("::");
-    dotted || snake || camel || qualified
+    let letters = s.bytes().any(|b| b.is_ascii_alphabetic());
+    let snake = s.contains('_') && letters;
+    let camel = s.bytes().any(|b| b.is_ascii_lowercase())
+        && s.bytes().skip(1).any(|b| b.is_ascii_uppercase());
+    snake || camel
+}
+
+/// The code-like strings of `text` with their byte positions, every occurrence: its paths first, then its dotted
+/// names, each with the names and numbers among their parts.
+pub fn code_strings(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    let paths = runs(text, is_path_byte).filter_map(move |(at, run)| {
+        // a markup closing tag (`</div>`) is no path
+        if !run.contains('/') || text[..at].ends_with('<') {
+            return None;
+        }
+        let lead = run.len() - run.trim_start_matches('-').len();
+        let path = run[lead..].trim_end_matches(['.', '-']);
+        is_path(path).then_some((at + lead, path))
+    });
+    let names = runs(text, |b| is_word(b) || b == b'.').flat_map(|(at, run)| {
+        let lead = run.len() - run.trim_start_matches('.').len();
+        let dotted = run.trim_matches('.');
+        let start = at + lead;
+        let whole = (dotted.contains('.')
+            && dotted.len() >= MIN_NAME
+            && dotted.split('.').all(|s| !s.is_empty())
+            && is_ident(dotted))
+        .then_some((start, dotted));
+        let parts = dotted
+            .split('.')
+            .scan(start, |pos, s| {
+                let here = *pos;
+                *pos += s.len() + 1;
+                Some((here, s))
+            })
+            .filter(|(_, s)| {
+                let number = s.len() >= MIN_DIGITS && s.bytes().all(|b| b.is_ascii_digit());
+                number || is_name(s)
+            });
+        whole.into_iter().chain(parts)
+    });
+    paths.chain(names)
 }
 
 #[cfg(test)]
@@ -116,19 +151,23 @@ mod tests {
     fn paths_names_and_numbers_most_used_first() {
         let out = "Traceback:\n  File \"django/http/request.py\", line 1088, in get_host\n    raise \
                    ImproperlyConfigured(msg)\nImproperlyConfigured: bad host. See django/http/request.py:1096 \
-                   and settings.ALLOWED_HOSTS; Escape::new; the word because is not a name, nor 42, nor Hello.";
+                   and settings.ALLOWED_HOSTS; the word because is not a name, nor 42, nor Hello.";
         let d = distinctive(out, 64);
         assert_eq!(d[..2], ["django/http/request.py", "ImproperlyConfigured"]);
-        for w in [
-            "1088",
-            "1096",
-            "get_host",
-            "settings.ALLOWED_HOSTS",
-            "Escape::new",
-        ] {
+        for w in ["1088", "1096", "get_host", "settings.ALLOWED_HOSTS"] {
             assert!(d.contains(&w), "{w}: {d:?}");
         }
-        for w in ["because", "42", "Hello", "Traceback", "line", "word"] {
+        // `request.py` and `ALLOWED_HOSTS` are named inside longer strings already
+        for w in [
+            "because",
+            "42",
+            "Hello",
+            "Traceback",
+            "line",
+            "word",
+            "request.py",
+            "ALLOWED_HOSTS",
+        ] {
             assert!(!d.contains(&w), "{w}: {d:?}");
         }
     }
@@ -174,7 +213,7 @@ mod tests {
             let chars: usize = d.iter().map(|w| w.chars().count() + 2).sum();
             proptest::prop_assert!(chars <= tokens as usize * CHARS_PER_TOKEN);
             for (k, w) in d.iter().enumerate() {
-                proptest::prop_assert!(text.contains(w) && is_distinctive(w), "{w:?}");
+                proptest::prop_assert!(code_strings(&text).any(|(at, s)| s == *w && text[at..].starts_with(s)), "{w:?}");
                 proptest::prop_assert!(!d[..k].contains(w), "{w:?} twice");
                 proptest::prop_assert!(!w.chars().any(char::is_whitespace), "{w:?}");
             }

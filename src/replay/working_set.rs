@@ -2,10 +2,8 @@
 //! recorded next assistant message (code-like strings it took from an earlier tool output), and which of them the
 //! request sent upstream holds a source output of whole, or at least the string itself. Pure and deterministic.
 //!
-//! A **code-like string** is a path (a run of letters, digits, `_ . / - ~` with a `/`, a segment with a letter,
-//! and two segments or a leading `/` or `~`; not a markup closing tag), a dotted name (identifiers joined by `.`, 6+ characters), a
-//! snake_case (with `_`) or CamelCase (an upper-case letter after the first character, and a lower-case one) name
-//! of 6+ characters, or a number of 4+ digits (a run of digits not inside a word). A **fact** of step k is one in
+//! A **code-like string** is one of `context::digest::code_strings` (a path, a dotted, snake_case or CamelCase
+//! name of 6+ characters, or a number of 4+ digits). A **fact** of step k is one in
 //! the text or the tool-call arguments (each JSON string value) of the answer `messages[k]` that appears in an
 //! earlier tool output of `messages[:k]` and in none of its user, system or assistant messages (text and tool-call
 //! arguments). It is **whole** when the request sent holds one of the tool outputs it appears in unchanged (same
@@ -13,15 +11,12 @@
 //! placeholder, a fold line, a summary, a kept excerpt), and hidden otherwise (nothing is visible of a refused
 //! request).
 
+use crate::context::digest;
 use memchr::memmem;
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::{BTreeSet, HashMap};
 
-/// The shortest dotted, snake_case or CamelCase name that is a code-like string.
-const MIN_NAME: usize = 6;
-/// The fewest digits of a number that is a code-like string.
-const MIN_DIGITS: usize = 4;
 /// Between messages in a haystack: no code-like string spans it.
 const SEPARATOR: char = '\u{0}';
 
@@ -48,77 +43,10 @@ pub struct Fact {
     pub sources: Vec<usize>,
 }
 
-fn is_word(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_'
-}
-
-fn is_path_byte(b: u8) -> bool {
-    is_word(b) || matches!(b, b'.' | b'/' | b'-' | b'~')
-}
-
-/// The maximal runs of `text` whose bytes all satisfy `keep` (ASCII only, so every run is a `str` slice).
-fn runs(text: &str, keep: fn(u8) -> bool) -> impl Iterator<Item = &str> {
-    text.split(move |c: char| !c.is_ascii() || !keep(c as u8))
-        .filter(|r| !r.is_empty())
-}
-
-fn is_path(s: &str) -> bool {
-    let segments: Vec<&str> = s.split('/').filter(|p| !p.is_empty()).collect();
-    s.contains('/')
-        && segments
-            .iter()
-            .any(|p| p.bytes().any(|b| b.is_ascii_alphabetic()))
-        && (segments.len() >= 2 || s.starts_with('/') || s.starts_with('~'))
-}
-
-fn is_ident(s: &str) -> bool {
-    s.bytes()
-        .next()
-        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-}
-
-/// A snake_case or CamelCase name of 6+ characters (one identifier, no dots).
-fn is_name(s: &str) -> bool {
-    if s.len() < MIN_NAME || !is_ident(s) {
-        return false;
-    }
-    let letters = s.bytes().any(|b| b.is_ascii_alphabetic());
-    let snake = s.contains('_') && letters;
-    let camel = s.bytes().any(|b| b.is_ascii_lowercase())
-        && s.bytes().skip(1).any(|b| b.is_ascii_uppercase());
-    snake || camel
-}
-
-/// Adds the code-like strings of `text` to `out`.
+/// Adds the code-like strings of `text` to `out` (`context::digest::code_strings`: the digests that placeholders and
+/// fold lines carry name the same strings).
 pub fn code_strings(text: &str, out: &mut BTreeSet<String>) {
-    for run in runs(text, is_path_byte) {
-        // a markup closing tag (`</div>`) is no path
-        let at = run.as_ptr() as usize - text.as_ptr() as usize;
-        if !run.contains('/') || text[..at].ends_with('<') {
-            continue;
-        }
-        let path = run.trim_start_matches('-').trim_end_matches(['.', '-']);
-        if is_path(path) {
-            out.insert(path.to_string());
-        }
-    }
-    for run in runs(text, |b| is_word(b) || b == b'.') {
-        let dotted = run.trim_matches('.');
-        let segments: Vec<&str> = dotted.split('.').collect();
-        if segments.len() >= 2
-            && dotted.len() >= MIN_NAME
-            && segments.iter().all(|s| !s.is_empty())
-            && is_ident(dotted)
-        {
-            out.insert(dotted.to_string());
-        }
-        for s in segments {
-            let number = s.len() >= MIN_DIGITS && s.bytes().all(|b| b.is_ascii_digit());
-            if number || is_name(s) {
-                out.insert(s.to_string());
-            }
-        }
-    }
+    out.extend(digest::code_strings(text).map(|(_, s)| s.to_string()));
 }
 
 /// The strings of a neutral message a model reads: its text (see [`text`]) and its tool calls' arguments.

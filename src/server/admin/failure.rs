@@ -25,13 +25,6 @@ pub enum AdminError {
     Gateway(GatewayError),
     /// The session store does not answer, or its circuit is open: 503 with `retry-after`.
     StoreUnavailable(String),
-    /// The body is over the route's limit: 413.
-    TooLarge {
-        /// The limit, in bytes.
-        limit: u64,
-        /// Where the limit comes from (a config key, or the route).
-        by: &'static str,
-    },
 }
 
 impl From<GatewayError> for AdminError {
@@ -64,7 +57,10 @@ pub fn store_error(state: &AppState, e: StoreError) -> AdminError {
 /// A body the extractor could not read: 413 over `limit` (named `by`), else 400.
 pub fn body_rejected(r: &BytesRejection, limit: u64, by: &'static str) -> AdminError {
     if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        AdminError::TooLarge { limit, by }
+        // 413 in the gateway's JSON error shape (`request_too_large`), not axum's plain text
+        AdminError::Gateway(GatewayError::TooLarge {
+            message: format!("request body exceeds the limit of {limit} bytes ({by})"),
+        })
     } else {
         AdminError::Gateway(GatewayError::bad_request(format!(
             "the request body could not be read: {}",
@@ -96,15 +92,6 @@ impl IntoResponse for AdminError {
                 );
                 r
             }
-            AdminError::TooLarge { limit, by } => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                axum::Json(error_body(
-                    format!("request body exceeds the limit of {limit} bytes ({by})"),
-                    "invalid_request_error",
-                    "request_too_large",
-                )),
-            )
-                .into_response(),
         }
     }
 }
