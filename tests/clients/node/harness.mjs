@@ -1,4 +1,4 @@
-// Test harness for the openai npm package suite: starts the built `ctxgate` (CTXGATE_BIN, else the newest of
+// Test harness for the Node client suite (the openai npm package, the Vercel AI SDK): starts the built `ctxgate` (CTXGATE_BIN, else the newest of
 // target/debug and target/release; run `cargo build` first) in front of `ctxgate mock-upstream`, both on
 // OS-chosen loopback ports; scripts the mock through its control API (/_mock/*, see src/mock.rs); records what
 // the client receives through a teeing fetch; and checks every exchange against what the mock sent.
@@ -37,20 +37,32 @@ function start(args, pattern) {
   });
 }
 
-/** The mock upstream and ctxgate in front of it. */
-export async function startStack() {
+/** The mock upstream and ctxgate in front of it (both OpenAI APIs and Anthropic Messages go to the mock); `extra`
+ * is TOML appended to the gateway's config. */
+export async function startStack(extra = "") {
   const dir = mkdtempSync(join(tmpdir(), "ctxgate-node-"));
   const mock = await start(["mock-upstream", "--listen", "127.0.0.1:0"], /base_url\W+(http:\/\/127\.0\.0\.1:\d+\/v1)/);
   const config = join(dir, "ctxgate.toml");
   writeFileSync(
     config,
     `[server]\nlisten = "127.0.0.1:0"\n[upstream]\nbase_url = "${mock.value}"\ntimeout_secs = 30\n` +
-      `[store]\npath = "${join(dir, "ctxgate.db")}"\n`,
+      `[anthropic]\nbase_url = "${mock.value}"\n[store]\npath = "${join(dir, "ctxgate.db")}"\n${extra}\n`,
   );
   const gw = await start(["serve", "--config", config, "--log-format", "json"], /"listen":"(127\.0\.0\.1:\d+)"/);
   const mockRoot = mock.value.replace(/\/v1$/, "");
+  const root = `http://${gw.value}`;
   return {
-    baseURL: `http://${gw.value}/v1`,
+    /** ctxgate's address without a path (what Claude Code's ANTHROPIC_BASE_URL takes). */
+    root,
+    baseURL: `${root}/v1`,
+    /** The mock's own `/v1` (for showing what a client gets without ctxgate in between). */
+    mockURL: mock.value,
+    /** The admin API (open to loopback peers without a token). */
+    async admin(path) {
+      const r = await fetch(`${root}/admin${path}`);
+      assert.equal(r.status, 200, await r.clone().text());
+      return r.json();
+    },
     mock: {
       async script(...replies) {
         const r = await fetch(`${mockRoot}/_mock/script`, { method: "POST", body: JSON.stringify(replies) });
@@ -79,6 +91,8 @@ export function tapFetch() {
     const ex = {
       url: String(url),
       request: typeof init?.body === "string" ? init.body : null,
+      requestHeaders: new Headers(init?.headers),
+      headers: resp.headers,
       status: resp.status,
       contentType: resp.headers.get("content-type") ?? "",
       body: mine ? new Response(mine).text() : Promise.resolve(""),
@@ -150,19 +164,29 @@ export function sseData(text) {
 
 const COMPLETION_KEYS = ["id", "object", "created", "model", "choices"];
 
-/** Every chat exchange: the request reached the mock byte for byte, the client got exactly the mock's reply
- * (nothing added: no field, no chunk), and each completion / chunk has the shape of its type. */
-export async function checkExchanges(exchanges, upstream) {
+const MANAGED = /\/v1\/(chat\/completions|responses|messages)(\?|$)/;
+
+/** Every exchange on a managed path (chat completions, Responses, Messages): the request reached the mock byte for
+ * byte and the client got exactly the mock's reply (nothing added: no field, no chunk, no event); chat completions
+ * and chunks have the shape of their type. With `rewritten`, a request that reached the mock changed (ctxgate
+ * rewrote it) is allowed: its answer is then left to the test. */
+export async function checkExchanges(exchanges, upstream, { rewritten = false } = {}) {
   const unmatched = [...upstream];
   for (const ex of exchanges) {
-    if (!ex.url.endsWith("/chat/completions")) continue;
+    const path = new URL(ex.url).pathname;
+    if (!MANAGED.test(path)) continue;
     const i = unmatched.findIndex((u) => u.raw === ex.request);
-    assert.ok(i >= 0, `ctxgate changed a request it had no reason to rewrite: ${ex.request?.slice(0, 300)}`);
+    if (i < 0) {
+      assert.ok(rewritten, `ctxgate changed a request it had no reason to rewrite: ${ex.request?.slice(0, 300)}`);
+      continue;
+    }
     const { reply } = unmatched.splice(i, 1)[0];
     const body = await ex.body;
     assert.equal(ex.status, reply.status);
+    const chat = path.endsWith("/chat/completions");
     if (reply.sse !== undefined) {
       assert.equal(body, reply.sse, "the stream differs from the upstream's");
+      if (!chat) continue;
       const data = sseData(body);
       assert.equal(data.at(-1), "[DONE]");
       assert.equal(data.filter((d) => d === "[DONE]").length, 1);
@@ -174,6 +198,7 @@ export async function checkExchanges(exchanges, upstream) {
     } else {
       assert.equal(body, reply.body, "the body differs from the upstream's");
       const v = JSON.parse(body);
+      if (!chat) continue;
       if (ex.status === 200) {
         for (const k of COMPLETION_KEYS) assert.ok(k in v, `completion without ${k}`);
         assert.equal(v.object, "chat.completion");
