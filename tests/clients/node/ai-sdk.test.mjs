@@ -2,7 +2,8 @@
 // on each of its three wire APIs: `openai(model)` (the Responses API, the provider's default), `openai.chat(model)`
 // (chat completions) and `anthropic(model)` (Messages). For each: generateText, streamText, a tool loop the SDK runs
 // itself (`stopWhen`), and a long agent run that outgrows the gateway's window (8,000 tokens here), which ctxgate
-// rewrites while the admin API keeps the whole history. Then the base URLs docs/clients.md gives, exactly as given:
+// rewrites while the admin API keeps the whole history. What the Responses provider sends of an earlier answer
+// (an `item_reference` unless `store: false`). Then the base URLs docs/clients.md gives, exactly as given:
 // the `baseURL` option and the environment variables the providers read (OPENAI_BASE_URL, ANTHROPIC_BASE_URL), and
 // the trap: Claude Code's `ANTHROPIC_BASE_URL` value (no `/v1`) is a 404 for this SDK, which appends only `/messages`.
 import { after, afterEach, before, beforeEach, describe, test } from "node:test";
@@ -35,7 +36,9 @@ beforeEach(async () => {
   rewritten = false;
 });
 afterEach(async () => {
-  await checkExchanges(tap.exchanges, await stack.mock.requests(), { rewritten });
+  const ups = await stack.mock.requests();
+  await checkExchanges(tap.exchanges, ups, { rewritten });
+  for (const up of ups) assert.equal(up.headers["content-encoding"], undefined, "the AI SDK sends plain JSON");
 });
 
 // --- the three wire APIs, each as the mock scripts it and as the SDK sends it --------------------------------------
@@ -212,6 +215,7 @@ for (const d of DIALECTS) {
       const kept = JSON.stringify(session.messages);
       for (let i = 0; i < STEPS; i++) assert.ok(kept.includes(`MARKER-${i} line0`), `MARKER-${i} kept`);
       assert.ok(session.total >= d.items(JSON.parse(last.request)).length, "the whole history");
+      assert.deepEqual(session.partial, [], "every reply kept whole");
       const turns = await stack.admin(`/sessions/${encodeURIComponent(id)}/turns?messages=false&limit=50`);
       assert.equal(turns.total, STEPS + 1);
       assert.equal(turns.turns[0].rewritten, false);
@@ -221,6 +225,31 @@ for (const d of DIALECTS) {
     });
   });
 }
+
+// --- what the Responses provider sends of a conversation ----------------------------------------------------------
+
+test("openai (Responses): earlier answers go as item_reference unless store: false", async () => {
+  // The provider's default is `store: true`: an answer it got earlier is sent back as a reference to the copy the
+  // upstream stored, which ctxgate cannot read (it forwards it as it came). With `store: false` the answer itself
+  // is sent, and ctxgate keeps and manages it like any other message.
+  const model = DIALECTS[0].model();
+  const sent = [];
+  for (const providerOptions of [undefined, { openai: { store: false } }]) {
+    await stack.mock.script(DIALECTS[0].text("The first answer."), DIALECTS[0].text("The second answer."));
+    const messages = [{ role: "user", content: `first question (store: ${providerOptions ? "false" : "default"})` }];
+    const first = await generateText({ model, messages, providerOptions, maxRetries: 0 });
+    messages.push(...first.response.messages, { role: "user", content: "second question" });
+    assert.equal((await generateText({ model, messages, providerOptions, maxRetries: 0 })).text, "The second answer.");
+    sent.push((await stack.mock.requests()).at(-1).body.input[1]);
+  }
+  assert.equal(sent[0].type, "item_reference", JSON.stringify(sent[0]));
+  assert.deepEqual(sent[1].content, [{ type: "output_text", text: "The first answer." }]);
+  assert.equal(sent[1].role, "assistant");
+  const ids = tap.exchanges.map((e) => e.headers.get("x-ctxgate-session"));
+  assert.ok(ids.every(Boolean), "managed either way");
+  const kept = await stack.admin(`/sessions/${encodeURIComponent(ids[3])}`);
+  assert.ok(JSON.stringify(kept.messages).includes("The first answer."), "with store: false the history holds the text");
+});
 
 // --- the base URLs docs/clients.md gives --------------------------------------------------------------------------
 
