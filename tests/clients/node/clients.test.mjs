@@ -1,5 +1,5 @@
 // The openai npm package through ctxgate (in front of the mock upstream): create, streamed create, the
-// chat.completions.stream() helper with tools, and an upstream rate limit.
+// chat.completions.stream() helper with tools, an upstream rate limit, and the base URL from OPENAI_BASE_URL.
 import { after, before, beforeEach, afterEach, test } from "node:test";
 import assert from "node:assert/strict";
 import OpenAI from "openai";
@@ -87,4 +87,20 @@ test("an upstream 429 is a RateLimitError", async () => {
     client.chat.completions.create({ model: MODEL, messages: [{ role: "user", content: "again" }] }),
     (e) => e instanceof OpenAI.RateLimitError && e.status === 429 && e.error.message === message,
   );
+});
+
+test("OPENAI_BASE_URL=<ctxgate>/v1, no baseURL of its own", async () => {
+  const saved = process.env.OPENAI_BASE_URL;
+  process.env.OPENAI_BASE_URL = stack.baseURL; // http://127.0.0.1:PORT/v1
+  try {
+    await stack.mock.script(completion("via the environment"));
+    const fromEnv = new OpenAI({ apiKey: "sk-node-test", fetch: tap.fetch, maxRetries: 0 });
+    const resp = await fromEnv.chat.completions.create({ model: MODEL, messages: [{ role: "user", content: "hi" }] });
+    assert.equal(resp.choices[0].message.content, "via the environment");
+    assert.equal(new URL(tap.exchanges[0].url).pathname, "/v1/chat/completions");
+    assert.ok(tap.exchanges[0].headers.get("x-ctxgate-session"), "managed: ctxgate names the session");
+  } finally {
+    if (saved === undefined) delete process.env.OPENAI_BASE_URL;
+    else process.env.OPENAI_BASE_URL = saved;
+  }
 });
