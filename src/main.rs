@@ -39,9 +39,13 @@ enum Command {
         /// Listen address; overrides `[server] listen`.
         #[arg(long, value_name = "ADDR")]
         listen: Option<String>,
-        /// Upstream base URL; overrides `[upstream] base_url`.
+        /// Upstream base URL; overrides `[upstream] base_url` (the OpenAI APIs).
         #[arg(long, value_name = "URL")]
         upstream: Option<String>,
+        /// Anthropic upstream base URL (`/v1/messages`); overrides `[anthropic] base_url`, e.g.
+        /// `http://127.0.0.1:8788/v1` for `ctxgate mock-upstream`.
+        #[arg(long, value_name = "URL")]
+        anthropic_upstream: Option<String>,
         /// Log format; overrides `[server] log_format`.
         #[arg(long, value_enum, value_name = "FORMAT")]
         log_format: Option<LogFormat>,
@@ -527,6 +531,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             config,
             listen,
             upstream,
+            anthropic_upstream,
             log_format,
         } => {
             let mut cfg = Config::load(config.as_deref())?;
@@ -537,6 +542,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(u) = upstream {
                 cfg.upstream.base_url = u;
             }
+            if let Some(u) = anthropic_upstream {
+                cfg.anthropic.base_url = u;
+            }
             if let Some(f) = log_format {
                 cfg.server.log_format = f;
             }
@@ -545,6 +553,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let _log = init_logging(cfg.server.log_format)?;
             let addr = cfg.listen_addr()?;
             let upstream_url = cfg.upstream.base_url.clone();
+            let anthropic_url = cfg.anthropic.base_url.clone();
             let state = ctxgate::app::AppState::new(cfg)?;
             load_tokenizer_in_background();
             state.reload.set(config.clone(), loaded);
@@ -557,7 +566,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 tracing::warn!("config: {w}");
             }
             let bound = server.local_addr()?;
-            tracing::info!(listen = %bound, upstream = %upstream_url, "ctxgate listening");
+            tracing::info!(
+                listen = %bound,
+                upstream = %upstream_url,
+                anthropic_upstream = %anthropic_url,
+                "ctxgate listening"
+            );
             tracing::info!("inspector: http://{bound}/ui/");
             match server.metrics_addr() {
                 Some(m) => {

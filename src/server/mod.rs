@@ -3,6 +3,7 @@
 
 mod admin;
 mod admission;
+mod base_url;
 mod conn;
 mod late_slot;
 mod limits;
@@ -36,6 +37,15 @@ const METRICS_CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// The gateway's routes.
 pub fn router(state: Arc<AppState>) -> Router {
     let in_flight = limits::InFlight::new(&state.config.server);
+    // Paths that show a wrong base URL, logged with the fix (`base_url`).
+    let traps = Arc::new(base_url::Traps::default());
+    let doubled = {
+        let traps = traps.clone();
+        move |state: State<Arc<AppState>>, req: Request| {
+            base_url::doubled(traps.clone(), state, req)
+        }
+    };
+    let not_found = move |req: Request| base_url::not_found(traps.clone(), req);
     let v1 = Router::new()
         // Only POST is a chat request; any other method (GET lists stored completions) is the upstream's.
         .route(
@@ -54,6 +64,9 @@ pub fn router(state: Arc<AppState>) -> Router {
                 .post(responses)
                 .fallback(passthrough::handle),
         )
+        // `/v1/v1/…` (a base URL ending in /v1 given to a client that appends /v1/… itself): passed through too,
+        // and logged with the fix.
+        .route("/v1/v1/{*rest}", any(doubled))
         .route("/v1/{*rest}", any(passthrough::handle))
         .route_layer(axum::middleware::from_fn_with_state(
             (state.clone(), in_flight),
@@ -111,15 +124,6 @@ async fn responses(State(state): State<Arc<AppState>>, req: Request) -> Response
 
 async fn messages(State(state): State<Arc<AppState>>, req: Request) -> Response {
     crate::pipeline::conversation(state, req, Dialect::Anthropic).await
-}
-
-async fn not_found(req: Request) -> Response {
-    GatewayError::NotFound(format!(
-        "no route for {} {}",
-        req.method(),
-        req.uri().path()
-    ))
-    .into_response()
 }
 
 /// A gateway bound to its socket, ready to serve.
