@@ -1,7 +1,8 @@
 // Test harness for the Node client suite (the openai and @anthropic-ai/sdk npm packages, the Vercel AI SDK): starts
 // the built `ctxgate` (CTXGATE_BIN, else the newest of target/debug and target/release; run `cargo build` first) in
-// front of `ctxgate mock-upstream`, both on OS-chosen loopback ports; scripts the mock through its control API (/_mock/*, see src/mock.rs); records what
-// the client receives through a teeing fetch; and checks every exchange against what the mock sent.
+// front of `ctxgate mock-upstream`, both on OS-chosen loopback ports; scripts the mock through its control API
+// (/_mock/*, see src/mock.rs); records what the client receives through a teeing fetch; and checks every exchange
+// against what the mock sent.
 import { spawn } from "node:child_process";
 import { mkdtempSync, rmSync, statSync, writeFileSync, existsSync } from "node:fs";
 import { tmpdir } from "node:os";
