@@ -37,6 +37,13 @@ struct Shared {
     room: Condvar,
 }
 
+/// A duration as a log field in milliseconds, rounded to 0.01 ms: `upstream_ms=0.5`, not `0.49734599999999995`.
+pub fn millis(d: Duration) -> f64 {
+    // Hundredths of a millisecond, rounded half up; one division of an integer, so the value prints short.
+    let hundredths = (d.as_nanos() + 5_000) / 10_000;
+    hundredths as f64 / 100.0
+}
+
 /// The producer side, a `tracing_subscriber` writer: cheap to clone, one per event.
 #[derive(Clone)]
 pub struct LogSink {
@@ -129,6 +136,27 @@ impl Drop for LogGuard {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn durations_are_logged_rounded_to_a_hundredth_of_a_millisecond() {
+        use super::millis;
+        use std::time::Duration;
+        for (nanos, shown) in [
+            (497_345, "0.5"),
+            (497_346_000, "497.35"),
+            (4_999, "0.0"),
+            (5_000, "0.01"),
+            (1_234_567_891, "1234.57"),
+            (44_722_938, "44.72"),
+            (3_000_000_000_000, "3000000.0"),
+        ] {
+            assert_eq!(
+                format!("{:?}", millis(Duration::from_nanos(nanos))),
+                shown,
+                "{nanos} ns"
+            );
+        }
+    }
+
     use super::*;
     use std::time::Instant;
 

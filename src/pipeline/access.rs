@@ -80,7 +80,7 @@ pub(super) fn write(req: &Logged<'_>, seen: Option<&Seen>, end: End<'_>) {
             outcome,
         } => (
             status,
-            Some(upstream_wait.as_secs_f64() * 1000.0),
+            Some(crate::logging::millis(upstream_wait)),
             Some(outcome),
             None,
         ),
@@ -104,7 +104,7 @@ pub(super) fn write(req: &Logged<'_>, seen: Option<&Seen>, end: End<'_>) {
                 tokens_sent,
                 recall_rounds,
                 upstream_ms,
-                total_ms = req.started.elapsed().as_secs_f64() * 1000.0,
+                total_ms = crate::logging::millis(req.started.elapsed()),
                 bytes = outcome.map(|o| o.bytes),
                 complete = outcome.map(|o| o.reply.complete),
                 client_disconnected = outcome.map(|o| o.client_disconnected),

@@ -187,7 +187,7 @@ fn log(method: &http::Method, path: &str, status: u16, started: Instant) {
         method = %method,
         path,
         status,
-        upstream_ms = started.elapsed().as_secs_f64() * 1000.0,
+        upstream_ms = crate::logging::millis(started.elapsed()),
         "passthrough"
     );
 }

@@ -1,0 +1,86 @@
+//! The access log's figures: every duration (`upstream_ms`, `total_ms`) rounded to 0.01 ms, on conversation and
+//! passthrough lines alike.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::Harness;
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+
+#[derive(Clone, Default)]
+struct Logged(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logged {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logged {
+    type Writer = Logged;
+    fn make_writer(&'a self) -> Logged {
+        self.clone()
+    }
+}
+
+/// The digits after the point of the number `field` has on `line` (the JSON text as written).
+fn decimals(line: &str, field: &str) -> Option<usize> {
+    let at = line.find(&format!("\"{field}\":"))? + field.len() + 3;
+    let number: String = line[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == 'e' || *c == '-')
+        .collect();
+    assert!(!number.contains('e'), "{field} in {line}");
+    Some(number.split_once('.').map_or(0, |(_, d)| d.len()))
+}
+
+#[tokio::test]
+async fn durations_are_logged_rounded_to_a_hundredth_of_a_millisecond() {
+    let logged = Logged::default();
+    // The test runtime has one thread: the server's tasks log here too.
+    let _log = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .json()
+            .with_writer(logged.clone())
+            .finish(),
+    );
+    let h = Harness::start().await;
+    let chat = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
+    for stream in [false, true] {
+        let mut body = chat.clone();
+        body["stream"] = json!(stream);
+        let r = h.post_chat(body.to_string()).await;
+        assert_eq!(r.status(), 200);
+        r.text().await.unwrap();
+    }
+    let r = h.client.get(h.url("/v1/models")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    r.text().await.unwrap();
+    h.state.drain().await;
+
+    let text = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<Value>(l).is_ok_and(|v| v["target"] == "ctxgate::access")
+        })
+        .collect();
+    let (mut conversations, mut passthrough) = (0, 0);
+    for line in &lines {
+        let upstream = decimals(line, "upstream_ms").unwrap_or_else(|| panic!("{line}"));
+        assert!(upstream <= 2, "upstream_ms: {line}");
+        if line.contains("\"message\":\"conversation\"") {
+            conversations += 1;
+            let total = decimals(line, "total_ms").unwrap_or_else(|| panic!("{line}"));
+            assert!(total <= 2, "total_ms: {line}");
+        } else if line.contains("\"message\":\"passthrough\"") {
+            passthrough += 1;
+        }
+    }
+    assert_eq!((conversations, passthrough), (2, 1), "{text}");
+}
