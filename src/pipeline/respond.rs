@@ -221,17 +221,33 @@ pub(super) struct Own<'a> {
 /// `x-ctxgate-rewrite`'s value: the stages that changed something and the estimated tokens of the client's
 /// request and of what was sent, e.g. `cleared,pruned; tokens=5468->3048`.
 pub(super) fn rewrite_header(record: &crate::context::CompressionRecord) -> Option<HeaderValue> {
-    let stages = if record.stages.is_empty() {
-        "rewritten".to_string()
-    } else {
-        record.stages.join(",")
-    };
-    HeaderValue::from_str(&format!(
-        "{stages}; tokens={}->{}",
-        record.tokens_before, record.tokens_after
+    HeaderValue::from_str(&rewrite_text(
+        &record.stages,
+        record.tokens_before,
+        record.tokens_after,
     ))
     .ok()
 }
+
+/// The text of `x-ctxgate-rewrite`. A request forwarded with only the recall tools added (stage `offered`, from
+/// `recall.offer_at`: its messages as the client sent them, so both counts are equal) says so after the counts —
+/// `offered; tokens=6400->6400; messages=unchanged; added=recall-tools` — rather than read like a rewrite that
+/// did nothing; the first two parts keep their form for clients that read them.
+fn rewrite_text(stages: &[&str], before: u64, after: u64) -> String {
+    let mut text = if stages.is_empty() {
+        "rewritten".to_string()
+    } else {
+        stages.join(",")
+    };
+    text.push_str(&format!("; tokens={before}->{after}"));
+    if stages == [OFFERED] {
+        text.push_str("; messages=unchanged; added=recall-tools");
+    }
+    text
+}
+
+/// The stage of a request forwarded as the client sent it, with only the recall tools added.
+const OFFERED: &str = "offered";
 
 /// A response head with `status`, the end-to-end headers of `upstream` (its `content-length` only when
 /// `keep_length`) and ctxgate's own headers.
@@ -286,4 +302,22 @@ pub(super) fn own_error(logged: &Logged<'_>, seen: Option<&Seen>, e: GatewayErro
         }
     }
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rewrite_text;
+
+    #[test]
+    fn the_rewrite_header_says_when_only_the_recall_tools_were_added() {
+        assert_eq!(
+            rewrite_text(&["cleared", "pruned"], 5468, 3048),
+            "cleared,pruned; tokens=5468->3048"
+        );
+        assert_eq!(rewrite_text(&[], 900, 800), "rewritten; tokens=900->800");
+        assert_eq!(
+            rewrite_text(&["offered"], 6400, 6400),
+            "offered; tokens=6400->6400; messages=unchanged; added=recall-tools"
+        );
+    }
 }
