@@ -204,7 +204,8 @@ async fn every_turn_is_recorded_as_sent(d: &Dialect, store: Option<&std::path::P
     let recorded = page["turns"].as_array().unwrap();
     assert_eq!(recorded.len(), 4);
     for (i, (turn, req)) in recorded.iter().zip(&sent).enumerate() {
-        assert_eq!(turn["turn"], i);
+        // Numbered from 1, as the inspector and the README's tour count them.
+        assert_eq!(turn["turn"], i + 1);
         assert_eq!(turn["status"], 200);
         assert_eq!(
             turn["messages_sent"],
@@ -264,7 +265,8 @@ async fn every_turn_is_recorded_as_sent(d: &Dialect, store: Option<&std::path::P
     let one = turns(&h, &sid, "?offset=2&limit=1").await;
     assert_eq!(one["total"], 4);
     assert_eq!(one["turns"].as_array().unwrap().len(), 1);
-    assert_eq!(one["turns"][0]["turn"], 2);
+    // `offset` counts the turns skipped: the third turn.
+    assert_eq!(one["turns"][0]["turn"], 3);
     assert_eq!(
         one["turns"][0]["messages_sent"],
         recorded[2]["messages_sent"]

@@ -153,3 +153,47 @@ async fn the_session_view_names_the_node_of_each_message() {
     );
     assert_eq!(turns["turns"][0]["head"], v["ids"][0]);
 }
+
+/// What the page shows explains itself: turns numbered from 1 (the admin API's `turn`, which the page shows and
+/// opens with `offset = turn - 1`), a turn ctxgate did not count says so instead of `? → ?`, and the session's
+/// token figure is marked as an estimate, with a legend. (The page itself: tests/clients/python/test_inspector.py.)
+#[tokio::test]
+async fn the_page_numbers_turns_from_one_and_explains_its_figures() {
+    let h = Harness::start().await;
+    // A short streamed request that asks for no usage: sent as it came, not counted, no usage reported.
+    let r = h
+        .client
+        .post(h.url("/v1/chat/completions"))
+        .header("authorization", "Bearer sk-ui")
+        .header("x-session-id", "uncounted")
+        .json(&json!({"model": "mock-model", "stream": true,
+            "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.text().await.unwrap();
+    h.state.drain().await;
+    let turns = h.get_json("/admin/sessions/uncounted/turns").await;
+    let turn = &turns["turns"][0];
+    assert_eq!(turn["turn"], 1, "{turn}");
+    assert!(
+        turn["tokens"]["client"].is_null() && turn["tokens"]["sent"].is_null(),
+        "{turn}"
+    );
+    let get = |path: &'static str| {
+        let client = h.client.clone();
+        let url = h.url(path);
+        async move { client.get(url).send().await.unwrap().text().await.unwrap() }
+    };
+    let js = get("/ui/app.js").await;
+    assert!(
+        js.contains("turns?offset=${n - 1}&limit=1"),
+        "turn n is offset n - 1"
+    );
+    assert!(js.contains("\"not counted: sent as it came\""));
+    assert!(!js.contains("?? \"?\""), "no bare `?` for a missing count");
+    let html = get("/ui/").await;
+    assert!(html.contains("~tokens (est.)</th>"), "{html}");
+    assert!(html.contains("id=\"list-legend\""), "{html}");
+}

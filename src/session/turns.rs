@@ -19,7 +19,7 @@ pub struct TurnsPage {
     pub session: String,
     /// Turns recorded.
     pub total: u64,
-    /// The first turn of the page.
+    /// Turns skipped before the page: its first turn is numbered `offset + 1`.
     pub offset: u64,
     /// Turns asked for.
     pub limit: u32,
@@ -28,8 +28,9 @@ pub struct TurnsPage {
 }
 
 impl Sessions {
-    /// Turns `offset..offset + limit` of session `id` (`None`: no such session); with `messages`, each with what
-    /// was sent and where each element came from.
+    /// The `limit` turns after the first `offset` of session `id` (`None`: no such session); with `messages`, each
+    /// with what was sent and where each element came from. Turns are numbered from 1, as people count them (the
+    /// inspector and the README's tour show the same numbers); the store's own rows count from 0.
     pub async fn turns(
         &self,
         id: &str,
@@ -50,7 +51,7 @@ impl Sessions {
                     resolve(
                         id,
                         stored,
-                        offset + k as u64,
+                        offset + k as u64 + 1,
                         messages.then_some((tree, &mut paths)),
                     )
                 })

@@ -12,6 +12,14 @@ const TURNS_PAGE = 200;   // turns listed per request
 const CLIP = 4000;        // characters of a message shown before "show all"
 
 const $ = (id) => document.getElementById(id);
+
+// What a turn without token counts means (a request clearly under the window is sent as it came, uncounted).
+const NOT_COUNTED = "not counted: sent as it came";
+const NOT_COUNTED_WHY = "Well under the model's window, so ctxgate sent this request as it came without counting " +
+  "its tokens, and the upstream reported no usage for it.";
+// What a session's token figure is.
+const ESTIMATED_WHY = "Estimated from the size of the stored history (about 4 bytes a token), not counted with " +
+  "the model's tokenizer; each turn's counted tokens are in the session's Turns tab.";
 const state = { offset: 0, q: "", session: null, turns: [], turnsTotal: 0, shown: 0 };
 
 function el(tag, attrs, ...children) {
@@ -71,7 +79,8 @@ async function loadList() {
     const href = "#/s/" + encodeURIComponent(s.id);
     const tr = el("tr", { class: "session", dataset: { id: s.id } },
       el("td", { class: "id" }, el("a", { href }, s.id)), el("td", {}, s.dialect), el("td", {}, s.message_count),
-      el("td", {}, s.token_estimate), el("td", {}, when(s.last_active)), el("td", {}, s.strategy || ""));
+      el("td", { title: ESTIMATED_WHY }, s.token_estimate), el("td", {}, when(s.last_active)),
+      el("td", {}, s.strategy || ""));
     tr.addEventListener("click", (ev) => {
       if (ev.target.closest("a") || ev.ctrlKey || ev.metaKey || ev.shiftKey || ev.button !== 0) return;
       location.hash = href;
@@ -170,8 +179,10 @@ async function openSession(id) {
   state.session = s;
   state.shown = 0;
   $("session-id").textContent = s.id;
-  $("session-meta").textContent = `${s.dialect} · ${s.message_count} messages stored · ~${s.token_estimate} tokens · ` +
+  $("session-meta").textContent = `${s.dialect} · ${s.message_count} messages stored · ` +
+    `~${s.token_estimate} tokens (estimated from the history's size) · ` +
     `created ${when(s.created_at)} · last active ${when(s.last_active)}`;
+  $("session-meta").title = ESTIMATED_WHY;
   $("strategy").value = s.strategy || "";
   $("strategy-said").textContent = "";
   $("history").replaceChildren();
@@ -264,11 +275,21 @@ function renderTurns() {
     const tr = el("tr", { class: "turn", dataset: { turn: t.turn } },
       el("td", {}, t.turn), el("td", {}, when(t.at)), el("td", {}, t.status),
       el("td", {}, t.strategy + (t.rewritten ? " · rewritten" : "")), el("td", {}, (t.stages || []).join(", ")),
-      el("td", {}, `${tk.client ?? "?"} → ${tk.sent ?? "?"} / ${tk.window}`), el("td", {}, t.recall_rounds || ""));
+      tokensCell(tk), el("td", {}, t.recall_rounds || ""));
     tr.addEventListener("click", () => openTurn(t.turn).catch(fail));
     body.append(tr);
   }
   $("turns-more").hidden = state.turns.length >= state.turnsTotal;
+}
+
+/// A turn's token figures: what the client sent → what went upstream / the window; "not counted" (explained in
+/// its title) for a request sent as it came without being counted.
+function tokensCell(tk) {
+  if (tk.client == null && tk.sent == null) {
+    return el("td", { class: "muted not-counted", title: NOT_COUNTED_WHY }, `${NOT_COUNTED} / ${tk.window}`);
+  }
+  const n = (v) => (v == null ? "not counted" : v);
+  return el("td", {}, `${n(tk.client)} → ${n(tk.sent)} / ${tk.window}`);
 }
 
 async function moreTurns() {
@@ -280,10 +301,11 @@ async function moreTurns() {
 
 let turnAsked = 0;
 
+/// Opens turn `n` (numbered from 1, as the admin API numbers them; `offset` counts the turns before it).
 async function openTurn(n) {
   const s = state.session;
   const asked = ++turnAsked;
-  const page = await api(`/admin/sessions/${encodeURIComponent(s.id)}/turns?offset=${n}&limit=1`);
+  const page = await api(`/admin/sessions/${encodeURIComponent(s.id)}/turns?offset=${n - 1}&limit=1`);
   // A turn asked for later (or another session) wins.
   if (asked !== turnAsked || state.session !== s) return;
   const t = page.turns[0];
@@ -377,7 +399,7 @@ function renderTimeline() {
       c.append(title);
     });
   }
-  add("text", { x: L, y: H - 8 }, "turn 0");
+  add("text", { x: L, y: H - 8 }, `turn ${turns[0].turn}`);
   add("text", { x: W - 60, y: H - 8 }, `turn ${turns[turns.length - 1].turn}`);
   box.append(svg);
 }

@@ -85,14 +85,16 @@ def admin(base: str, path: str) -> dict:
 def test_the_inspector_shows_what_each_turn_sent(inspector: str):
     base = inspector
     m = history(1, 20)
-    sid = chat(base, "ui-agent", m)  # turn 0: under the threshold
+    sid = chat(base, "ui-agent", m)  # turn 1: under the threshold
     m = history(8, 200)
-    chat(base, "ui-agent", m)  # turn 1: old results cleared
+    chat(base, "ui-agent", m)  # turn 2: old results cleared
     m += [{"role": "assistant", "content": "mock reply"}, {"role": "user", "content": "Go on."}]
-    chat(base, "ui-agent", m, strategy="summarize")  # turn 2: a summary
+    chat(base, "ui-agent", m, strategy="summarize")  # turn 3: a summary
     turns = admin(base, f"/admin/sessions/{sid}/turns?messages=false")
     assert turns["total"] == 3
     assert [t["rewritten"] for t in turns["turns"]] == [False, True, True]
+    # Turns are numbered from 1, in the admin API as on the page (and in the README's tour).
+    assert [t["turn"] for t in turns["turns"]] == [1, 2, 3]
 
     with playwright_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
@@ -116,13 +118,19 @@ def test_the_inspector_shows_what_each_turn_sent(inspector: str):
         expect(page.locator("tr.session")).to_have_count(2)
         page.fill("#search", "ui-agent")
         expect(page.locator("tr.session")).to_have_count(1)
+        # The session's token figure says what it is: an estimate, explained beside the list and in its title.
+        assert "(est.)" in page.text_content("#th-tokens")
+        assert "Estimated from the size of the stored history" in page.get_attribute("#th-tokens", "title")
+        assert "divided by 4 bytes" in page.text_content("#list-legend")
         page.click(f"tr.session[data-id='{sid}']")
-        page.wait_for_selector("tr.turn[data-turn='2']")
+        page.wait_for_selector("tr.turn[data-turn='3']")
         assert page.text_content("#session-id") == sid
+        assert "(estimated from the history's size)" in page.text_content("#session-meta")
+        expect(page.locator("tr.turn[data-turn='0']")).to_have_count(0)
 
-        # Turn 1: the cleared results are marked, on both sides.
-        page.click("tr.turn[data-turn='1']")
-        page.wait_for_selector("#turn-title:has-text('Turn 1 ·')")
+        # Turn 2 (offset 1 in the admin API): the cleared results are marked, on both sides.
+        page.click("tr.turn[data-turn='2']")
+        page.wait_for_selector("#turn-title:has-text('Turn 2 ·')")
         page.wait_for_selector("#turn-sent .msg.kind-cleared")
         cleared = page.locator("#turn-sent .msg.kind-cleared")
         assert cleared.count() >= 1
@@ -134,9 +142,9 @@ def test_the_inspector_shows_what_each_turn_sent(inspector: str):
         assert page.locator("#turn-sent .msg.kind-cleared").count() == kinds.count("cleared")
         assert page.locator("#turn-sent .msg.kind-note").count() == 1
 
-        # Turn 2: the summary, its text shown, standing for the history it replaced.
-        page.click("tr.turn[data-turn='2']")
-        page.wait_for_selector("#turn-title:has-text('Turn 2 ·')")
+        # Turn 3: the summary, its text shown, standing for the history it replaced.
+        page.click("tr.turn[data-turn='3']")
+        page.wait_for_selector("#turn-title:has-text('Turn 3 ·')")
         page.wait_for_selector("#turn-sent .msg.kind-summary")
         summary = page.locator("#turn-sent .msg.kind-summary").first.text_content()
         assert "Summary of the earlier conversation" in summary
@@ -175,7 +183,7 @@ def test_a_2000_message_session_opens_without_freezing(inspector: str):
         page.wait_for_selector("tr.session")
         started = time.monotonic()
         page.goto(f"{base}/ui/#/s/{sid}")
-        page.wait_for_selector("tr.turn[data-turn='0']")
+        page.wait_for_selector("tr.turn[data-turn='1']")
         page.click("#tab-history")
         page.wait_for_selector("#history .msg")
         loaded = time.monotonic() - started
@@ -195,7 +203,7 @@ def test_a_2000_message_session_opens_without_freezing(inspector: str):
         # The turn of 2,000 messages side by side.
         started_turn = time.monotonic()
         page.click("#tab-turns")
-        page.click("tr.turn[data-turn='0']")
+        page.click("tr.turn[data-turn='1']")
         page.wait_for_selector("#turn-sent .msg")
         turn = time.monotonic() - started_turn
         assert page.locator("#turn-sent .msg").count() == 1999
@@ -240,10 +248,10 @@ def launch(p, *args: str):
 
 def test_without_a_token_the_inspector_opens_on_the_sessions_and_each_has_an_address(open_inspector):
     base, _ = open_inspector
-    sid = chat(base, "ui-open-agent", history(1, 20))  # turn 0: as sent
-    chat(base, "ui-open-agent", history(8, 200))  # turn 1: rewritten
+    sid = chat(base, "ui-open-agent", history(1, 20))  # turn 1: as sent
+    chat(base, "ui-open-agent", history(8, 200))  # turn 2: rewritten
     m = history(8, 200) + [{"role": "assistant", "content": "mock reply"}, {"role": "user", "content": "Go on."}]
-    chat(base, "ui-open-agent", m, strategy="off")  # turn 2: as sent
+    chat(base, "ui-open-agent", m, strategy="off")  # turn 3: as sent
     quoted = quote(sid, safe="")
     turns = open_admin(base, f"/admin/sessions/{quoted}/turns?messages=false")["turns"]
     assert [t["rewritten"] for t in turns] == [False, True, False]
@@ -267,8 +275,8 @@ def test_without_a_token_the_inspector_opens_on_the_sessions_and_each_has_an_add
         second.goto(f"{base}/ui/{link.get_attribute('href')}")
         second.wait_for_selector("#turn-view:not([hidden])")
         assert second.text_content("#session-id") == sid
-        assert second.text_content("#turn-title").startswith("Turn 1 ·")
-        expect(second.locator("tr.turn.selected")).to_have_attribute("data-turn", "1")
+        assert second.text_content("#turn-title").startswith("Turn 2 ·")
+        expect(second.locator("tr.turn.selected")).to_have_attribute("data-turn", "2")
         t1 = open_admin(base, f"/admin/sessions/{quoted}/turns?offset=1&limit=1")["turns"][0]
         expect(second.locator("#turn-sent .msg")).to_have_count(len(t1["messages_sent"]))
         # The rewrite shows on the history's side: what it replaced (cleared, summarised) or left out (folded, cut).
@@ -279,8 +287,38 @@ def test_without_a_token_the_inspector_opens_on_the_sessions_and_each_has_an_add
         assert not second.is_visible("#login")
         # Following the link in the first tab does the same.
         link.click()
-        page.wait_for_selector("#turn-title:has-text('Turn 1 ·')")
+        page.wait_for_selector("#turn-title:has-text('Turn 2 ·')")
         assert page.url.endswith(href)
+        assert errors == [], errors
+        browser.close()
+
+
+def test_a_turn_ctxgate_did_not_count_says_so(open_inspector):
+    base, _ = open_inspector
+    # A short streamed request that asks for no usage: clearly under the window, so sent as it came without being
+    # counted, and the upstream reports no usage for it either.
+    with httpx.Client(trust_env=False, timeout=30) as c:
+        r = c.post(
+            f"{base}/v1/chat/completions",
+            json={"model": "mock-model", "stream": True, "messages": [{"role": "user", "content": "hi, uncounted"}]},
+            headers={"authorization": "Bearer sk-ui", "x-session-id": "ui-uncounted"},
+        )
+    assert r.status_code == 200, r.text
+    quoted = quote(r.headers["x-ctxgate-session"], safe="")
+    (turn,) = open_admin(base, f"/admin/sessions/{quoted}/turns?messages=false")["turns"]
+    assert turn["turn"] == 1
+    assert turn["tokens"]["client"] is None and turn["tokens"]["sent"] is None, turn
+
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{base}/ui/#/s/{quoted}")
+        cell = page.locator("tr.turn[data-turn='1'] td.not-counted")
+        expect(cell).to_have_text("not counted: sent as it came / 6000")
+        assert "sent this request as it came without counting" in cell.get_attribute("title")
+        assert "?" not in page.text_content("tr.turn[data-turn='1']")
         assert errors == [], errors
         browser.close()
 
