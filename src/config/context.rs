@@ -29,6 +29,33 @@ pub struct ContextConfig {
     /// Rewrite a request holding more messages than this, as for the token threshold (unset: no limit); the
     /// rewrite then brings the count down to `max_messages × target / threshold`.
     pub max_messages: Option<usize>,
+    /// What to do with a request that fits under `hard_limit` only by dropping whole old messages (stage
+    /// `truncated`): `truncate` drops them (the default: the conversation goes on, the task and the newest turn
+    /// kept; the drop is named in `x-ctxgate-rewrite`, a warning log line and the turn's record, and the model is
+    /// told and offered the recall tools to search what left), `refuse` answers `400 context_length_exceeded` in
+    /// the API's own error shape and sends nothing upstream, as the provider would have (for clients that manage
+    /// their context themselves, such as aider, which then asks its user to drop files).
+    pub on_overflow: OnOverflow,
+}
+
+/// What a request that would lose whole messages to the hard limit gets (`context.on_overflow`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OnOverflow {
+    /// Drop the oldest whole messages (the task, system messages and the newest turn kept), and say so.
+    Truncate,
+    /// Refuse with `400 context_length_exceeded`; nothing is sent upstream.
+    Refuse,
+}
+
+impl OnOverflow {
+    /// The value's name as configured.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnOverflow::Truncate => "truncate",
+            OnOverflow::Refuse => "refuse",
+        }
+    }
 }
 
 impl Default for ContextConfig {
@@ -42,6 +69,7 @@ impl Default for ContextConfig {
             default_context_window: 128_000,
             clear_at_least: TokenAmount::Fraction(0.1),
             max_messages: None,
+            on_overflow: OnOverflow::Truncate,
         }
     }
 }

@@ -30,7 +30,7 @@ mod upstream;
 
 pub use admin::AdminConfig;
 pub use anthropic::AnthropicConfig;
-pub use context::{ContextConfig, Strategy};
+pub use context::{ContextConfig, OnOverflow, Strategy};
 pub use duration::DurationSpec;
 pub use env::ENV_PREFIX;
 pub use hooks::HooksConfig;

@@ -6,7 +6,7 @@ use super::body::RewrittenBody;
 use super::plan::{plan, Plan, PlanInput, PrunedCall, Rewrite, Summaries};
 use super::tokens::{Encoding, TokenCounter};
 use super::CompressionRecord;
-use crate::config::{Config, Strategy};
+use crate::config::{Config, OnOverflow, Strategy};
 use crate::message::Source;
 use serde_json::{Map, Value};
 
@@ -16,8 +16,9 @@ pub trait Additions {
     fn tool_name(&self) -> Option<&str>;
     /// Tokens the additions may take in a request with `tool_results` tool results.
     fn reserve(&self, tool_results: usize) -> u64;
-    /// Adds them to `body`, for the calls whose results are left out; whether anything was added.
-    fn add(&self, body: &mut RewrittenBody<'_>, pruned: &[PrunedCall]) -> bool;
+    /// Adds them to `body`, for the calls whose results are left out and the `dropped` messages the hard limit
+    /// left out; whether anything was added.
+    fn add(&self, body: &mut RewrittenBody<'_>, pruned: &[PrunedCall], dropped: usize) -> bool;
 }
 
 /// One request and the budget it is planned against.
@@ -61,14 +62,17 @@ pub enum Decision {
     },
     /// A rewritten body.
     Rewrite(Box<Rendered>),
-    /// Nothing: even the smallest valid rewrite is over the hard limit.
+    /// Nothing: even the smallest valid rewrite is over the hard limit, or (`refused`) it would fit only by
+    /// dropping whole messages and `context.on_overflow` is `refuse`.
     Reject {
-        /// Estimated tokens of the smallest rewrite.
+        /// Estimated tokens of the smallest rewrite; when `refused`, of the client's request.
         tokens: u64,
         /// The hard limit in tokens.
         limit: u64,
         /// The model's context window.
         window: u64,
+        /// Refused by `context.on_overflow = "refuse"` (see `Plan::Reject`).
+        refused: bool,
     },
 }
 
@@ -156,6 +160,7 @@ pub fn plan_cuts<'a>(
         precompute_at: cfg.summary.precompute_at,
         strict_roles: req.strict_roles,
     };
+    let refuse = cfg.context.on_overflow == OnOverflow::Refuse;
     let mut planned = plan(&input, &cfg.context, &cfg.prune, counter);
     let mut ctx = cfg.context.clone();
     // A request that would be forwarded with the tools offered, but that they would take past the hard limit: cut
@@ -169,9 +174,14 @@ pub fn plan_cuts<'a>(
                 // What the tools take; the messages must leave that much room under the hard limit.
                 let tools = o.estimate.saturating_sub(t);
                 ctx.hard_limit *= (hard as f64 - tools as f64 - 1.0).max(0.0) / hard as f64;
-                if let Plan::Rewrite(mut deeper) = plan(&input, &ctx, &cfg.prune, counter) {
-                    deeper.hard_limit = hard;
-                    planned = Plan::Rewrite(deeper);
+                match plan(&input, &ctx, &cfg.prune, counter) {
+                    // Refusing overflow: a request that fits is not cut into for the tools (it goes without them).
+                    Plan::Rewrite(deeper) if refuse && drops(&deeper) => {}
+                    Plan::Rewrite(mut deeper) => {
+                        deeper.hard_limit = hard;
+                        planned = Plan::Rewrite(deeper);
+                    }
+                    Plan::Forward { .. } | Plan::Reject { .. } => {}
                 }
             }
         }
@@ -190,6 +200,8 @@ pub fn plan_cuts<'a>(
         let hard = rw.hard_limit as f64;
         ctx.hard_limit *= (hard - over as f64 - 1.0).max(0.0) / hard;
         match plan(&input, &ctx, &cfg.prune, counter) {
+            // Refusing overflow: no messages dropped for the additions (`render` sends the rewrite without them).
+            Plan::Rewrite(deeper) if refuse && drops(&deeper) && !drops(rw) => break,
             Plan::Rewrite(mut deeper) => {
                 // The request's own hard limit stays the one it is checked against.
                 deeper.hard_limit = rw.hard_limit;
@@ -199,7 +211,21 @@ pub fn plan_cuts<'a>(
             Plan::Forward { .. } | Plan::Reject { .. } => break,
         }
     }
-    planned
+    match planned {
+        // Whole messages would be dropped: refused as the provider would (nothing is sent upstream).
+        Plan::Rewrite(rw) if refuse && drops(&rw) => Plan::Reject {
+            tokens: rw.record.tokens_before,
+            limit: (cfg.context.hard_limit * req.window as f64) as u64,
+            window: req.window,
+            refused: true,
+        },
+        other => other,
+    }
+}
+
+/// Whether a rewrite drops whole messages (the hard limit's stage `truncated`).
+fn drops(rw: &Rewrite<'_>) -> bool {
+    rw.record.dropped_messages > 0
 }
 
 /// Tokens a summary of the first `upto` messages may take so that the rewrite using it reaches `context.target`:
@@ -213,7 +239,7 @@ pub fn summary_budget(
     counter: &TokenCounter,
 ) -> u64 {
     let target = (cfg.context.target * req.window as f64 / req.ratio.max(0.1)) as u64;
-    let task = req.messages.iter().position(crate::message::opens_turn);
+    let task = super::task::task_index(req.messages);
     let kept: Vec<&Value> = req
         .messages
         .iter()
@@ -278,11 +304,13 @@ pub fn render(
             tokens,
             limit,
             window,
+            refused,
         } => {
             return Ok(Decision::Reject {
                 tokens,
                 limit,
                 window,
+                refused,
             })
         }
         Plan::Rewrite(rw) => *rw,
@@ -292,10 +320,12 @@ pub fn render(
         // Even the deepest cut leaves no room for the recall tools and note (a tiny window; `plan_cuts` cuts deeper
         // for them whenever it can): the tools without the note (the placeholders still name the recall tool),
         // else neither.
-        let tools_only = Rewrite {
+        let mut tools_only = Rewrite {
             pruned: Vec::new(),
             ..rw.clone()
         };
+        // (the record sent is `rw`'s: this one only says that no note is wanted)
+        tools_only.record.dropped_messages = 0;
         added = with_additions(req, &tools_only, additions, counter);
         if added.estimate > rw.hard_limit {
             tracing::debug!(
@@ -361,7 +391,7 @@ fn with_additions<'b>(
 ) -> Added<'b> {
     let mut body = rewritten_body(req, rw);
     let before = additions_tokens(&body, req.encoding, counter);
-    let injected = additions.add(&mut body, &rw.pruned);
+    let injected = additions.add(&mut body, &rw.pruned, rw.record.dropped_messages);
     let estimate = if injected {
         (rw.estimate + additions_tokens(&body, req.encoding, counter)).saturating_sub(before)
     } else {

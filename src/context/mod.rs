@@ -15,6 +15,7 @@ pub mod roles;
 pub mod runloop;
 pub mod shape;
 mod stages;
+pub mod task;
 pub mod tokens;
 pub mod units;
 

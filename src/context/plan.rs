@@ -141,14 +141,17 @@ pub enum Plan<'a> {
     },
     /// Send `Rewrite::messages` instead.
     Rewrite(Box<Rewrite<'a>>),
-    /// Even the smallest valid rewrite does not fit under the hard limit: refuse without calling upstream.
+    /// Even the smallest valid rewrite does not fit under the hard limit, or (`refused`) it would fit only by
+    /// dropping whole messages and `context.on_overflow` is `refuse`: refuse without calling upstream.
     Reject {
-        /// Estimated tokens of the smallest rewrite.
+        /// Estimated tokens of the smallest rewrite; when `refused`, of the client's request.
         tokens: u64,
         /// The hard limit in tokens.
         limit: u64,
         /// The model's context window.
         window: u64,
+        /// It would fit by dropping whole messages, which `context.on_overflow = "refuse"` forbids.
+        refused: bool,
     },
 }
 
@@ -237,6 +240,7 @@ pub fn plan<'a>(
             tokens: calibrated(cost),
             limit: (ctx.hard_limit * input.window as f64) as u64,
             window: input.window,
+            refused: false,
         };
     }
     let before = base + model.total();
@@ -381,7 +385,10 @@ fn build<'a>(
             &mut sources,
             input.messages,
             summary_at,
-            (note_at, !pruned.is_empty() && input.recall_tool.is_some()),
+            (
+                note_at,
+                (!pruned.is_empty() || dropped > 0) && input.recall_tool.is_some(),
+            ),
             (model.counter(), input.encoding),
         );
         estimate = estimate.saturating_add_signed(arranged.delta);
@@ -394,6 +401,7 @@ fn build<'a>(
                 tokens: after,
                 limit,
                 window: input.window,
+                refused: false,
             };
         }
     }

@@ -100,10 +100,7 @@ pub fn arrange(
     // Any message but a system one, the task and the client's newest (both sent as they came: the task pinned at
     // the head of every request keeps the prompt cache, and the newest is what the model answers).
     let newest = Source::Client(originals.len().saturating_sub(1));
-    let task = originals
-        .iter()
-        .position(crate::message::opens_turn)
-        .map(Source::Client);
+    let task = super::task::task_index(originals).map(Source::Client);
     let speaks = |k: usize| {
         !crate::message::is_system(&messages[k]) && sources[k] != newest && Some(sources[k]) != task
     };

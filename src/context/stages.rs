@@ -13,7 +13,7 @@ use super::shape::{
 use super::tokens::{Encoding, TokenCounter};
 use super::units::{units, Unit};
 use crate::config::PruneConfig;
-use crate::message::{field, is_system, opens_turn, role, tool_calls};
+use crate::message::{field, is_system, role, tool_calls};
 use rustc_hash::FxHashMap as HashMap;
 use serde_json::Value;
 use std::borrow::Cow;
@@ -260,7 +260,7 @@ impl<'a, 'c> Model<'a, 'c> {
             eligible,
             inputs,
             inputs_at,
-            first_user: msgs.iter().position(opens_turn),
+            first_user: super::task::task_index(msgs),
             tools: idx("tool"),
             users: idx("user"),
             loops: rl.loops,

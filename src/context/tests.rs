@@ -306,7 +306,9 @@ fn a_request_that_cannot_fit_is_rejected() {
             tokens,
             limit,
             window,
+            refused,
         } => {
+            assert!(!refused, "it cannot fit at all");
             assert!(tokens > limit);
             assert_eq!((limit, window), (1_900, 2_000));
         }

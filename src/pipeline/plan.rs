@@ -211,17 +211,29 @@ pub async fn plan_request(
             tokens,
             limit,
             window,
+            refused,
         } => {
-            return Err(GatewayError::ContextLengthExceeded {
-                message: format!(
+            let message = if refused {
+                format!(
+                    "this conversation needs about {tokens} tokens; the limit is {limit} tokens ({} of the \
+                     model's {window}-token window, context.hard_limit), and it would fit only by dropping whole \
+                     earlier messages, which this gateway refuses to do (context.on_overflow = \"refuse\"): \
+                     shorten the conversation or remove large content",
+                    cfg.context.hard_limit
+                )
+            } else {
+                format!(
                     "this conversation needs about {tokens} tokens even after ctxgate dropped all it could \
                      (system prompt and newest turn kept); the limit is {limit} tokens ({} of the model's \
                      {window}-token window, context.hard_limit)",
                     cfg.context.hard_limit
-                ),
+                )
+            };
+            return Err(GatewayError::ContextLengthExceeded {
+                message,
                 tokens,
                 limit,
-            })
+            });
         }
         Decision::Rewrite(rw) => *rw,
     };

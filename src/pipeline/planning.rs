@@ -46,11 +46,38 @@ impl Exchange {
         }
         if let Some(rw) = &outgoing.rewrite {
             measure::rewrite(state, self.dialect, self.strategy, model, &rw.record);
+            if rw.record.dropped_messages > 0 {
+                self.log_truncated(rw);
+            }
             if let Some(mark) = &self.mark {
                 record_compression(state, mark, rw, model);
             }
         }
         Ok(outgoing)
+    }
+}
+
+impl Exchange {
+    /// The operator's line for a request that lost whole messages to the hard limit (`context.on_overflow =
+    /// "truncate"`): what and how much, never what they held.
+    fn log_truncated(&self, rw: &Rewritten) {
+        let r = &rw.record;
+        tracing::warn!(
+            target: "ctxgate::context",
+            dialect = self.dialect.as_str(),
+            model = self.request.model.as_str(),
+            session = self.session.as_ref().map_or("", |s| s.id.as_str()),
+            dropped_messages = r.dropped_messages,
+            messages_client = r.messages_before,
+            messages_sent = r.messages_after,
+            tokens_client = r.tokens_before,
+            tokens_sent = r.tokens_after,
+            window = r.context_window,
+            recall_offered = rw.injected,
+            "the hard limit dropped whole messages from what was sent upstream (stage truncated; the history \
+             keeps them): set context.on_overflow = \"refuse\" to answer context_length_exceeded instead, or \
+             use a model with a larger window"
+        );
     }
 }
 

@@ -3,7 +3,7 @@
 //! with the turn's tokens, strategy, cut points and recall calls. Read back by `session::turns`.
 
 use crate::context::shape::{CLEARED_INPUT_KEY, PINNED_MARKER, PLACEHOLDER_PREFIX};
-use crate::recall::NOTE_PREFIX;
+use crate::recall::{DROPPED_PREFIX, NOTE_PREFIX};
 use crate::summary::prompt::SUMMARY_PREFIX;
 use serde::Serialize;
 use serde_json::Value;
@@ -84,7 +84,7 @@ fn kind_of(element: &Value) -> &'static str {
     let text = element.to_string();
     if text.contains(SUMMARY_PREFIX) {
         "summary"
-    } else if text.contains(NOTE_PREFIX) {
+    } else if text.contains(NOTE_PREFIX) || text.contains(DROPPED_PREFIX) {
         "note"
     } else if text.contains(PINNED_MARKER) {
         "pinned"

@@ -21,13 +21,16 @@ pub enum Injection {
 }
 
 /// Adds the recall tools to `body` (an outgoing request, rewritten or offered the tools), and the note when
-/// something is recallable. Deterministic: the same list gives the same bytes. The tools are the same whatever is
-/// recallable (once a session's requests carry them, they carry the same bytes; the search tool is of use without
-/// anything left out). The client's own `tools` entries and `tool_choice` stay as they were.
+/// something is recallable or `dropped` (messages the hard limit left out) is not 0. Deterministic: the same list
+/// gives the same bytes. The tools are the same whatever is recallable (once a session's requests carry them,
+/// they carry the same bytes; the search tool is of use without anything left out), and they are added to a
+/// request without tools of its own too: ctxgate answers their calls itself and the client never sees them. The
+/// client's own `tools` entries and `tool_choice` stay as they were.
 pub fn inject(
     dialect: Dialect,
     body: &mut RewrittenBody<'_>,
     recallable: &[Recallable],
+    dropped: usize,
     cfg: &RecallConfig,
 ) -> Injection {
     if let Err(why) = can_inject(dialect, &body.fields, cfg) {
@@ -44,8 +47,8 @@ pub fn inject(
         list.push(recall_tool(dialect, &cfg.tool_name));
         list.push(search_tool(dialect, &cfg.search_tool_name));
     }
-    if !recallable.is_empty() {
-        add_note(body, &note(recallable, cfg));
+    if !recallable.is_empty() || dropped > 0 {
+        add_note(body, &note(recallable, dropped, cfg));
     }
     Injection::Injected
 }
@@ -83,8 +86,8 @@ impl Additions for Offer<'_> {
         }
     }
 
-    fn add(&self, body: &mut RewrittenBody<'_>, pruned: &[Recallable]) -> bool {
-        match inject(self.dialect, body, pruned, self.cfg) {
+    fn add(&self, body: &mut RewrittenBody<'_>, pruned: &[Recallable], dropped: usize) -> bool {
+        match inject(self.dialect, body, pruned, dropped, self.cfg) {
             Injection::Injected => true,
             Injection::Skipped(why) => {
                 tracing::debug!(reason = why, "recall: tools not offered with this request");
@@ -150,7 +153,25 @@ pub fn reserve_tokens(cfg: &RecallConfig, calls: usize) -> u64 {
 pub const NOTE_PREFIX: &str =
     "[ctxgate] Some earlier tool results were removed from this conversation to save space.";
 
-fn note(recallable: &[Recallable], cfg: &RecallConfig) -> String {
+/// How the note's part about messages the hard limit dropped begins (it marks the note in a turn's record when
+/// no tool result was removed).
+pub const DROPPED_PREFIX: &str =
+    "[ctxgate] Earlier messages were dropped from this conversation to fit the model's context window";
+
+/// The note's part about `dropped` messages the hard limit left out: how many, and how to find what they said.
+fn dropped_note(dropped: usize, cfg: &RecallConfig) -> String {
+    let messages = if dropped == 1 { "message" } else { "messages" };
+    format!(
+        "{DROPPED_PREFIX} ({dropped} {messages}); the full history is kept. To look for what they said, call `{}` \
+         with words or a phrase from them.",
+        cfg.search_tool_name
+    )
+}
+
+fn note(recallable: &[Recallable], dropped: usize, cfg: &RecallConfig) -> String {
+    if recallable.is_empty() {
+        return dropped_note(dropped, cfg);
+    }
     let mut s = format!(
         "{NOTE_PREFIX} To get one back, call `{}` with its call_id; to look for something in the full history, call `{}`. Recallable calls, \
          newest first:",
@@ -175,6 +196,10 @@ fn note(recallable: &[Recallable], cfg: &RecallConfig) -> String {
         s.push_str(&format!(
             "\n(and {folded} calls of folded steps, listed where the steps were)"
         ));
+    }
+    if dropped > 0 {
+        s.push('\n');
+        s.push_str(&dropped_note(dropped, cfg));
     }
     s
 }
@@ -253,10 +278,10 @@ mod tests {
         a.note_at = Some(3);
         let mut b = a.clone();
         assert_eq!(
-            inject(Dialect::Chat, &mut a, &rec(3), &cfg),
+            inject(Dialect::Chat, &mut a, &rec(3), 0, &cfg),
             Injection::Injected
         );
-        inject(Dialect::Chat, &mut b, &rec(3), &cfg);
+        inject(Dialect::Chat, &mut b, &rec(3), 0, &cfg);
         assert_eq!(a.to_vec().unwrap(), b.to_vec().unwrap());
         for i in [0, 1, 2, 4] {
             assert!(
@@ -295,7 +320,7 @@ mod tests {
         ] {
             let mut b = body(&v);
             assert!(matches!(
-                inject(Dialect::Chat, &mut b, &rec(1), &cfg),
+                inject(Dialect::Chat, &mut b, &rec(1), 0, &cfg),
                 Injection::Skipped(_)
             ));
             assert_eq!(json_of(&b), v, "untouched");
@@ -303,7 +328,7 @@ mod tests {
         let only = json!({"messages": m});
         let mut b = body(&only);
         assert_eq!(
-            inject(Dialect::Chat, &mut b, &[], &cfg),
+            inject(Dialect::Chat, &mut b, &[], 0, &cfg),
             Injection::Injected
         );
         let offered = json_of(&b);
@@ -317,9 +342,41 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            inject(Dialect::Chat, &mut b, &rec(1), &off),
+            inject(Dialect::Chat, &mut b, &rec(1), 0, &off),
             Injection::Skipped("disabled")
         );
+    }
+
+    #[test]
+    fn messages_the_hard_limit_dropped_get_a_note_and_the_tools_without_client_tools() {
+        let cfg = RecallConfig::default();
+        let client =
+            json!({"messages":[{"role":"user","content":"task"},{"role":"user","content":"now"}]});
+        let mut b = body(&client);
+        b.note_at = Some(1);
+        assert_eq!(
+            inject(Dialect::Chat, &mut b, &[], 3, &cfg),
+            Injection::Injected
+        );
+        let v = json_of(&b);
+        let names: Vec<&str> = v["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["function"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["recall_tool_call", "search_history"]);
+        let note = v["messages"][1]["content"].as_str().unwrap();
+        assert!(note.starts_with(DROPPED_PREFIX), "{note}");
+        assert!(note.contains("(3 messages)") && note.contains("`search_history`"));
+        assert!(!note.contains(NOTE_PREFIX), "no tool result was removed");
+        // With calls removed too, one note says both.
+        let mut b = body(&client);
+        inject(Dialect::Chat, &mut b, &rec(1), 1, &cfg);
+        let v = json_of(&b);
+        let note = v["messages"][0]["content"].as_str().unwrap();
+        assert!(note.starts_with(NOTE_PREFIX) && note.contains("call_0"));
+        assert!(note.contains(DROPPED_PREFIX) && note.contains("(1 message)"));
     }
 
     #[test]
@@ -330,7 +387,7 @@ mod tests {
         };
         let client = json!({"messages":[{"role":"user","content":"u"}]});
         let mut b = body(&client);
-        inject(Dialect::Chat, &mut b, &rec(40), &cfg);
+        inject(Dialect::Chat, &mut b, &rec(40), 0, &cfg);
         let b = json_of(&b);
         let note = b["messages"][0]["content"].as_str().unwrap();
         assert_eq!(b["messages"][0]["role"], "system");

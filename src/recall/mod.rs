@@ -8,4 +8,6 @@ mod inject;
 
 pub use crate::dialect::InjectedNames;
 pub use answer::{answer_call, answer_call_with_outcome, Answered, HistorySource, LazyHistory};
-pub use inject::{can_inject, inject, reserve_tokens, Injection, Offer, Recallable, NOTE_PREFIX};
+pub use inject::{
+    can_inject, inject, reserve_tokens, Injection, Offer, Recallable, DROPPED_PREFIX, NOTE_PREFIX,
+};

@@ -28,7 +28,7 @@ use crate::context::Plan;
 use crate::dialect::anthropic::validate;
 use crate::dialect::responses::validate as responses_validate;
 use crate::dialect::{Dialect, Request};
-use crate::message::{message_text, opens_turn};
+use crate::message::message_text;
 use crate::recall::Offer;
 use crate::summary::prompt::summary_message;
 use bytes::Bytes;
@@ -651,10 +651,9 @@ impl<'a> Run<'a> {
                 .any(|m| message_text(m).contains(crate::context::shape::PINNED_MARKER))
         });
         let counter = &self.counters.tokens;
-        let oversized = request
-            .messages()
-            .iter()
-            .find(|m| opens_turn(m))
+        let messages = request.messages();
+        let oversized = crate::context::task::task_index(messages)
+            .and_then(|i| messages.get(i))
             .is_some_and(|t| {
                 counter.message_tokens(self.encoding, t) > self.cfg.prune.max_pinned_tokens
             });
@@ -696,10 +695,10 @@ fn as_map(v: &Value) -> &serde_json::Map<String, Value> {
         .unwrap_or_else(|| EMPTY.get_or_init(serde_json::Map::new))
 }
 
-/// Whether the sent request (`sent`) holds the client's first user message opening a turn in `request` byte for
-/// byte (its wire form: the client's own item); true when there is none.
+/// Whether the sent request (`sent`) holds the task of `request` (`context::task`: its first user message opening a
+/// turn after a few-shot opening) byte for byte (its wire form: the client's own item); true when there is none.
 pub fn task_whole(request: &Request, sent: &cache::Shape) -> bool {
-    let Some(i) = request.messages().iter().position(opens_turn) else {
+    let Some(i) = crate::context::task::task_index(request.messages()) else {
         return true;
     };
     match request
@@ -767,13 +766,21 @@ fn step(
             tokens,
             limit,
             window,
+            refused,
         } => {
             s.outcome = Outcome::Reject;
             s.upstream_tokens = 0;
             s.messages_sent = 0;
-            s.problem = Some(format!(
-                "rejected: the smallest rewrite is {tokens} tokens, over the hard limit of {limit} (window {window})"
-            ));
+            s.problem = Some(if refused {
+                format!(
+                    "refused (context.on_overflow = refuse): {tokens} tokens fit under the hard limit of {limit} \
+                     (window {window}) only by dropping whole messages"
+                )
+            } else {
+                format!(
+                    "rejected: the smallest rewrite is {tokens} tokens, over the hard limit of {limit} (window {window})"
+                )
+            });
         }
         Decision::Rewrite(rw) => {
             // what the gateway sends: the recall tools and note included

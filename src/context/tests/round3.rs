@@ -178,7 +178,7 @@ impl Additions for Reserve {
     fn reserve(&self, _: usize) -> u64 {
         self.0
     }
-    fn add(&self, _: &mut RewrittenBody<'_>, _: &[PrunedCall]) -> bool {
+    fn add(&self, _: &mut RewrittenBody<'_>, _: &[PrunedCall], _: usize) -> bool {
         false
     }
 }
