@@ -21,8 +21,9 @@ pub enum GatewayError {
         /// The configured limit.
         limit: u64,
     },
-    /// A conversation request holds more than the gateway manages (`server.max_messages`, or more memory than
-    /// `server.request_memory_bytes`): 413, before it is parsed.
+    /// A conversation request holds more than the gateway manages (`server.max_messages`, more memory than
+    /// `server.request_memory_bytes`, or a compressed body that decodes past `server.max_body_bytes`): 413, before
+    /// it is parsed.
     #[error("{message}")]
     TooLarge {
         /// What was counted and the limit, by its key.
@@ -82,7 +83,8 @@ pub enum GatewayError {
     /// whatever the credentials.
     #[error("admin API: {0}")]
     ForeignRequest(String),
-    /// A state-changing admin request whose body is not JSON or JSON Lines.
+    /// A state-changing admin request whose body is not JSON or JSON Lines; a conversation body in a
+    /// `Content-Encoding` ctxgate does not decode.
     #[error("{0}")]
     UnsupportedMediaType(String),
     /// An unknown resource (admin API).

@@ -1,8 +1,10 @@
 //! Admission of a conversation request, before it takes an in-flight slot: its body read whole (a slow or idle
 //! body holds no slot, only its connection), counted from its bytes (`dialect::census`), refused when it holds more
 //! elements than `server.max_messages`, and its memory reserved from `server.request_memory_bytes` — the body as it
-//! arrives, then the estimate of what managing it costs — until its answer has been sent.
+//! arrives (a compressed one, as it is decoded: `decode`), then the estimate of what managing it costs — until its
+//! answer has been sent.
 
+use super::decode::{Codings, Decoding, CHUNK};
 use crate::dialect::census::{self, Census};
 use crate::error::GatewayError;
 use axum::body::Body;
@@ -106,10 +108,12 @@ pub struct Rules {
     pub max_messages: u64,
 }
 
-/// Reads `body` whole within `rules`, reserving its bytes from `memory` as they arrive, then counts it and
-/// reserves what managing it costs. The body and the reservation, or the error to answer with.
+/// Reads `body` whole within `rules`, reserving its bytes from `memory` as they arrive, decodes it from `codings`
+/// (within `server.max_body_bytes`, reserving the decoded bytes too), then counts it and reserves what managing it
+/// costs. The (decoded) body and the reservation, or the error to answer with.
 pub async fn admit(
     body: Body,
+    codings: Option<Codings>,
     rules: &Rules,
     memory: &Memory,
 ) -> Result<(Bytes, Reserved), GatewayError> {
@@ -125,6 +129,14 @@ pub async fn admit(
             return Err(GatewayError::RequestTimeout {
                 secs: rules.body_timeout.as_secs(),
             })
+        }
+    };
+    let raw = match codings {
+        None => raw,
+        Some(codings) => {
+            let (decoded, r) = decode(raw, codings, rules.max_body_bytes, memory, reserved).await?;
+            reserved = r;
+            decoded
         }
     };
     let c = census::count(&raw);
@@ -161,6 +173,55 @@ fn busy(memory: &Memory, need: u64) -> GatewayError {
         limit_mib: memory.limit >> 20,
         retry_after_secs: RETRY_AFTER_SECS,
     }
+}
+
+/// A compressed body of at most this many bytes starts decoding on the runtime…
+const INLINE_RAW: usize = 16 * 1024;
+/// …for at most this many decoded bytes: a compressed chat turn (a few KiB) is decoded in microseconds, without a
+/// trip to the blocking pool. What is left is decoded on the blocking pool, where a large body (tens of MiB:
+/// tens of milliseconds of CPU) or a stack of codings holds no runtime thread.
+const INLINE_DECODED: usize = 2 * CHUNK;
+
+/// `raw` decoded from `codings` into at most `limit` bytes, the decoded bytes reserved from `memory` (beside the
+/// compressed ones, held until the end of the decoding) as they come out.
+async fn decode(
+    raw: Bytes,
+    codings: Codings,
+    limit: u64,
+    memory: &Memory,
+    mut reserved: Reserved,
+) -> Result<(Bytes, Reserved), GatewayError> {
+    let compressed = raw.len() as u64;
+    let grow = move |reserved: &mut Reserved, memory: &Memory, decoded: u64| {
+        let size = compressed + decoded;
+        if reserved.grow_to(memory, size) {
+            Ok(())
+        } else if memory.kib.is_some() && size > memory.limit {
+            Err(GatewayError::TooLarge {
+                message: format!(
+                    "decoding this request body takes more than the {} MiB of server.request_memory_bytes",
+                    memory.limit >> 20
+                ),
+            })
+        } else {
+            Err(busy(memory, size))
+        }
+    };
+    let inline = raw.len() <= INLINE_RAW;
+    let mut decoding = Decoding::new(raw, codings, limit)?;
+    if inline && decoding.single() {
+        let done = decoding.run(INLINE_DECODED, &mut |n| grow(&mut reserved, memory, n))?;
+        if done {
+            return Ok((decoding.finish(), reserved));
+        }
+    }
+    let memory = memory.clone();
+    tokio::task::spawn_blocking(move || {
+        decoding.run(usize::MAX, &mut |n| grow(&mut reserved, &memory, n))?;
+        Ok((decoding.finish(), reserved))
+    })
+    .await
+    .map_err(|e| GatewayError::Internal(format!("decoding the request body: {e}")))?
 }
 
 /// The body's bytes, at most `limit` of them, each frame's reserved from `memory` before it is kept.
@@ -217,14 +278,14 @@ mod tests {
     #[tokio::test]
     async fn more_messages_than_the_limit_is_413_naming_the_key() {
         let body = tiny_messages(101);
-        let e = admit(Body::from(body.clone()), &rules(100), &Memory::new(0))
+        let e = admit(Body::from(body.clone()), None, &rules(100), &Memory::new(0))
             .await
             .err()
             .unwrap();
         assert_eq!(e.status(), 413);
         assert!(e.to_string().contains("server.max_messages"), "{e}");
         assert!(e.to_string().contains("101"), "{e}");
-        let (raw, _) = admit(Body::from(body.clone()), &rules(101), &Memory::new(0))
+        let (raw, _) = admit(Body::from(body.clone()), None, &rules(101), &Memory::new(0))
             .await
             .ok()
             .unwrap();
@@ -236,31 +297,106 @@ mod tests {
         let body = tiny_messages(200);
         let need = estimate(&census::count(body.as_bytes()));
         let memory = Memory::new(need * 3 / 2);
-        let (_, held) = admit(Body::from(body.clone()), &rules(0), &memory)
+        let (_, held) = admit(Body::from(body.clone()), None, &rules(0), &memory)
             .await
             .ok()
             .unwrap();
         assert!(memory.available() < need, "the first holds its estimate");
-        let e = admit(Body::from(body.clone()), &rules(0), &memory)
+        let e = admit(Body::from(body.clone()), None, &rules(0), &memory)
             .await
             .err()
             .unwrap();
         assert_eq!(e.status(), 503);
         assert!(e.to_string().contains("server.request_memory_bytes"), "{e}");
         drop(held);
-        assert!(admit(Body::from(body), &rules(0), &memory).await.is_ok());
+        assert!(admit(Body::from(body), None, &rules(0), &memory)
+            .await
+            .is_ok());
     }
 
     #[tokio::test]
     async fn a_request_that_could_never_fit_is_413() {
         let body = tiny_messages(500);
         let need = estimate(&census::count(body.as_bytes()));
-        let e = admit(Body::from(body), &rules(0), &Memory::new(need / 2))
+        let e = admit(Body::from(body), None, &rules(0), &Memory::new(need / 2))
             .await
             .err()
             .unwrap();
         assert_eq!(e.status(), 413);
         assert!(e.to_string().contains("server.request_memory_bytes"), "{e}");
+    }
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    }
+
+    fn gzipped() -> Option<Codings> {
+        let mut h = http::HeaderMap::new();
+        h.insert("content-encoding", http::HeaderValue::from_static("gzip"));
+        crate::server::decode::take_codings(&mut h).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_compressed_body_is_admitted_decoded_small_or_large() {
+        // Small: decoded on the runtime; large (past the inline budget): on the blocking pool.
+        for n in [3, 5_000] {
+            let body = tiny_messages(n);
+            let memory = Memory::new(64 << 20);
+            let (raw, held) = admit(
+                Body::from(gzip(body.as_bytes())),
+                gzipped(),
+                &rules(0),
+                &memory,
+            )
+            .await
+            .ok()
+            .unwrap();
+            assert_eq!(raw, body.as_bytes(), "{n}");
+            // What is held is the decoded body's estimate, not the compressed one's.
+            let need = estimate(&census::count(body.as_bytes()));
+            assert!(memory.available() <= (64 << 20) - need, "{n}");
+            drop(held);
+            assert_eq!(memory.available(), 64 << 20);
+        }
+    }
+
+    #[tokio::test]
+    async fn decoded_bytes_count_against_the_memory_budget() {
+        // 2 MiB of JSON that compresses to a few KiB, under a budget of 1 MiB: refused while it is decoded.
+        let body = format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}]}}"#,
+            "a".repeat(2 << 20)
+        );
+        let packed = gzip(body.as_bytes());
+        assert!(packed.len() < 64 * 1024);
+        let memory = Memory::new(1 << 20);
+        let rules = Rules {
+            max_body_bytes: 4 << 20,
+            ..rules(0)
+        };
+        let e = admit(Body::from(packed), gzipped(), &rules, &memory)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(e.status(), 413);
+        assert!(e.to_string().contains("server.request_memory_bytes"), "{e}");
+        assert_eq!(memory.available(), 1 << 20, "all given back");
+    }
+
+    #[tokio::test]
+    async fn a_bomb_is_413_and_holds_nothing_after() {
+        let packed = gzip(&vec![0u8; 16 << 20]);
+        let memory = Memory::new(8 << 20);
+        let e = admit(Body::from(packed), gzipped(), &rules(0), &memory)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(e.status(), 413);
+        assert!(e.to_string().contains("server.max_body_bytes"), "{e}");
+        assert_eq!(memory.available(), 8 << 20);
     }
 
     #[tokio::test]

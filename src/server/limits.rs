@@ -1,11 +1,12 @@
 //! `server.max_in_flight`: beyond it a `/v1/*` request is refused with 503 and `retry-after`; a response holds its
 //! slot until its body has been sent (a stream counts until it ends). No request holds a slot while its body
 //! arrives, so slow or idle bodies cannot hold the slots: a conversation request takes its slot once its body has
-//! arrived and been admitted (`admission`: `server.max_messages`, `server.request_memory_bytes`); a passthrough
-//! request with a body streams it to the upstream and takes its slot when it ends (`late_slot`); one without a
-//! body takes it at once.
+//! arrived and been admitted (`admission`: a compressed body decoded, `server.max_messages`,
+//! `server.request_memory_bytes`); a passthrough request with a body streams it to the upstream and takes its slot
+//! when it ends (`late_slot`); one without a body takes it at once.
 
 use super::admission::{self, Memory, Reserved, Rules};
+use super::decode;
 use super::late_slot::{LateSlot, SlotAtEnd};
 use crate::app::AppState;
 use crate::dialect::Dialect;
@@ -17,6 +18,7 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 use bytes::Bytes;
+use http::header::CONTENT_LENGTH;
 use http::Method;
 use http_body::{Frame, SizeHint};
 use std::pin::Pin;
@@ -83,9 +85,20 @@ pub async fn limit(
     let refuse = |reason, e: GatewayError| refuse(&state, dialect, shape, reason, e);
     let (req, reserved) = match dialect {
         Some(_) => {
-            let (parts, body) = req.into_parts();
-            match admission::admit(body, &in_flight.rules, &in_flight.memory).await {
-                Ok((raw, reserved)) => (Request::from_parts(parts, Body::from(raw)), reserved),
+            let (mut parts, body) = req.into_parts();
+            // A compressed body is managed and forwarded decoded: its `content-encoding` goes (`decode`).
+            let codings = match decode::take_codings(&mut parts.headers) {
+                Ok(c) => c,
+                Err(e) => return refuse(None, e),
+            };
+            let decoded = codings.is_some();
+            match admission::admit(body, codings, &in_flight.rules, &in_flight.memory).await {
+                Ok((raw, reserved)) => {
+                    if decoded {
+                        parts.headers.insert(CONTENT_LENGTH, raw.len().into());
+                    }
+                    (Request::from_parts(parts, Body::from(raw)), reserved)
+                }
                 Err(e) => {
                     let reason = match &e {
                         GatewayError::RequestTimeout { .. } => Some(RejectReason::BodyTimeout),

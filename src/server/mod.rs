@@ -5,6 +5,7 @@ mod admin;
 mod admission;
 mod base_url;
 mod conn;
+mod decode;
 mod late_slot;
 mod limits;
 mod metrics;
