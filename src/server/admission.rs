@@ -4,7 +4,7 @@
 //! arrives (a compressed one, as it is decoded: `decode`), then the estimate of what managing it costs — until its
 //! answer has been sent.
 
-use super::decode::{Codings, Decoding, CHUNK};
+use super::decode::{Codings, Decoding};
 use crate::dialect::census::{self, Census};
 use crate::error::GatewayError;
 use axum::body::Body;
@@ -177,10 +177,10 @@ fn busy(memory: &Memory, need: u64) -> GatewayError {
 
 /// A compressed body of at most this many bytes starts decoding on the runtime…
 const INLINE_RAW: usize = 16 * 1024;
-/// …for at most this many decoded bytes: a compressed chat turn (a few KiB) is decoded in microseconds, without a
-/// trip to the blocking pool. What is left is decoded on the blocking pool, where a large body (tens of MiB:
-/// tens of milliseconds of CPU) or a stack of codings holds no runtime thread.
-const INLINE_DECODED: usize = 2 * CHUNK;
+/// …for at most this many decoded bytes: a small chat turn is decoded in tens of microseconds, without a trip to
+/// the blocking pool. What is left is decoded there, where a large body (32 MiB: 0.2–0.5 s of one core, by
+/// coding) or a stack of codings holds no runtime thread.
+const INLINE_DECODED: usize = 16 * 1024;
 
 /// `raw` decoded from `codings` into at most `limit` bytes, the decoded bytes reserved from `memory` (beside the
 /// compressed ones, held until the end of the decoding) as they come out.

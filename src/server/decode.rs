@@ -153,7 +153,7 @@ impl Decoding {
         self.codings.0.len() == 1
     }
 
-    /// Decodes until the body ends (`true`) or `budget` more bytes came out (`false`: call again). `grow` is told
+    /// Decodes until the body ends (`true`) or `budget` more bytes came out, no more (`false`: call again). `grow` is told
     /// the size of the decoded body's buffer before it grows (the memory reservation); its error ends the
     /// decoding.
     pub fn run(
@@ -166,7 +166,8 @@ impl Decoding {
             if produced >= budget {
                 return Ok(false);
             }
-            let n = match self.reader.read(&mut self.chunk) {
+            let room = CHUNK.min(budget - produced);
+            let n = match self.reader.read(&mut self.chunk[..room]) {
                 Ok(0) => return Ok(true),
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
