@@ -1,8 +1,11 @@
 //! The response relay: upstream bytes go to the client as they arrive, while a tap beside it assembles the reply.
 //!
 //! The tap runs a finisher (record the turn, log, metrics) exactly once: when the reply is complete — before the
-//! final `[DONE]` event (SSE) or the last body chunk (JSON) is released, so that a turn the client has received
-//! is recorded — or, when the client goes away, from the relay's `Drop` with the partial reply.
+//! stream's last event that carries content or usage (`[DONE]` for chat, whose usage chunk follows the
+//! `finish_reason`; Anthropic's closing `message_delta`; Responses' `response.completed`: see
+//! [`crate::dialect::Assemble::on_event`]) or the last body chunk (JSON) is released, so that a turn the client
+//! has received is recorded even by a client that stops reading there — or, when the client goes away, from the
+//! relay's `Drop` with the reply as far as it got (whole if everything that carries content had gone out).
 
 use crate::dialect::{Assemble, AssembledReply, Dialect};
 use crate::error::GatewayError;
@@ -47,8 +50,8 @@ enum Tap {
 }
 
 impl Tap {
-    /// Feeds a chunk; `Some(at)` when it ended the reply (`[DONE]`, `message_stop`): the ending event's bytes
-    /// start at `at` in the chunk (0 when an earlier chunk holds their start).
+    /// Feeds a chunk; `Some(at)` when it made the reply whole (see [`crate::dialect::Assemble::on_event`]): that
+    /// event's bytes start at `at` in the chunk (0 when an earlier chunk holds their start).
     fn feed(&mut self, chunk: &[u8]) -> Option<usize> {
         match self {
             Tap::Sse(sse) => {
@@ -77,11 +80,13 @@ impl Tap {
         }
     }
 
-    fn reply(&mut self) -> AssembledReply {
+    /// The reply so far; `at_end`: the stream is over (ended, broken, or the client left), so an event left
+    /// without its closing blank line is taken in (mid-stream, the parser keeps it for the bytes to come).
+    fn reply(&mut self, at_end: bool) -> AssembledReply {
         match self {
             Tap::Sse(sse) => {
                 let (parser, assembler) = &mut **sse;
-                if let Some(ev) = parser.finish() {
+                if let Some(ev) = at_end.then(|| parser.finish()).flatten() {
                     assembler.on_event(&ev);
                 }
                 if parser.dropped() > 0 {
@@ -168,11 +173,12 @@ impl Relay {
         client_disconnected: bool,
         upstream_error: Option<String>,
     ) -> RelayOutcome {
-        let mut reply = self.tap.reply();
+        let mut reply = self.tap.reply(self.ended || client_disconnected);
         // The client did not get the end of a body the upstream broke off, whatever the tap could assemble (a whole
         // JSON body whose `content-length` was then unmet never reached the client: its body is aborted); nor of a
         // JSON body it left before its last chunk, which is held back until the finisher ran. (A stream's chunks
-        // went out as they came: what it saw is what the assembler says.)
+        // went out as they came: what it saw is what the assembler says, whole once everything that carries
+        // content went out, whether or not the events that follow it did.)
         let json = matches!(self.tap, Tap::Json { .. });
         if upstream_error.is_some() || (client_disconnected && json) {
             reply.complete = false;
@@ -207,7 +213,8 @@ impl Relay {
                 Ok(Some(Ok(chunk))) => {
                     self.first_byte_at.get_or_insert_with(Instant::now);
                     self.bytes += chunk.len() as u64;
-                    let done = self.tap.feed(&chunk);
+                    // Once the finisher ran, what follows (Anthropic's `message_stop`) is relayed as it comes.
+                    let done = self.tap.feed(&chunk).filter(|_| self.finisher.is_some());
                     match self.tap {
                         Tap::Sse(_) => {
                             match done {
@@ -366,7 +373,7 @@ mod tests {
         assert_eq!(buf.capacity(), 0, "the buffer is let go");
         // even a valid completion ending the body is not assembled from a truncated buffer
         tap.feed(br#"{"choices":[{"message":{"role":"assistant","content":"x"}}]}"#);
-        let reply = tap.reply();
+        let reply = tap.reply(true);
         assert!(reply.is_empty() && !reply.complete);
     }
 
@@ -437,6 +444,78 @@ mod tests {
             }
             assert_eq!(got, body.as_bytes(), "byte for byte");
             assert!(finished.load(std::sync::atomic::Ordering::SeqCst));
+        }
+    }
+
+    /// Anthropic: the turn is recorded (whole, with `message_delta`'s usage) before `message_delta` goes out, for a
+    /// client that stops reading there; `message_stop` follows as it comes.
+    #[tokio::test]
+    async fn an_anthropic_stream_is_recorded_before_its_closing_message_delta() {
+        let event = |kind: &str, data: &str| format!("event: {kind}\ndata: {data}\n\n");
+        let head = [
+            event("message_start", r#"{"type":"message_start","message":{"id":"m","usage":{"input_tokens":4}}}"#),
+            event("content_block_start", r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#),
+            event("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}"#),
+            event("content_block_stop", r#"{"type":"content_block_stop","index":0}"#),
+        ]
+        .concat();
+        let delta = event(
+            "message_delta",
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":2}}"#,
+        );
+        let stop = event("message_stop", r#"{"type":"message_stop"}"#);
+        // the delta alone, after the blocks in one chunk, or split inside it; message_stop later
+        for chunks in [
+            vec![head.clone(), delta.clone(), stop.clone()],
+            vec![format!("{head}{delta}"), stop.clone()],
+            vec![
+                format!("{head}{}", &delta[..9]),
+                format!("{}{stop}", &delta[9..]),
+            ],
+        ] {
+            let finished = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let seen = std::sync::Arc::clone(&finished);
+            let finisher: Finisher = Box::new(move |outcome: RelayOutcome| {
+                Box::pin(async move {
+                    assert!(outcome.reply.complete && !outcome.client_disconnected);
+                    assert_eq!(outcome.reply.usage.unwrap()["output_tokens"], 2);
+                    seen.store(true, std::sync::atomic::Ordering::SeqCst);
+                })
+            });
+            let upstream =
+                futures_util::stream::iter(chunks.into_iter().map(|c| Ok(Bytes::from(c)))).boxed();
+            let out = relay(
+                upstream,
+                Dialect::Anthropic,
+                true,
+                Duration::from_secs(5),
+                Cut::default(),
+                TaskTracker::new(),
+                finisher,
+            );
+            futures_util::pin_mut!(out);
+            let mut got = Vec::new();
+            while let Some(item) = out.next().await {
+                let item = item.unwrap();
+                got.extend_from_slice(&item);
+                let text = String::from_utf8_lossy(&got);
+                if !text.contains("message_delta") {
+                    assert!(
+                        !finished.load(std::sync::atomic::Ordering::SeqCst),
+                        "not before"
+                    );
+                } else {
+                    assert!(
+                        finished.load(std::sync::atomic::Ordering::SeqCst),
+                        "before it went out"
+                    );
+                }
+            }
+            assert_eq!(
+                got,
+                [head.as_str(), &delta, &stop].concat().as_bytes(),
+                "byte for byte"
+            );
         }
     }
 

@@ -47,7 +47,10 @@ pub trait Assemble: Send {
     fn next_sequence_number(&self) -> Option<u64> {
         None
     }
-    /// Feeds one event; true when it ended the reply (`[DONE]`, `message_stop`).
+    /// Feeds one event; true when it is the one after which the reply is whole for the client: its last event
+    /// that carries content or usage (chat: `[DONE]`, as the usage chunk follows `finish_reason`; Anthropic: the
+    /// closing `message_delta`, else `message_stop`; Responses: `response.completed`, its other terminal events
+    /// and `error`). Whatever follows it carries nothing the reply is made of.
     fn on_event(&mut self, ev: &SseEvent) -> bool;
     /// The reply assembled so far.
     fn finish(&mut self) -> AssembledReply;

@@ -3,7 +3,7 @@
 use crate::dialect::{AssembledReply, MAX_ASSEMBLED_BYTES};
 use crate::sse::SseEvent;
 use serde_json::{Map, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// One content block being assembled: what its `content_block_start` carried, plus the partial JSON of its input.
 #[derive(Debug, Default)]
@@ -88,6 +88,8 @@ pub struct Assembler {
     model: Option<String>,
     error: Option<Value>,
     stopped: bool,
+    /// Indexes of the content blocks started and not yet stopped.
+    open: BTreeSet<u64>,
     chunks: usize,
     /// Bytes of block content taken in so far.
     size: usize,
@@ -129,6 +131,7 @@ impl Assembler {
                 let (Some(i), Some(Value::Object(b))) = (index(v), v.get("content_block")) else {
                     return;
                 };
+                self.open.insert(i);
                 if self.grow(b.values().map(value_size).sum()) {
                     self.blocks.insert(
                         i,
@@ -157,10 +160,23 @@ impl Assembler {
                     overlay(&mut self.usage, u);
                 }
             }
+            "content_block_stop" => {
+                if let Some(i) = index(v) {
+                    self.open.remove(&i);
+                }
+            }
             "message_stop" => self.stopped = true,
             "error" => self.error = Some(v.get("error").cloned().unwrap_or_else(|| v.clone())),
-            _ => {} // ping, content_block_stop, unknown events
+            _ => {} // ping, unknown events
         }
+    }
+
+    /// Everything that carries content has come: `message_stop`, or a `message_delta` with a `stop_reason` once
+    /// every block that started has stopped. What may still follow (`message_stop`, pings) adds nothing to the
+    /// reply, and `message_delta` holds the final usage: a client that leaves now (litellm stops reading there)
+    /// got the whole reply.
+    pub fn answered(&self) -> bool {
+        self.stopped || (self.stop_reason.is_some() && self.open.is_empty())
     }
 
     /// Counts `n` more bytes; false once the message is over the bound (then nothing more is assembled).
@@ -177,8 +193,8 @@ impl Assembler {
         true
     }
 
-    /// The reply assembled so far (also valid for a stream cut short). A message over [`MAX_ASSEMBLED_BYTES`]
-    /// comes back as `null` and not complete.
+    /// The reply assembled so far (also valid for a stream cut short); complete once [`Self::answered`] (and no
+    /// error). A message over [`MAX_ASSEMBLED_BYTES`] comes back as `null` and not complete.
     pub fn finish(&self) -> AssembledReply {
         let message = if self.overflow {
             Value::Null
@@ -193,7 +209,7 @@ impl Assembler {
             id: self.id.clone(),
             model: self.model.clone(),
             error: self.error.clone(),
-            complete: self.stopped && self.error.is_none() && !self.overflow,
+            complete: self.answered() && self.error.is_none() && !self.overflow,
             chunks: self.chunks,
             round_usage: Vec::new(),
         }

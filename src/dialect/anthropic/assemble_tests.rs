@@ -155,6 +155,51 @@ fn opaque_and_server_blocks_are_carried_with_their_deltas() {
     );
 }
 
+/// The reply is whole once `message_delta` brought the stop reason (and the usage) after every block stopped:
+/// `message_stop` carries nothing more (a client such as litellm stops reading there). Before it, or with a block
+/// still open, it is not.
+#[test]
+fn the_closing_message_delta_makes_the_reply_whole() {
+    let end = message_end("end_turn", 7);
+    let mut events = [message_start("m", 5), text_block(0, &["All", " here"])].concat();
+    events.push(end[0].clone());
+    let mut a = Assembler::default();
+    let whole: Vec<bool> = events
+        .iter()
+        .map(|e| crate::dialect::Assemble::on_event(&mut a, e))
+        .collect();
+    assert_eq!(
+        whole.iter().filter(|w| **w).count(),
+        1,
+        "one event makes it whole"
+    );
+    assert!(whole.last().unwrap(), "the message_delta");
+    let r = a.finish();
+    assert!(r.complete, "{r:?}");
+    assert_eq!(r.usage.unwrap()["output_tokens"], 7);
+    assert!(
+        !crate::dialect::Assemble::on_event(&mut a, &end[1]),
+        "message_stop adds nothing"
+    );
+    assert!(a.finish().complete);
+
+    // a block still open, or no stop reason yet: not whole until message_stop
+    let open = [message_start("m", 5), text_block(0, &["Half"])].concat();
+    let open = [&open[..open.len() - 1], &end[..1]].concat();
+    assert!(!assemble(&open).complete);
+    assert!(assemble(&[open.clone(), end[1..].to_vec()].concat()).complete);
+    let no_reason = ev(
+        json!({"type":"message_delta","delta":{"stop_reason":null},"usage":{"output_tokens":3}}),
+    );
+    let events = [
+        message_start("m", 5),
+        text_block(0, &["a"]),
+        vec![no_reason],
+    ]
+    .concat();
+    assert!(!assemble(&events).complete);
+}
+
 #[test]
 fn a_mid_stream_error_and_a_cut_stream_are_not_complete() {
     let mut events = [message_start("m", 5), text_block(0, &["Hal", "f"])].concat();

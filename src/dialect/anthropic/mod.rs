@@ -144,10 +144,14 @@ pub fn error_body(e: &GatewayError) -> Value {
 }
 
 impl Assemble for Assembler {
+    /// True for the event after which the reply is whole ([`Assembler::answered`]): the closing `message_delta`,
+    /// else `message_stop`.
     fn on_event(&mut self, ev: &SseEvent) -> bool {
+        let before = self.answered();
         Assembler::on_event(self, ev);
-        ev.event.as_deref() == Some("message_stop")
-            || (ev.event.is_none() && ev.data.contains("\"message_stop\""))
+        let stop = ev.event.as_deref() == Some("message_stop")
+            || (ev.event.is_none() && ev.data.contains("\"message_stop\""));
+        !before && (self.answered() || stop)
     }
 
     fn finish(&mut self) -> AssembledReply {
