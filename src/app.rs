@@ -16,6 +16,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::broadcast;
 use tokio_util::task::TaskTracker;
 
+mod routes;
+pub use routes::{Routed, Routes};
+
 /// A finished chat turn, as seen by the tap (for recording, metrics and tests).
 #[derive(Debug, Clone)]
 pub struct TurnEvent {
@@ -28,8 +31,8 @@ pub struct TurnEvent {
 }
 
 /// What a reload replaces ([`crate::reload`]): the config with its reloadable sections (`[context]`, `[prune]`,
-/// `[summary]`, `[recall]`, `[models]`) and what is built from them. A request takes one snapshot when it starts
-/// and keeps it to its end.
+/// `[summary]`, `[recall]`, `[models]`, `[upstreams]`) and what is built from them. A request takes one snapshot
+/// when it starts and keeps it to its end.
 pub struct Live {
     /// The whole config: the running one with the reloadable sections as last (re)loaded.
     pub config: Arc<Config>,
@@ -37,18 +40,28 @@ pub struct Live {
     pub models: ModelTable,
     /// Writes LLM summaries; `None` when `[summary] model` is unset.
     pub summarizer: Option<Arc<Summarizer>>,
+    /// Which upstream each model's conversation requests go to (`[upstreams]`, `[models] upstream`).
+    pub routes: Routes,
 }
 
 impl Live {
-    /// The snapshot of `config`.
-    pub fn build(config: Config, metrics: &Arc<Metrics>) -> Result<Live, GatewayError> {
+    /// The snapshot of `config`; its routes over `upstream` (the defaults), keeping `previous`'s unchanged named
+    /// upstreams (and their connection pools).
+    pub fn build(
+        config: Config,
+        metrics: &Arc<Metrics>,
+        upstream: &Upstream,
+        previous: Option<&Live>,
+    ) -> Result<Live, GatewayError> {
         let models = ModelTable::new(&config.models, config.context.default_context_window)
             .map_err(|e| GatewayError::Internal(format!("the model table is broken: {e}")))?;
         let summarizer = Summarizer::from_config(&config, metrics.clone())?.map(Arc::new);
+        let routes = Routes::build(&config, upstream, metrics, previous.map(|p| &p.routes))?;
         Ok(Live {
             config: Arc::new(config),
             models,
             summarizer,
+            routes,
         })
     }
 }
@@ -121,7 +134,7 @@ impl AppState {
             parse_memo_bytes,
             "memos sized by store.cache_max_bytes"
         );
-        let live = Live::build(config.clone(), &metrics)?;
+        let live = Live::build(config.clone(), &metrics, &upstream, None)?;
         match &live.summarizer {
             Some(s) => tracing::info!(
                 model = s.model(),
@@ -172,7 +185,8 @@ impl AppState {
             .reload
             .read(&self.live().config)
             .and_then(|(config, report)| {
-                let next = Live::build(config, &self.metrics).map_err(|e| vec![e.to_string()])?;
+                let next = Live::build(config, &self.metrics, &self.upstream, Some(&self.live()))
+                    .map_err(|e| vec![e.to_string()])?;
                 self.swap_live(next);
                 Ok(report)
             });

@@ -1,6 +1,6 @@
 //! Live reload (SIGHUP, `POST /admin/config/reload`): the config file is read again (with the same `CTXGATE_*`
 //! environment layering as at start) and checked whole; the running config comes back with `[context]`,
-//! `[prune]`, `[summary]`, `[recall]` and `[models]` replaced, for its owner (`app::AppState::reload_config`) to
+//! `[prune]`, `[summary]`, `[recall]`, `[models]` and `[upstreams]` replaced, for its owner (`app::AppState::reload_config`) to
 //! swap into the snapshot requests take when they start (a request in flight keeps its own); every other changed
 //! key needs a restart and is named, not applied. A file with problems changes nothing and every problem is
 //! reported.
@@ -12,7 +12,14 @@ use serde_json::Value;
 use std::path::PathBuf;
 
 /// The sections a reload applies.
-pub const RELOADABLE: &[&str] = &["context", "prune", "summary", "recall", "models"];
+pub const RELOADABLE: &[&str] = &[
+    "context",
+    "prune",
+    "summary",
+    "recall",
+    "models",
+    "upstreams",
+];
 
 /// Where the running config came from.
 pub struct Source {
@@ -78,6 +85,7 @@ impl Source {
         next.summary = new.summary;
         next.recall = new.recall;
         next.models = new.models;
+        next.upstreams = new.upstreams;
         next.validate().map_err(|e| e.0)?;
         let report = Reloaded {
             reloaded: true,

@@ -1,7 +1,8 @@
 //! The one HTTP client towards the LLM API (hyper's pooled client over rustls: HTTP/1.1, and HTTP/2 where TLS
-//! offers it): URL mapping, header filtering, timeouts and error mapping.
+//! offers it): URL mapping, header filtering, timeouts and error mapping; a [`Target`] per place requests go
+//! (`[upstream]`, `[anthropic]`, each `[upstreams.<name>]`).
 
-use crate::config::{AnthropicConfig, UpstreamConfig};
+use crate::config::{AnthropicConfig, NamedUpstream, UpstreamConfig, UpstreamKind};
 use crate::error::GatewayError;
 use axum::body::Body;
 use bytes::Bytes;
@@ -35,14 +36,25 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 /// The client: pooled keep-alive connections, TLS by rustls with the webpki roots.
 type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Body>;
 
-/// The upstream LLM API.
+/// The upstream LLM APIs of `[upstream]` and `[anthropic]` (one pooled client, `[upstream]`'s timeouts).
 #[derive(Clone, Debug)]
 pub struct Upstream {
+    openai: Arc<Target>,
+    anthropic: Arc<Target>,
+}
+
+/// One place requests go, by name: `default` (`[upstream]`), `anthropic` (`[anthropic]`) or an
+/// `[upstreams.<name>]` — its API, base URL, key, timeout and the pooled client that reaches it.
+#[derive(Debug)]
+pub struct Target {
+    name: Arc<str>,
+    api: Api,
     client: HttpClient,
     base: String,
-    api_key: Option<HeaderValue>,
-    anthropic_base: String,
-    anthropic_key: Option<HeaderValue>,
+    key: Option<HeaderValue>,
+    /// The key goes in place of the client's credential (a named upstream's) rather than only when the client
+    /// sent none (`[upstream]`'s, `[anthropic]`'s).
+    replaces: bool,
     timeout: Duration,
 }
 
@@ -71,35 +83,40 @@ impl Api {
     }
 }
 
+/// Builds a client: rustls (webpki roots, HTTP/2 offered by ALPN), no decompression, no proxy, no redirects,
+/// `TCP_NODELAY`, idle connections kept 90 s.
+fn client(connect_timeout: Duration) -> Result<HttpClient, GatewayError> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    let roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| GatewayError::Internal(format!("cannot build HTTP client: {e}")))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .build(https))
+}
+
 impl Upstream {
-    /// Builds the client: rustls (webpki roots, HTTP/2 offered by ALPN), no decompression, no proxy, no redirects,
-    /// `TCP_NODELAY`, idle connections kept 90 s.
+    /// Builds the client of `[upstream]` and `[anthropic]` (see [`client`]).
     pub fn new(cfg: &UpstreamConfig, anthropic: &AnthropicConfig) -> Result<Self, GatewayError> {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(Duration::from_secs(cfg.connect_timeout_secs)));
-        let roots = rustls::RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-        };
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| GatewayError::Internal(format!("cannot build HTTP client: {e}")))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(https);
+        let client = client(Duration::from_secs(cfg.connect_timeout_secs))?;
         let api_key = match &cfg.api_key {
             Some(k) => Some(HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| {
                 GatewayError::Internal("upstream.api_key is not a valid header value".into())
@@ -112,19 +129,40 @@ impl Upstream {
             })?),
             None => None,
         };
+        let timeout = Duration::from_secs(cfg.timeout_secs);
         Ok(Self {
-            client,
-            base: cfg.base_url.trim_end_matches('/').to_string(),
-            api_key,
-            anthropic_base: anthropic.base_url.trim_end_matches('/').to_string(),
-            anthropic_key,
-            timeout: Duration::from_secs(cfg.timeout_secs),
+            openai: Arc::new(Target {
+                name: "default".into(),
+                api: Api::OpenAi,
+                client: client.clone(),
+                base: cfg.base_url.trim_end_matches('/').to_string(),
+                key: api_key,
+                replaces: false,
+                timeout,
+            }),
+            anthropic: Arc::new(Target {
+                name: "anthropic".into(),
+                api: Api::Anthropic,
+                client,
+                base: anthropic.base_url.trim_end_matches('/').to_string(),
+                key: anthropic_key,
+                replaces: false,
+                timeout,
+            }),
         })
+    }
+
+    /// Where a request of `api` goes by default: `[upstream]` (named `default`) or `[anthropic]`.
+    pub fn target(&self, api: Api) -> &Arc<Target> {
+        match api {
+            Api::OpenAi => &self.openai,
+            Api::Anthropic => &self.anthropic,
+        }
     }
 
     /// The timeout for response headers and between body chunks.
     pub fn timeout(&self) -> Duration {
-        self.timeout
+        self.openai.timeout
     }
 
     /// `<base_url>/<rest>?<query>` for a request to `/v1/<rest>` of the OpenAI-compatible API.
@@ -134,15 +172,7 @@ impl Upstream {
 
     /// `<base_url>/<rest>?<query>` for a request to `/v1/<rest>` of `api` (the query forwarded as is).
     pub fn url_for(&self, api: Api, rest: &str, query: Option<&str>) -> String {
-        let rest = rest.trim_start_matches('/');
-        let base = match api {
-            Api::OpenAi => &self.base,
-            Api::Anthropic => &self.anthropic_base,
-        };
-        match query {
-            Some(q) if !q.is_empty() => format!("{base}/{rest}?{q}"),
-            _ => format!("{base}/{rest}"),
-        }
+        self.target(api).url(rest, query)
     }
 
     /// The client's headers as they go upstream: hop-by-hop headers removed, the configured API key added when
@@ -155,29 +185,134 @@ impl Upstream {
     /// [`Self::request_headers`] for a request to `api`: the Anthropic key goes as `x-api-key`, only when the
     /// client sent neither `x-api-key` nor `Authorization`.
     pub fn request_headers_for(&self, api: Api, incoming: &HeaderMap, chat: bool) -> HeaderMap {
+        self.target(api).request_headers(incoming, chat)
+    }
+
+    /// Sends a request and waits (at most `timeout_secs`) for the response headers.
+    pub async fn send(
+        &self,
+        method: http::Method,
+        url: &str,
+        headers: HeaderMap,
+        body: Body,
+    ) -> Result<UpstreamResponse, GatewayError> {
+        self.openai.send(method, url, headers, body).await
+    }
+
+    /// Sends a request over the same pooled client and waits at most `timeout` for the response headers (the
+    /// idle webhook, with its own `[hooks]` timeout).
+    pub async fn send_within(
+        &self,
+        method: http::Method,
+        url: &str,
+        headers: HeaderMap,
+        body: Body,
+        timeout: Duration,
+    ) -> Result<UpstreamResponse, GatewayError> {
+        self.openai
+            .send_within(method, url, headers, body, timeout)
+            .await
+    }
+}
+
+impl Target {
+    /// A named upstream, `[upstreams.<name>]`, with its own pooled client (its connect timeout); its timeouts
+    /// default to `[upstream]`'s (`default`).
+    pub fn named(
+        name: &str,
+        cfg: &NamedUpstream,
+        default: &UpstreamConfig,
+    ) -> Result<Target, GatewayError> {
+        let api = match cfg.kind {
+            UpstreamKind::Openai => Api::OpenAi,
+            UpstreamKind::Anthropic => Api::Anthropic,
+        };
+        let key = match &cfg.api_key {
+            Some(k) => {
+                let value = match api {
+                    Api::OpenAi => format!("Bearer {k}"),
+                    Api::Anthropic => k.clone(),
+                };
+                let mut v = HeaderValue::from_str(&value).map_err(|_| {
+                    GatewayError::Internal(format!(
+                        "upstreams.{name}.api_key is not a valid header value"
+                    ))
+                })?;
+                v.set_sensitive(true);
+                Some(v)
+            }
+            None => None,
+        };
+        Ok(Target {
+            name: name.into(),
+            api,
+            client: client(Duration::from_secs(cfg.connect_timeout_secs(default)))?,
+            base: cfg.base_url.trim_end_matches('/').to_string(),
+            key,
+            replaces: true,
+            timeout: Duration::from_secs(cfg.timeout_secs(default)),
+        })
+    }
+
+    /// Its name: `default`, `anthropic`, or the `[upstreams.<name>]`'s (metrics, traces, errors).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The API it speaks.
+    pub fn api(&self) -> Api {
+        self.api
+    }
+
+    /// The timeout for response headers and between body chunks.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// `<base_url>/<rest>?<query>` for a request to `/v1/<rest>` (the query forwarded as is).
+    pub fn url(&self, rest: &str, query: Option<&str>) -> String {
+        let rest = rest.trim_start_matches('/');
+        let base = &self.base;
+        match query {
+            Some(q) if !q.is_empty() => format!("{base}/{rest}?{q}"),
+            _ => format!("{base}/{rest}"),
+        }
+    }
+
+    /// The client's headers as they go here: hop-by-hop headers removed; for chat requests (`chat = true`)
+    /// `content-length` (recomputed) and `accept-encoding` (the answer is read) dropped. The key: a named
+    /// upstream's replaces the client's credential (`Authorization` and `x-api-key` both dropped; `Bearer` for
+    /// OpenAI, `x-api-key` for Anthropic); `[upstream]`'s goes as `Authorization: Bearer` when the client sent no
+    /// Authorization, `[anthropic]`'s as `x-api-key` when it sent neither `x-api-key` nor `Authorization`.
+    pub fn request_headers(&self, incoming: &HeaderMap, chat: bool) -> HeaderMap {
         // A chat body may be rewritten (its length then differs) and is read by ctxgate (so it must not come back
         // compressed).
         let mut out = end_to_end(incoming, |k| {
             !chat || (k != header::CONTENT_LENGTH && k != header::ACCEPT_ENCODING)
         });
-        match api {
+        let Some(key) = &self.key else {
+            return out;
+        };
+        if self.replaces {
+            out.remove(header::AUTHORIZATION);
+            out.remove("x-api-key");
+        }
+        match self.api {
             Api::OpenAi => {
-                if let (false, Some(k)) = (out.contains_key(header::AUTHORIZATION), &self.api_key) {
-                    out.insert(header::AUTHORIZATION, k.clone());
+                if !out.contains_key(header::AUTHORIZATION) {
+                    out.insert(header::AUTHORIZATION, key.clone());
                 }
             }
             Api::Anthropic => {
-                let has_credential =
-                    out.contains_key(header::AUTHORIZATION) || out.contains_key("x-api-key");
-                if let (false, Some(k)) = (has_credential, &self.anthropic_key) {
-                    out.insert("x-api-key", k.clone());
+                if !(out.contains_key(header::AUTHORIZATION) || out.contains_key("x-api-key")) {
+                    out.insert("x-api-key", key.clone());
                 }
             }
         }
         out
     }
 
-    /// Sends a request and waits (at most `timeout_secs`) for the response headers.
+    /// Sends a request and waits (at most its timeout) for the response headers.
     pub async fn send(
         &self,
         method: http::Method,
@@ -189,8 +324,7 @@ impl Upstream {
             .await
     }
 
-    /// Sends a request over the same pooled client and waits at most `timeout` for the response headers (the
-    /// idle webhook, with its own `[hooks]` timeout).
+    /// Sends a request over its pooled client and waits at most `timeout` for the response headers.
     pub async fn send_within(
         &self,
         method: http::Method,

@@ -266,7 +266,8 @@ async fn an_unfittable_request_is_refused_as_claude_code_expects() {
         c.models.insert(
             "claude-*".into(),
             ctxgate::config::ModelEntry {
-                context_window: 600,
+                context_window: Some(600),
+                ..Default::default()
             },
         );
     })
@@ -361,7 +362,8 @@ async fn summaries_of_an_anthropic_conversation_are_written_by_a_claude_model_th
         c.models.insert(
             "claude-*".into(),
             ctxgate::config::ModelEntry {
-                context_window: 4_000,
+                context_window: Some(4_000),
+                ..Default::default()
             },
         );
         c.summary.model = Some("claude-haiku-4-5".into());

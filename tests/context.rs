@@ -192,7 +192,8 @@ async fn models_from_the_table_and_config_set_the_window() {
         c.models.insert(
             "gpt-4o*".into(),
             ctxgate::config::ModelEntry {
-                context_window: 8_000,
+                context_window: Some(8_000),
+                ..Default::default()
             },
         );
     })

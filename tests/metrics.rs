@@ -121,7 +121,8 @@ fn config(mock: &MockUpstream) -> Config {
     c.models.insert(
         LABEL.into(),
         ModelEntry {
-            context_window: 8_000,
+            context_window: Some(8_000),
+            ..Default::default()
         },
     );
     c

@@ -23,7 +23,8 @@ async fn harness() -> Harness {
             c.models.insert(
                 family.into(),
                 ctxgate::config::ModelEntry {
-                    context_window: 6_000,
+                    context_window: Some(6_000),
+                    ..Default::default()
                 },
             );
         }

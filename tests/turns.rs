@@ -125,7 +125,8 @@ async fn harness(store: Option<&std::path::Path>) -> Harness {
             c.models.insert(
                 pattern.into(),
                 ctxgate::config::ModelEntry {
-                    context_window: 6_000,
+                    context_window: Some(6_000),
+                    ..Default::default()
                 },
             );
         }

@@ -101,8 +101,8 @@ fn check_each_key(table: &toml::Table, errors: &mut Vec<String>) -> Vec<(String,
                 continue;
             };
             wrong.push((section.clone(), Some(key.clone())));
-            if section == "models" {
-                check_model_fields(key, v, &e, errors);
+            if section == "models" || section == "upstreams" {
+                check_entry_fields(section, key, v, &e, errors);
             } else {
                 errors.push(format!("{section}.{key}: {}", e.message()));
             }
@@ -111,15 +111,20 @@ fn check_each_key(table: &toml::Table, errors: &mut Vec<String>) -> Vec<(String,
     wrong
 }
 
-/// A wrong model entry `[models."<key>"]`: each wrong field named (`models."gpt-4o".context_window: …`), or the
-/// entry itself when it is not a table of fields (`e`: the entry's error).
-fn check_model_fields(
+/// A wrong entry of a map of tables (`[models."<key>"]`, `[upstreams.<key>]`): each wrong field named
+/// (`models."gpt-4o".context_window: …`, `upstreams.local.kind: …`), or the entry itself when it is not a table
+/// of fields (`e`: the entry's error).
+fn check_entry_fields(
+    section: &str,
     key: &str,
     entry: &toml::Value,
     e: &toml::de::Error,
     errors: &mut Vec<String>,
 ) {
-    let path = format!("models.\"{key}\"");
+    let path = match section {
+        "models" => format!("models.\"{key}\""),
+        _ => format!("{section}.{key}"),
+    };
     let fields = match entry {
         toml::Value::Table(fields) if !fields.is_empty() => fields,
         _ => {
@@ -128,7 +133,7 @@ fn check_model_fields(
         }
     };
     for (field, fv) in fields {
-        if let Some(e) = fits("models", single(key, &single(field, fv))) {
+        if let Some(e) = fits(section, single(key, &single(field, fv))) {
             errors.push(format!("{path}.{field}: {}", e.message()));
         }
     }

@@ -27,6 +27,7 @@ mod summary;
 #[cfg(test)]
 mod tests;
 mod upstream;
+mod upstreams;
 
 pub use admin::AdminConfig;
 pub use anthropic::AnthropicConfig;
@@ -45,6 +46,7 @@ pub use session::SessionConfig;
 pub use store::{mask_url_password, StoreBackend, StoreConfig};
 pub use summary::SummaryConfig;
 pub use upstream::UpstreamConfig;
+pub use upstreams::{NamedUpstream, UpstreamKind, DEFAULT_NAMES as DEFAULT_UPSTREAM_NAMES};
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -79,6 +81,9 @@ pub struct Config {
     pub summary: SummaryConfig,
     /// Per-model overrides, keyed by exact model name or glob pattern (`gpt-4o*`).
     pub models: BTreeMap<String, ModelEntry>,
+    /// Named upstreams (`[upstreams.<name>]`) that `[models."<pattern>"] upstream = "<name>"` routes a model's
+    /// conversation requests to; a model without a route goes to `[upstream]` / `[anthropic]`.
+    pub upstreams: BTreeMap<String, NamedUpstream>,
     /// Webhooks: a session's export posted when it goes idle.
     pub hooks: HooksConfig,
     /// OpenTelemetry traces, exported over OTLP/HTTP (off unless an endpoint is configured).
@@ -132,6 +137,7 @@ impl Config {
         self.recall.problems(&mut e);
         self.summary.problems(&mut e);
         models::problems(&self.models, &mut e);
+        upstreams::problems(&self.upstreams, &self.models, &mut e);
         self.hooks.problems(&mut e);
         self.otel.problems(&mut e);
         e
@@ -166,9 +172,10 @@ impl Config {
             self.context.default_context_window,
         ))
         .chain(
-            self.models
-                .iter()
-                .map(|(p, m)| (format!("models.\"{p}\".context_window"), m.context_window)),
+            self.models.iter().filter_map(|(p, m)| {
+                m.context_window
+                    .map(|w| (format!("models.\"{p}\".context_window"), w))
+            }),
         );
         windows
             .filter_map(|(key, window)| {
@@ -198,6 +205,11 @@ impl Config {
         ] {
             if secret.is_some() {
                 *secret = Some("***".into());
+            }
+        }
+        for u in c.upstreams.values_mut() {
+            if u.api_key.is_some() {
+                u.api_key = Some("***".into());
             }
         }
         c.otel = c.otel.masked();

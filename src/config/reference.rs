@@ -28,12 +28,15 @@ pub fn render() -> String {
         let _ = write!(out, "\n## `[{section}]`\n\n{}\n", description(prop, root));
         let def = resolve(prop, root);
         match def.get("additionalProperties") {
-            // a map of tables: `[models."<pattern>"]`
+            // a map of tables: `[models."<pattern>"]`, `[upstreams.<name>]`
             Some(entry) if def.get("properties").is_none() => {
-                let _ = write!(
-                    out,
-                    "\nKeyed by an exact model name or a glob pattern (`*`, `?`): `[{section}.\"<pattern>\"]`.\n"
-                );
+                let _ = match section.as_str() {
+                    "models" => write!(
+                        out,
+                        "\nKeyed by an exact model name or a glob pattern (`*`, `?`): `[{section}.\"<pattern>\"]`.\n"
+                    ),
+                    _ => write!(out, "\nKeyed by a name of your choice: `[{section}.<name>]`.\n"),
+                };
                 table(&mut out, resolve(entry, root), root, &Value::Null);
             }
             _ => table(

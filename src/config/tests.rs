@@ -237,7 +237,7 @@ fn durations_and_models() {
     )
     .unwrap();
     assert_eq!(c.prune.max_age, Some(DurationSpec::from_secs(7 * 86_400)));
-    assert_eq!(c.models["my-model*"].context_window, 32000);
+    assert_eq!(c.models["my-model*"].context_window, Some(32000));
     assert!(load("[prune]\nmax_age = \"soon\"\n", &[]).is_err());
     assert!(load("[models.\"x\"]\ncontext_windo = 1\n", &[]).is_err());
 }

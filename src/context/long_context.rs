@@ -51,7 +51,7 @@ mod tests {
     fn table(user: &[(&str, u64)]) -> ModelTable {
         let user: BTreeMap<String, ModelEntry> = user
             .iter()
-            .map(|(n, w)| (n.to_string(), ModelEntry { context_window: *w }))
+            .map(|(n, w)| (n.to_string(), ModelEntry::window(*w)))
             .collect();
         ModelTable::new(&user, 7777).unwrap()
     }

@@ -36,14 +36,15 @@ impl Layer {
         let mut layer = Layer::default();
         for (name, entry) in entries {
             let (name, long) = strip_1m(name);
-            if long != one_million {
+            // An entry without a window (one that routes the model only) leaves it to the next that matches.
+            let Some(window) = entry.context_window.filter(|_| long == one_million) else {
                 continue;
-            }
+            };
             let name = name.to_lowercase();
             if name.contains(['*', '?']) {
-                layer.globs.push((name, entry.context_window));
+                layer.globs.push((name, window));
             } else {
-                layer.exact.insert(name, entry.context_window);
+                layer.exact.insert(name, window);
             }
         }
         let literal = |p: &str| p.chars().filter(|c| !matches!(c, '*' | '?')).count();
@@ -245,7 +246,7 @@ mod tests {
 
     fn entries(list: &[(&str, u64)]) -> BTreeMap<String, ModelEntry> {
         list.iter()
-            .map(|(n, w)| (n.to_string(), ModelEntry { context_window: *w }))
+            .map(|(n, w)| (n.to_string(), ModelEntry::window(*w)))
             .collect()
     }
 
@@ -258,7 +259,7 @@ mod tests {
         let shipped = ModelTable::shipped().unwrap();
         assert!(shipped.len() >= 20);
         for (name, e) in &shipped {
-            assert!(e.context_window > 0, "{name}");
+            assert!(e.context_window.is_some_and(|w| w > 0), "{name}");
         }
     }
 

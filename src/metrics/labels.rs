@@ -290,6 +290,33 @@ label_enum! {
     }
 }
 
+label_enum! {
+    /// How an upstream answered a conversation request (`outcome` of `ctxgate_upstream_requests_total`).
+    pub enum UpstreamOutcome {
+        /// It answered with a status below 400.
+        Answered => "answered",
+        /// It answered 4xx.
+        ClientError => "4xx",
+        /// It answered 5xx.
+        ServerError => "5xx",
+        /// No connection, or the connection broke before response headers.
+        Unreachable => "unreachable",
+        /// No response headers within the upstream's timeout.
+        Timeout => "timeout",
+    }
+}
+
+impl UpstreamOutcome {
+    /// The outcome of an answer with `status`.
+    pub const fn of_status(status: u16) -> UpstreamOutcome {
+        match status {
+            400..=499 => UpstreamOutcome::ClientError,
+            500.. => UpstreamOutcome::ServerError,
+            _ => UpstreamOutcome::Answered,
+        }
+    }
+}
+
 impl UpstreamErrorClass {
     /// The class of an upstream answer's status; `None` when it is not an error.
     pub const fn of_status(status: u16) -> Option<UpstreamErrorClass> {

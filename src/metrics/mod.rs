@@ -14,7 +14,7 @@ mod series;
 pub use labels::{
     CacheResult, DialectLabel, HookOutcome, RecallOutcome, RecallTool, RejectReason, ReloadOutcome,
     RewriteOutcome, RewriteStrategy, Route, StatusClass, StoreBackend, StoreOp, SummaryOutcome,
-    UnmanagedReason, UpstreamErrorClass,
+    UnmanagedReason, UpstreamErrorClass, UpstreamOutcome,
 };
 pub use models::{ModelResolver, OTHER};
 
@@ -81,6 +81,8 @@ pub struct Metrics {
     store_circuit_open: IntGauge,
     /// route × dialect × class.
     upstream_errors: Series<IntCounter>,
+    /// upstream × dialect × outcome: the upstream's name is the operator's (bounded by the config).
+    upstream_requests: IntCounterVec,
 }
 
 /// The position of a series in a list resolved by [`resolve`]: `dims` are (value index, value count) per label,
@@ -170,6 +172,12 @@ impl Metrics {
                 "1 while the store's circuit breaker is open (requests do not wait on the store until a probe finds it healthy).",
             )?,
             upstream_errors: upstream_errors(&r, &l)?,
+            upstream_requests: counters(
+                &r,
+                UPSTREAM_REQUESTS_TOTAL,
+                "Conversation requests sent upstream (first round), by upstream (default: [upstream], anthropic: [anthropic], else the [upstreams.<name>]), dialect and outcome (answered, 4xx, 5xx, unreachable, timeout).",
+                &["upstream", "dialect", "outcome"],
+            )?,
             registry: r,
         })
     }
@@ -270,6 +278,25 @@ impl Metrics {
         if let Some(c) = self.upstream_errors.get(i) {
             c.inc();
         }
+    }
+
+    /// The series an upstream named `upstream` counts `dialect`'s requests in, one per outcome, created now
+    /// (resolve once per upstream and dialect: recording is then one atomic add).
+    pub fn upstream_counts(
+        &self,
+        upstream: &str,
+        dialect: impl Into<DialectLabel>,
+    ) -> UpstreamCounts {
+        let dialect = dialect.into().as_str();
+        UpstreamCounts(
+            UpstreamOutcome::ALL
+                .iter()
+                .map(|o| {
+                    self.upstream_requests
+                        .with_label_values(&[upstream, dialect, o.as_str()])
+                })
+                .collect(),
+        )
     }
 
     /// Adds a finished conversation turn's tokens to its model's counters.
@@ -533,6 +560,19 @@ impl Drop for RequestTimer {
             if let Some(h) = m.first_byte.get(self.dialect.idx()) {
                 h.observe(first.saturating_duration_since(self.started).as_secs_f64());
             }
+        }
+    }
+}
+
+/// One upstream's request counters for one dialect, by outcome ([`Metrics::upstream_counts`]).
+#[derive(Clone, Debug)]
+pub struct UpstreamCounts(Arc<[IntCounter]>);
+
+impl UpstreamCounts {
+    /// Counts one request.
+    pub fn count(&self, outcome: UpstreamOutcome) {
+        if let Some(c) = self.0.get(outcome.idx()) {
+            c.inc();
         }
     }
 }

@@ -66,6 +66,9 @@ pub const STORE_ERRORS_TOTAL: &str = "ctxgate_store_errors_total";
 pub const STORE_CIRCUIT_OPEN: &str = "ctxgate_store_circuit_open";
 /// Counter: upstream failures by `route` and `class` (4xx, 5xx, unreachable, timeout, interrupted).
 pub const UPSTREAM_ERRORS_TOTAL: &str = "ctxgate_upstream_errors_total";
+/// Counter: conversation requests sent upstream (first round), by `upstream` (its name: `default`, `anthropic`,
+/// or an `[upstreams.<name>]`), `dialect` and `outcome` (answered, 4xx, 5xx, unreachable, timeout).
+pub const UPSTREAM_REQUESTS_TOTAL: &str = "ctxgate_upstream_requests_total";
 /// Counter: config reloads (SIGHUP, `POST /admin/config/reload`) by `outcome` (applied, rejected).
 pub const CONFIG_RELOADS_TOTAL: &str = "ctxgate_config_reloads_total";
 /// Counter: idle-session webhook attempts by `outcome` (delivered, retried, failed).
@@ -109,5 +112,6 @@ pub const ALL: &[&str] = &[
     STORE_ERRORS_TOTAL,
     STORE_CIRCUIT_OPEN,
     UPSTREAM_ERRORS_TOTAL,
+    UPSTREAM_REQUESTS_TOTAL,
     BUILD_INFO,
 ];

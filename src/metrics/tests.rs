@@ -27,6 +27,8 @@ fn every_name_is_exported_with_help() {
     );
     m.set_calibration(&[("gpt-4o".into(), 1.1)]);
     drop(m.store_metrics(StoreBackend::Memory));
+    m.upstream_counts("default", DialectLabel::Chat)
+        .count(UpstreamOutcome::Answered);
     let _ = m.store_metrics(StoreBackend::Sqlite);
     let text = m.render();
     for name in names::ALL {

@@ -218,6 +218,14 @@ impl ChatStart {
         ChatStart { name, attrs }
     }
 
+    /// With the name of the upstream it goes to (`ctxgate.upstream`: `default`, `anthropic` or an
+    /// `[upstreams.<name>]`).
+    pub fn upstream(mut self, name: &str) -> ChatStart {
+        self.attrs
+            .push(KeyValue::new("ctxgate.upstream", name.to_owned()));
+        self
+    }
+
     /// With the plan's `ctxgate.*` attributes.
     pub fn planned(mut self, planned: &Planned<'_>) -> ChatStart {
         self.attrs.extend(planned.attributes());

@@ -47,6 +47,11 @@ pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
         Ok(s) => s,
         Err(e) => return fail(e, &mut timer),
     };
+    // The model's upstream, as for its turns.
+    let target = match live.routes.resolve(&request.model, dialect) {
+        Ok(r) => r.target.clone(),
+        Err(e) => return fail(e, &mut timer),
+    };
     // A strategy an operator pinned on the session counts as it does for its turns.
     let session = super::identity::identify(
         &parts.headers,
@@ -80,20 +85,11 @@ pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
         Ok(outgoing) => outgoing.body,
         Err(_) => request.raw.clone(),
     };
-    let api = dialect.api();
-    let url = state
-        .upstream
-        .url_for(api, "messages/count_tokens", parts.uri.query());
-    let mut headers = state
-        .upstream
-        .request_headers_for(api, &parts.headers, true);
+    let url = target.url("messages/count_tokens", parts.uri.query());
+    let mut headers = target.request_headers(&parts.headers, true);
     headers.remove(plan::STRATEGY_HEADER);
     timer.upstream_sent();
-    let resp = match state
-        .upstream
-        .send(Method::POST, &url, headers, body.into())
-        .await
-    {
+    let resp = match target.send(Method::POST, &url, headers, body.into()).await {
         Ok(r) => r,
         Err(e) => return fail(e, &mut timer),
     };
@@ -102,12 +98,11 @@ pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
     if let Some(h) = builder.headers_mut() {
         *h = answer_headers(resp.headers(), |k| k != http::header::CONTENT_LENGTH);
     }
-    let stream = relay::passthrough(resp.bytes_stream().boxed(), state.upstream.timeout()).map(
-        move |chunk| {
+    let stream =
+        relay::passthrough(resp.bytes_stream().boxed(), target.timeout()).map(move |chunk| {
             let _in_flight = &timer;
             chunk
-        },
-    );
+        });
     builder
         .body(Body::from_stream(stream))
         .unwrap_or_else(|e| GatewayError::Internal(e.to_string()).into_response())

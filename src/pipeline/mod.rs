@@ -27,7 +27,7 @@ use access::Logged;
 use respond::own_error;
 use turn::Seen;
 
-use crate::app::{AppState, Live};
+use crate::app::{AppState, Live, Routed};
 use crate::config::Strategy;
 use crate::dialect::{Dialect, Request as Parsed};
 use crate::error::GatewayError;
@@ -83,6 +83,12 @@ async fn handle(
         Ok(s) => s,
         Err(e) => return own_error(&Logged::of(&request, started, None), None, e),
     };
+    // The model's upstream (`[models] upstream`, else the dialect's default); one of another API is refused here,
+    // before anything is recorded.
+    let route = match live.routes.resolve(&request.model, dialect) {
+        Ok(r) => r,
+        Err(e) => return own_error(&Logged::of(&request, started, None), None, e),
+    };
     let mut ex = Exchange {
         state,
         live,
@@ -90,6 +96,7 @@ async fn handle(
         started,
         request,
         strategy,
+        route,
         session: None,
         mark: None,
         trace: parts.extensions.get::<RequestTrace>().cloned(),
@@ -122,6 +129,8 @@ struct Exchange {
     request: Arc<Parsed>,
     /// The header's or the config's, unless an operator pinned one on the session.
     strategy: Strategy,
+    /// The upstream the request goes to (every round).
+    route: Arc<Routed>,
     /// The conversation (namespaced by the caller's credentials); `None`: no history is kept.
     session: Option<SessionIdentity>,
     /// Where the request's messages landed in the session; `None`: proxied without history.

@@ -54,9 +54,19 @@ impl Exchange {
         let recall = (outgoing.rewrite.as_ref()).is_some_and(|r| r.injected && status.is_success());
         if !recall {
             let finisher = turn.finisher(outgoing.estimate);
-            return relayed(&self.state, self.dialect, sent.resp, is_sse, &own, finisher).await;
+            let idle = sent.target.timeout();
+            return relayed(
+                &self.state,
+                self.dialect,
+                sent.resp,
+                idle,
+                is_sse,
+                &own,
+                finisher,
+            )
+            .await;
         }
-        let rounds = self.rounds(turn, &outgoing, sent.url, sent.headers);
+        let rounds = self.rounds(turn, &outgoing, sent.url, sent.target, sent.headers);
         after_rounds(
             &self.state,
             rounds,
@@ -75,6 +85,7 @@ impl Exchange {
         mut turn: Turn,
         outgoing: &Outgoing,
         url: String,
+        target: Arc<crate::upstream::Target>,
         headers: HeaderMap,
     ) -> Rounds {
         let stored = match &self.mark {
@@ -92,6 +103,7 @@ impl Exchange {
             live: self.live.clone(),
             dialect,
             url,
+            target,
             headers,
             sent: outgoing.body.clone(),
             messages_close: outgoing.messages_close,
@@ -113,6 +125,7 @@ pub(super) async fn relayed(
     state: &AppState,
     dialect: Dialect,
     resp: crate::upstream::UpstreamResponse,
+    idle: std::time::Duration,
     is_sse: bool,
     own: &Own<'_>,
     finisher: Finisher,
@@ -122,7 +135,7 @@ pub(super) async fn relayed(
         resp.bytes_stream().boxed(),
         dialect,
         is_sse,
-        state.upstream.timeout(),
+        idle,
         relay::Cut {
             token: state.cut_streams.clone(),
             grace_secs: state.config.server.shutdown_grace_secs,

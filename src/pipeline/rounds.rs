@@ -31,6 +31,8 @@ pub struct Rounds {
     pub dialect: Dialect,
     /// Where and how to send the follow-up requests.
     pub url: String,
+    /// The upstream they go to (the first round's).
+    pub target: Arc<crate::upstream::Target>,
     /// Headers for the follow-up requests.
     pub headers: HeaderMap,
     /// The first request's body as sent (with the injected tools).
@@ -133,17 +135,12 @@ impl Rounds {
     ) -> impl std::future::Future<Output = Result<UpstreamResponse, GatewayError>> + Send + 'static
     {
         let body = self.next_body();
-        let (state, url, mut headers) =
-            (self.state.clone(), self.url.clone(), self.headers.clone());
+        let (target, url, mut headers) =
+            (self.target.clone(), self.url.clone(), self.headers.clone());
         if let Some(t) = self.trace.as_mut() {
             t.round(&mut headers, None);
         }
-        async move {
-            state
-                .upstream
-                .send(Method::POST, &url, headers, body?.into())
-                .await
-        }
+        async move { target.send(Method::POST, &url, headers, body?.into()).await }
     }
 
     /// Non-streaming: reads each answer whole; returns the final body (and the status and headers of the round it
@@ -152,7 +149,7 @@ impl Rounds {
         let names = self.names();
         let max_rounds = self.live.config.recall.max_rounds;
         let (mut status, mut headers) = (first.status(), first.headers().clone());
-        let idle = self.state.upstream.timeout();
+        let idle = self.target.timeout();
         let mut body = read_body(first, idle).await;
         let mut usage = None;
         // Each round's usage as the upstream reported it (the metrics count every request sent).
@@ -271,7 +268,7 @@ impl Rounds {
         tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
     ) {
         let max_rounds = self.live.config.recall.max_rounds;
-        let idle = self.state.upstream.timeout();
+        let idle = self.target.timeout();
         let (mut bytes, mut first_byte_at) = (0u64, None);
         let mut resp = first;
         let mut round = 0;

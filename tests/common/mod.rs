@@ -193,7 +193,8 @@ pub async fn small_window(models: &str, window: u64) -> Harness {
         c.models.insert(
             models.into(),
             ctxgate::config::ModelEntry {
-                context_window: window,
+                context_window: Some(window),
+                ..Default::default()
             },
         );
     })
