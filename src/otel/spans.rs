@@ -517,6 +517,7 @@ mod tests {
             Some("s-1"),
             "https://api.anthropic.com/v1/messages",
         )
+        .upstream("claude")
         .planned(&planned);
         let mut up = trace.upstream(start);
         let mut headers = http::HeaderMap::new();
@@ -538,6 +539,11 @@ mod tests {
         let spans = spans.0.lock();
         let chat = named(&spans, "chat claude-x");
         assert_eq!(chat.span_kind, SpanKind::Client);
+        assert_eq!(
+            attr(chat, "ctxgate.upstream"),
+            Some(&OtelValue::from("claude")),
+            "the upstream's name"
+        );
         let traceparent = headers["traceparent"]
             .to_str()
             .unwrap_or_default()
