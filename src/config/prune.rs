@@ -38,6 +38,10 @@ pub struct PruneConfig {
     /// numbers of 4+ digits, most used first — that its placeholder names, so the model knows what the recall
     /// would give back. 0: the placeholder names only the call, the tool and the size.
     pub digest_tokens: u64,
+    /// Clear tool results least recently used first — the result the agent's newest messages name (a path,
+    /// a name, a number of it, or its call id in a recall) kept longest — instead of oldest first. The order is
+    /// taken at each re-cut, so requests between two re-cuts keep an identical prefix.
+    pub clear_by_use: bool,
 }
 
 impl Default for PruneConfig {
@@ -55,6 +59,7 @@ impl Default for PruneConfig {
             min_input_tokens: 200,
             exclude_tools: Vec::new(),
             digest_tokens: 48,
+            clear_by_use: true,
         }
     }
 }

@@ -9,6 +9,10 @@
 /// Turns the growth per turn is measured over (the newest ones).
 pub const GROWTH_TURNS: usize = 16;
 
+/// The newest turns whose uses of tool results a re-cut prices: a result they used that the re-cut hides is
+/// expected to be recalled.
+pub const RECENT_TURNS: usize = 4;
+
 /// The billed input per turn (in tokens at the full price) of a re-cut to `size` tokens keeping the first `kept`
 /// of the previous request, averaged over it and the turns until the request passes `threshold` again, with
 /// `growth` new tokens per turn and cached input at `price`. Also returns how many turns come before the next
@@ -53,24 +57,31 @@ pub struct Choice<C> {
     pub size: u64,
     /// Tokens of the previous request's prefix it keeps as it was.
     pub kept: u64,
+    /// What the recall rounds it is expected to cause cost (tokens at the full price): one for each result it
+    /// hides that the newest turns used.
+    pub recall: f64,
 }
 
 /// Of `options` (in the order the stages made them, each deeper than the one before), the index of the one with
-/// the lowest billed input per turn (on a tie the deeper one), and that billed input.
+/// the lowest billed input per turn, its expected recalls included (on a tie the deeper one), and its billed
+/// input per turn without them (what a replay without recalls will see).
 pub fn cheapest<C>(
     options: &[Choice<C>],
     threshold: u64,
     growth: u64,
     price: f64,
 ) -> Option<(usize, f64)> {
-    let mut best: Option<(usize, f64)> = None;
+    // (index, billed input with the expected recalls, billed input alone)
+    let mut best: Option<(usize, f64, f64)> = None;
     for (i, o) in options.iter().enumerate() {
-        let (rate, _) = per_turn(o.size, o.kept, threshold, growth, price);
-        if best.is_none_or(|(_, b)| rate <= b) {
-            best = Some((i, rate));
+        let (rate, n) = per_turn(o.size, o.kept, threshold, growth, price);
+        // the recalls come once, over the turns until the next re-cut
+        let priced = rate + o.recall / (n as f64 + 1.0);
+        if best.is_none_or(|(_, b, _)| priced <= b) {
+            best = Some((i, priced, rate));
         }
     }
-    best
+    best.map(|(i, _, rate)| (i, rate))
 }
 
 #[cfg(test)]
@@ -102,6 +113,7 @@ mod tests {
             cuts: size,
             size,
             kept,
+            recall: 0.0,
         };
         let options = [o(10_800, 10_000), o(6_400, 1_500), o(3_200, 1_500)];
         let at = |o: &[Choice<u64>]| cheapest(o, 12_800, 800, 0.1).map(|(i, _)| i);
@@ -109,6 +121,29 @@ mod tests {
         assert_eq!(at(&options[..2]), Some(0));
         assert_eq!(at(&[o(5, 0), o(5, 0)]), Some(1));
         assert_eq!(cheapest::<u64>(&[], 1, 1, 0.1), None);
+    }
+
+    #[test]
+    fn a_re_cut_that_hides_what_the_newest_turns_used_pays_for_its_recall() {
+        // the deep cut wins on billed input alone…
+        let o = |size, kept, recall| Choice {
+            cuts: size,
+            size,
+            kept,
+            recall,
+        };
+        let (shallow, deep) = (o(9_600, 7_000, 0.0), o(6_000, 1_500, 0.0));
+        assert_eq!(
+            cheapest(&[shallow, deep], 12_800, 800, 0.1).map(|r| r.0),
+            Some(1)
+        );
+        // …but it hides a 3,000-token result the last turns used: a recall round (the result in full, the
+        // request again cached) each, spread over its turns, makes it dearer
+        let deep = o(6_000, 1_500, 3_000.0 + 0.1 * 6_000.0);
+        let (at, billed) = cheapest(&[shallow, deep], 12_800, 800, 0.1).unwrap();
+        assert_eq!(at, 0);
+        // the billed input returned leaves the expected recalls out
+        assert_eq!(billed, per_turn(9_600, 7_000, 12_800, 800, 0.1).0);
     }
 
     #[test]

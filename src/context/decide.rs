@@ -492,7 +492,7 @@ fn offer<'b>(
             folded_steps: 0,
             summary_upto: 0,
             pruned_call_ids: Vec::new(),
-            cuts: [0; 6],
+            cuts: [0; 9],
         },
         pruned: Vec::new(),
         wanted_summary: None,

@@ -18,6 +18,7 @@ mod stages;
 pub mod task;
 pub mod tokens;
 pub mod units;
+pub mod usage;
 
 pub use body::{splice_messages, RewrittenBody};
 pub use plan::{plan, CompressionRecord, Plan, PlanInput, PrunedCall, Rewrite};

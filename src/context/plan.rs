@@ -88,9 +88,10 @@ pub struct CompressionRecord {
     pub summary_upto: usize,
     /// Ids of the tool calls whose results are not sent (recallable).
     pub pruned_call_ids: Vec<String>,
-    /// Where the rewrite cut (message indexes: clear, prune, drop loops, drop, summary, fold): equal cuts on two
-    /// turns mean an identical rewritten prefix.
-    pub cuts: [usize; 6],
+    /// Where the rewrite cut (message indexes: clear, prune, drop loops, drop, summary, fold; then the clear
+    /// cut's place in the order of use — last use, index — and the message that order was taken at): equal cuts
+    /// on two turns mean an identical rewritten prefix.
+    pub cuts: [usize; 9],
 }
 
 /// A rewritten request.
@@ -443,6 +444,9 @@ fn build<'a>(
             cuts.drop,
             cuts.summary,
             cuts.fold,
+            cuts.clear_key.0,
+            cuts.clear_key.1,
+            cuts.use_at,
         ],
     };
     Plan::Rewrite(Box::new(Rewrite {

@@ -12,6 +12,7 @@ use super::shape::{
 };
 use super::tokens::{Encoding, TokenCounter};
 use super::units::{units, Unit};
+use super::usage::Usage;
 use crate::config::PruneConfig;
 use crate::message::{field, is_system, role, tool_calls};
 use rustc_hash::FxHashMap as HashMap;
@@ -21,8 +22,15 @@ use std::borrow::Cow;
 /// Where the rewrite cuts. All zero: nothing rewritten.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Cuts {
-    /// Eligible tool results before this index are cleared.
+    /// Eligible tool results before this index may be cleared: those before `clear_key` in the order of use
+    /// frozen at `use_at` (see `usage`).
     pub clear: usize,
+    /// The results cleared (of those before `clear`) are those whose key — (last use before `use_at`, index) —
+    /// is below this: the least recently used first, the oldest first among those used last at once.
+    pub clear_key: (usize, usize),
+    /// The message the order of use was frozen at (the re-cut that moved the clear cut last): uses after it
+    /// move nothing until the next re-cut.
+    pub use_at: usize,
     /// Run loops ending at or before this index keep only their user message and final reply (cut).
     pub prune: usize,
     /// Run loops ending at or before this index are dropped entirely.
@@ -146,6 +154,8 @@ pub struct Model<'a, 'c> {
     times: Vec<i64>,
     /// Tool message index → the name of the tool that produced it.
     pub tool_names: HashMap<usize, &'a str>,
+    /// When each tool result was last used.
+    usage: Usage,
     alt: HashMap<usize, (Value, u64)>,
     /// Unit index → the unit is a foldable step.
     fold_unit: Vec<bool>,
@@ -269,6 +279,7 @@ impl<'a, 'c> Model<'a, 'c> {
             unit_of,
             times,
             tool_names,
+            usage: Usage::new(msgs),
             alt: HashMap::default(),
             fold_unit,
             fold_starts,
@@ -342,17 +353,36 @@ impl<'a, 'c> Model<'a, 'c> {
         {
             return Mode::Folded;
         }
-        let cleared = i < c.clear && self.eligible[i];
+        let cleared = self.eligible[i] && self.clear_passed(i, c);
         if c.fold > 0 && i == c.fold + 1 && self.folds_any(c) {
             return Mode::Carrier { cleared };
         }
         if cleared {
             return Mode::Cleared;
         }
-        if self.inputs.get(&i).is_some_and(|(_, last)| *last < c.clear) {
+        if self
+            .inputs
+            .get(&i)
+            .is_some_and(|(_, last)| self.clear_passed(*last, c))
+        {
             return Mode::Cleared;
         }
         Mode::Keep
+    }
+
+    /// The order clearing takes tool result `i` in, frozen at message `at`: (last use before `at`, `i`); by age
+    /// alone, (`i`, `i`).
+    fn clear_order(&self, i: usize, at: usize) -> (usize, usize) {
+        if self.prune.clear_by_use {
+            self.usage.key(i, at)
+        } else {
+            (i, i)
+        }
+    }
+
+    /// Whether the clear cut of `c` passed the result at `i` (cleared when eligible; its call's arguments too).
+    fn clear_passed(&self, i: usize, c: &Cuts) -> bool {
+        i < c.clear && self.clear_order(i, c.use_at) < c.clear_key
     }
 
     /// Whether a step before the fold cut is folded under `c`. The steps an earlier cut left out (a pruned or
@@ -718,16 +748,8 @@ impl<'a, 'c> Model<'a, 'c> {
         // Never inside the newest message's unit: its results are what the model is answering.
         let newest_unit = self.units[self.unit_of[j - 1]].start;
         let bound = bound.min(newest_unit);
-        while self.clearing && cost > lim.target && c.clear < bound {
-            let i = c.clear;
-            let owner = self.inputs_at.get(&i).copied();
-            let before = self.tokens(i, c) + owner.map_or(0, |a| self.tokens(a, c));
-            c.clear = i + 1;
-            let after = self.tokens(i, c) + owner.map_or(0, |a| self.tokens(a, c));
-            cost = cost - before + after;
-            if after != before {
-                path.passed(c, cost, owner.map_or(i, |a| a.min(i)), lim);
-            }
+        if self.clearing {
+            cost = self.clear(j, c, cost, bound, lim, &mut path);
         }
         // 2. With summaries: replace everything but the newest messages by a summary. Without: run-loop pruning,
         //    which drops loops past the count and age limits, then cuts past loops, oldest first; then folding
@@ -793,7 +815,8 @@ impl<'a, 'c> Model<'a, 'c> {
             (*c, cost) = self.cheapest(j, &from, from_cost, base, lim, &path);
         }
         // 3. Hard limit: drop the oldest whole units, keeping system messages, the newest user message and the
-        //    newest message's unit.
+        //    newest message's unit. (Clearing the newest results first instead was measured: it keeps fewer of the
+        //    facts the next step uses whole, and re-cuts sooner.)
         if cost > lim.hard || too_many {
             c.keep_user = self.newest_user_before(j);
             cost = self.cost(j, c, base);
@@ -818,6 +841,83 @@ impl<'a, 'c> Model<'a, 'c> {
                 let growth = cost::growth(&self.cum, &self.assistants, j);
                 let (rate, _) = cost::per_turn(cost, 0, lim.threshold, growth, lim.cache_price);
                 c.forecast = rate.round() as u64;
+            }
+        }
+        cost
+    }
+
+    /// Moves the clear cut for the first `j` messages to `bound` (results from there on are never cleared), with
+    /// the order of use frozen at `j`, then clears the least recently used results one at a time while the
+    /// request costs more than the target. Freezing the order anew may bring back a result cleared before that
+    /// was used since (the agent works with it again).
+    fn clear(
+        &mut self,
+        j: usize,
+        c: &mut Cuts,
+        mut cost: u64,
+        bound: usize,
+        lim: Limits,
+        path: &mut Path,
+    ) -> u64 {
+        let old = *c;
+        c.clear = c.clear.max(bound);
+        if self.prune.clear_by_use {
+            c.use_at = j;
+        }
+        if *c != old {
+            // what the new bound and order change: results newly inside the bound, results used since the
+            // order was last frozen, and the calls whose arguments go with them
+            let mut touched: Vec<usize> = self.tools
+                [self.tools.partition_point(|&t| t < old.clear)..]
+                .iter()
+                .copied()
+                .take_while(|&t| t < c.clear)
+                .collect();
+            if self.prune.clear_by_use {
+                let used = self.usage.used_in(old.use_at, j);
+                touched.extend(used.into_iter().filter(|&r| r < c.clear));
+            }
+            let owners: Vec<usize> = touched
+                .iter()
+                .filter_map(|r| self.inputs_at.get(r).copied())
+                .collect();
+            touched.extend(owners);
+            touched.sort_unstable();
+            touched.dedup();
+            let mut first = None;
+            for i in touched {
+                let (before, after) = (self.tokens(i, &old), self.tokens(i, c));
+                if self.mode(i, &old) != self.mode(i, c) {
+                    first.get_or_insert(i);
+                }
+                cost = cost - before + after;
+            }
+            if let Some(f) = first {
+                path.passed(c, cost, f, lim);
+            }
+        }
+        // the results not cleared yet whose clearing changes something, least recently used first
+        let at = c.use_at;
+        let mut order: Vec<((usize, usize), usize)> = self.tools
+            [..self.tools.partition_point(|&t| t < c.clear)]
+            .iter()
+            .map(|&i| (self.clear_order(i, at), i))
+            .filter(|&(key, i)| {
+                key >= c.clear_key && (self.eligible[i] || self.inputs_at.contains_key(&i))
+            })
+            .collect();
+        order.sort_unstable();
+        for (key, i) in order {
+            if cost <= lim.target {
+                break;
+            }
+            let owner = self.inputs_at.get(&i).copied();
+            let before = self.tokens(i, c) + owner.map_or(0, |a| self.tokens(a, c));
+            c.clear_key = (key.0, key.1 + 1);
+            let after = self.tokens(i, c) + owner.map_or(0, |a| self.tokens(a, c));
+            cost = cost - before + after;
+            if after != before {
+                path.passed(c, cost, owner.map_or(i, |a| a.min(i)), lim);
             }
         }
         cost
@@ -918,16 +1018,33 @@ impl<'a, 'c> Model<'a, 'c> {
             let t = self.tokens(i, from);
             prefix.push(prefix[i] + summary + t);
         }
+        // The results the newest turns used: each one a re-cut hides is expected to cost a recall round — the
+        // result itself at the full price, and the request again, cached.
+        let recent_from = self.assistants[..self.assistants.partition_point(|&a| a < j)]
+            .iter()
+            .rev()
+            .nth(cost::RECENT_TURNS - 1)
+            .copied()
+            .unwrap_or(0);
+        let recent = self.usage.used_in(recent_from, j);
         let choices: Vec<Choice<Cuts>> = options
             .iter()
-            .map(|&&(cuts, size, first)| Choice {
-                cuts,
-                size,
-                kept: if tools_added {
-                    0
-                } else {
-                    prefix[first.min(last_changed)]
-                },
+            .map(|&&(cuts, size, first)| {
+                let recall = recent
+                    .iter()
+                    .filter(|&&r| self.mode(r, &cuts).recallable())
+                    .map(|&r| self.tok[r] as f64 + lim.cache_price * size as f64)
+                    .sum();
+                Choice {
+                    cuts,
+                    size,
+                    kept: if tools_added {
+                        0
+                    } else {
+                        prefix[first.min(last_changed)]
+                    },
+                    recall,
+                }
             })
             .collect();
         let growth = cost::growth(&self.cum, &self.assistants, j);

@@ -320,7 +320,7 @@ fn a_request_that_cannot_fit_is_rejected() {
 fn later_turns_reuse_the_cuts_so_the_prefix_stays_identical() {
     let full = agent_run(80, 200);
     let window = 16_000;
-    let mut previous: Option<(Vec<Value>, [usize; 6])> = None;
+    let mut previous: Option<(Vec<Value>, [usize; 9])> = None;
     let mut moves = 0;
     let mut rewritten = 0;
     // the client's requests: every prefix ending with a tool result
@@ -711,4 +711,5 @@ proptest! {
 mod fold;
 mod round2;
 mod round3;
+mod round4;
 mod tools;

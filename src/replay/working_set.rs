@@ -32,6 +32,9 @@ pub struct WorkingSet {
     /// The facts not shown, in order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub hidden: Vec<String>,
+    /// The facts shown only as the string (no source output sent whole), in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub partial: Vec<String>,
 }
 
 /// A fact of an answer: the string and the earlier tool outputs it appears in.
@@ -181,6 +184,7 @@ pub fn visibility(prior: &[Value], facts: &[Fact], sent: Option<(&[Value], &[u8]
             ws.shown += 1;
         } else if memmem::find(body, f.text.as_bytes()).is_some() {
             ws.shown += 1;
+            ws.partial.push(f.text.clone());
         } else {
             ws.hidden.push(f.text.clone());
         }
@@ -318,6 +322,8 @@ mod tests {
         // 1096: hidden
         assert_eq!((ws.facts, ws.shown, ws.whole), (6, 5, 3));
         assert_eq!(ws.hidden, ["1096"]);
+        assert_eq!(ws.partial.len(), 2, "{:?}", ws.partial);
+        assert!(ws.partial.iter().all(|p| p.contains("request.py")));
         // an output with the same call id but changed content is not whole
         let mut changed = prior.clone();
         changed[5] = tool("c2", "FAILED test_enum");

@@ -119,7 +119,7 @@ fn folding_keeps_the_prefix_until_the_next_re_cut_and_each_re_cut_pays() {
         ..Default::default()
     };
     let prune = PruneConfig::default();
-    let mut previous: Option<(Vec<Value>, [usize; 6])> = None;
+    let mut previous: Option<(Vec<Value>, [usize; 9])> = None;
     let (mut moves, mut rewritten, mut folded) = (0, 0, 0);
     for n in (4..=full.len()).step_by(2) {
         let Plan::Rewrite(r) = run_with(&input(&full[..n], window), &ctx, &prune) else {
@@ -312,7 +312,7 @@ proptest! {
     fn a_folded_re_cut_is_stable_until_the_next(m in runs(), window in prop_oneof![Just(4_000u64), Just(8_000)]) {
         let (ctx, prune) = (ContextConfig::default(), PruneConfig::default());
         let counter = TokenCounter::new();
-        let mut previous: Option<(Vec<Value>, [usize; 6])> = None;
+        let mut previous: Option<(Vec<Value>, [usize; 9])> = None;
         for n in 3..=m.len() {
             if role(&m[n - 1]) != "tool" {
                 continue;

@@ -1,0 +1,226 @@
+//! When the agent last used each tool result: the newest later user or assistant message that names one of the
+//! result's code-like strings (`digest::code_strings`, a path also by its tail: `http/request.py` names
+//! `/repo/django/http/request.py`) or its call id (a recall asks for it by id). Clearing takes the least recently
+//! used results first, age breaking ties (see `stages`). Pure and deterministic.
+
+use super::digest::code_strings;
+use crate::message::{field, message_text, role, tool_calls};
+use rustc_hash::FxHashMap as HashMap;
+use serde_json::Value;
+
+/// A string found in more tool results than this names none of them in particular (a date, the user's id, the
+/// workspace's root): its mentions are no use of any.
+const MAX_HOLDERS: usize = 16;
+
+/// The uses of every tool result of one request.
+#[derive(Debug, Default)]
+pub struct Usage {
+    /// Result index → the indexes of the later messages using it, ascending.
+    uses: HashMap<usize, Vec<usize>>,
+    /// (message, result) for every use, ascending by message.
+    by_message: Vec<(usize, usize)>,
+}
+
+impl Usage {
+    /// Finds the uses of the tool results (role `tool`) among `msgs` (neutral).
+    pub fn new(msgs: &[Value]) -> Self {
+        let mut usage = Usage::default();
+        let texts: Vec<Option<String>> = msgs
+            .iter()
+            .map(|m| match role(m) {
+                "tool" | "user" | "assistant" => Some(message_text(m)),
+                _ => None,
+            })
+            .collect();
+        // string → the results holding it, ascending (each result once); call id → its results
+        let mut holders: HashMap<&str, Vec<usize>> = HashMap::default();
+        let mut ids: HashMap<&str, Vec<usize>> = HashMap::default();
+        for (i, (m, text)) in msgs.iter().zip(&texts).enumerate() {
+            let Some(text) = text else { continue };
+            if role(m) == "tool" {
+                for (_, s) in code_strings(text) {
+                    add(s, i, &mut holders);
+                    // a path is also named by its tail
+                    for (at, _) in s.match_indices('/') {
+                        let tail = &s[at + 1..];
+                        if tail.len() >= 3 && at > 0 {
+                            add(tail, i, &mut holders);
+                        }
+                    }
+                }
+                if let Some(id) = field(m, "tool_call_id").and_then(Value::as_str) {
+                    if !id.is_empty() {
+                        ids.entry(id).or_default().push(i);
+                    }
+                }
+                continue;
+            }
+            let mut used: Vec<usize> = code_strings(text)
+                .filter_map(|(_, s)| holders.get(s))
+                .filter(|h| h.len() <= MAX_HOLDERS)
+                .flatten()
+                .copied()
+                .collect();
+            // a call naming an earlier call's id in its arguments (a recall) uses its result
+            if !ids.is_empty() {
+                for call in tool_calls(m) {
+                    let args = field(call, "function")
+                        .and_then(|f| field(f, "arguments"))
+                        .and_then(Value::as_str);
+                    if let Some(Ok(v)) = args.map(serde_json::from_str::<Value>) {
+                        string_leaves(&v, &mut |s| {
+                            if let Some(r) = ids.get(s) {
+                                used.extend(r);
+                            }
+                        });
+                    }
+                }
+            }
+            used.sort_unstable();
+            used.dedup();
+            for r in used {
+                usage.uses.entry(r).or_default().push(i);
+                usage.by_message.push((i, r));
+            }
+        }
+        usage
+    }
+
+    /// The newest message before `before` that used result `i`; `i` itself when none did (its age).
+    pub fn last_use(&self, i: usize, before: usize) -> usize {
+        match self.uses.get(&i) {
+            Some(u) => {
+                let n = u.partition_point(|&m| m < before);
+                if n == 0 {
+                    i
+                } else {
+                    u[n - 1]
+                }
+            }
+            None => i,
+        }
+    }
+
+    /// The order clearing takes result `i` in, as of message `at` (uses before it): the least recently used
+    /// first, the oldest first among those last used at once.
+    pub fn key(&self, i: usize, at: usize) -> (usize, usize) {
+        (self.last_use(i, at), i)
+    }
+
+    /// The results used by a message in `from..to`, each once, ascending.
+    pub fn used_in(&self, from: usize, to: usize) -> Vec<usize> {
+        let a = self.by_message.partition_point(|&(m, _)| m < from);
+        let b = self.by_message.partition_point(|&(m, _)| m < to);
+        let mut out: Vec<usize> = self.by_message[a..b].iter().map(|&(_, r)| r).collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Whether any result has a use.
+    pub fn is_empty(&self) -> bool {
+        self.by_message.is_empty()
+    }
+}
+
+/// Records that result `i` holds `s` (up to one past `MAX_HOLDERS` results: more are as good as all).
+fn add<'t>(s: &'t str, i: usize, holders: &mut HashMap<&'t str, Vec<usize>>) {
+    let h = holders.entry(s).or_default();
+    if h.last() != Some(&i) && h.len() <= MAX_HOLDERS {
+        h.push(i);
+    }
+}
+
+/// Calls `f` with every string value of `v`.
+fn string_leaves(v: &Value, f: &mut impl FnMut(&str)) {
+    match v {
+        Value::String(s) => f(s),
+        Value::Array(a) => a.iter().for_each(|x| string_leaves(x, f)),
+        Value::Object(o) => o.values().for_each(|x| string_leaves(x, f)),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn call(id: &str, args: &str) -> Value {
+        json!({"role":"assistant","content":null,"tool_calls":[{"id":id,"type":"function",
+            "function":{"name":"bash","arguments":args}}]})
+    }
+    fn tool(id: &str, content: &str) -> Value {
+        json!({"role":"tool","tool_call_id":id,"content":content})
+    }
+
+    fn conversation() -> Vec<Value> {
+        vec![
+            json!({"role":"user","content":"fix the bug"}),
+            call("c1", r#"{"cmd":"cat /repo/django/http/request.py"}"#),
+            tool("c1", "class HttpRequest:\n    def get_host(self): ..."),
+            call("c2", r#"{"cmd":"grep -n ImproperlyConfigured"}"#),
+            tool(
+                "c2",
+                "django/conf/settings.py:1088: raise ImproperlyConfigured",
+            ),
+            call("c3", r#"{"cmd":"ls"}"#),
+            tool("c3", "setup.py README.rst tests/test_request.py"),
+            // uses c2's line number, and c1 by a recall of its call id
+            call(
+                "c4",
+                r#"{"cmd":"sed -n 1080,1096p django/conf/settings.py"}"#,
+            ),
+            tool("c4", "1088 raise"),
+            call("c5", r#"{"call_id":"c1"}"#),
+            tool("c5", "recalled"),
+            json!({"role":"assistant","content":"edit HttpRequest in tests/test_request.py"}),
+        ]
+    }
+
+    #[test]
+    fn a_result_is_used_by_later_messages_naming_its_strings_or_its_call_id() {
+        let msgs = conversation();
+        let u = Usage::new(&msgs);
+        // c2's output names django/conf/settings.py: used at 7
+        assert_eq!(u.last_use(4, msgs.len()), 7);
+        // c1's call id (a recall, `c1` is no code-like string but the id is indexed) — and `HttpRequest` at 11
+        assert_eq!(u.last_use(2, msgs.len()), 11);
+        assert_eq!(u.last_use(2, 11), 9, "before 11: the recall at 9");
+        assert_eq!(u.last_use(2, 9), 2, "before 9 it was not used");
+        // c3 named tests/test_request.py: used at 11
+        assert_eq!(u.last_use(6, msgs.len()), 11);
+        // unused: its own age
+        assert_eq!(u.last_use(10, msgs.len()), 10);
+        assert_eq!(u.key(10, msgs.len()), (10, 10));
+        assert_eq!(u.used_in(7, 8), vec![4]);
+        assert_eq!(u.used_in(0, msgs.len()), vec![2, 4, 6]);
+        assert_eq!(u.used_in(9, 10), vec![2], "the recall");
+    }
+
+    #[test]
+    fn a_path_is_used_by_its_tail_and_a_common_string_by_no_one() {
+        let mut msgs = vec![json!({"role":"user","content":"go"})];
+        for k in 0..(MAX_HOLDERS + 2) {
+            msgs.push(call(&format!("x{k}"), "{}"));
+            msgs.push(tool(
+                &format!("x{k}"),
+                &format!("2024-05-15 omar_davis_3817 /repo/src/file_{k}.py"),
+            ));
+        }
+        msgs.push(json!({"role":"assistant","content":"omar_davis_3817 edits src/file_3.py"}));
+        let u = Usage::new(&msgs);
+        let last = msgs.len() - 1;
+        // file_3's result (index 2 + 2*3): used by its tail; the id shared by every result: by none
+        assert_eq!(u.last_use(8, msgs.len()), last);
+        assert_eq!(u.used_in(last, msgs.len()), vec![8]);
+    }
+
+    #[test]
+    fn uses_are_deterministic() {
+        let msgs = conversation();
+        let (a, b) = (Usage::new(&msgs), Usage::new(&msgs));
+        assert_eq!(a.by_message, b.by_message);
+    }
+}
