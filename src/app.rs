@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::broadcast;
 use tokio_util::task::TaskTracker;
 
+mod prices;
 mod routes;
+pub use prices::{Billed, Money, Prices, Rates};
 pub use routes::{Routed, Routes};
 
 /// A finished chat turn, as seen by the tap (for recording, metrics and tests).
@@ -42,6 +44,8 @@ pub struct Live {
     pub summarizer: Option<Arc<Summarizer>>,
     /// Which upstream each model's conversation requests go to (`[upstreams]`, `[models] upstream`).
     pub routes: Routes,
+    /// Each model's price (`[models] price` over the built-in list prices), memoised per model name.
+    pub prices: Prices,
 }
 
 impl Live {
@@ -57,11 +61,14 @@ impl Live {
             .map_err(|e| GatewayError::Internal(format!("the model table is broken: {e}")))?;
         let summarizer = Summarizer::from_config(&config, metrics.clone())?.map(Arc::new);
         let routes = Routes::build(&config, upstream, metrics, previous.map(|p| &p.routes))?;
+        let prices = Prices::new(&config.models)
+            .map_err(|e| GatewayError::Internal(format!("the model table is broken: {e}")))?;
         Ok(Live {
             config: Arc::new(config),
             models,
             summarizer,
             routes,
+            prices,
         })
     }
 }

@@ -37,7 +37,7 @@ pub use env::ENV_PREFIX;
 pub use hooks::HooksConfig;
 pub use kinds::{TokenAmount, ToolSelection};
 pub use metrics::MetricsConfig;
-pub use models::ModelEntry;
+pub use models::{ModelEntry, Price};
 pub use otel::OtelConfig;
 pub use prune::PruneConfig;
 pub use recall::RecallConfig;

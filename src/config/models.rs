@@ -16,6 +16,32 @@ pub struct ModelEntry {
     /// model and sets one, else the default `[upstream]` (chat completions, Responses) or `[anthropic]` (Messages).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<String>,
+    /// The model's list price in US dollars per million tokens, for `ctxgate_spend_dollars_total`,
+    /// `ctxgate_saved_dollars_total` and each session's cost: `{ input = 2.5, cached_input = 0.25,
+    /// cache_write = 3.125, output = 10.0 }`. Any key may be left out: `input` and `output` then count 0,
+    /// `cached_input` and `cache_write` the `input` price. Unset: the next entry that matches the model and sets one
+    /// (the built-in table has list prices of well-known models), else the model is not priced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<Price>,
+}
+
+/// `[models."<pattern>"] price`: US dollars per million tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    /// Uncached input (prompt) tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<f64>,
+    /// Input tokens read from the provider's prompt cache (unset: the `input` price).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input: Option<f64>,
+    /// Input tokens written to the provider's prompt cache (Anthropic's `cache_creation_input_tokens`; unset: the
+    /// `input` price).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write: Option<f64>,
+    /// Output (completion) tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<f64>,
 }
 
 impl ModelEntry {
@@ -38,6 +64,22 @@ pub fn problems(models: &BTreeMap<String, ModelEntry>, e: &mut Vec<String>) {
             e.push(format!(
                 "models.\"{pattern}\".context_window: must be at least 256 tokens"
             ));
+        }
+        if let Some(p) = &m.price {
+            let keys = [
+                ("input", p.input),
+                ("cached_input", p.cached_input),
+                ("cache_write", p.cache_write),
+                ("output", p.output),
+            ];
+            for (key, v) in keys {
+                if v.is_some_and(|v| !v.is_finite() || v < 0.0) {
+                    e.push(format!(
+                        "models.\"{pattern}\".price.{key}: must be a non-negative number of US dollars per \
+                         million tokens"
+                    ));
+                }
+            }
         }
     }
 }

@@ -102,6 +102,12 @@ pub fn usage_cached_tokens(u: &Value) -> Option<u64> {
         .and_then(Value::as_u64)
 }
 
+/// The prompt tokens a `usage` object reports as written to the provider's prompt cache: Anthropic's
+/// `cache_creation_input_tokens` (OpenAI's APIs report none).
+pub fn usage_cache_write_tokens(u: &Value) -> Option<u64> {
+    u.get("cache_creation_input_tokens").and_then(Value::as_u64)
+}
+
 impl AssembledReply {
     /// What the answer tells its trace span: `usage` this round's usage (the reply's own when `None`).
     pub fn answer<'a>(&'a self, usage: Option<&'a Value>) -> crate::otel::spans::Answer<'a> {
@@ -142,6 +148,22 @@ impl AssembledReply {
     /// ([`usage_cached_tokens`]); `None` when the upstream reported none.
     pub fn upstream_cached_tokens(&self) -> Option<u64> {
         self.upstream_sum(usage_cached_tokens)
+    }
+
+    /// Of [`Self::upstream_prompt_tokens`], those written to the provider's prompt cache
+    /// ([`usage_cache_write_tokens`]); `None` when the upstream reported none.
+    pub fn upstream_cache_write_tokens(&self) -> Option<u64> {
+        self.upstream_sum(usage_cache_write_tokens)
+    }
+
+    /// The output tokens of every upstream answer behind the reply (each recall round's); `None` when the
+    /// upstream reported none.
+    pub fn upstream_completion_tokens(&self) -> Option<u64> {
+        self.upstream_sum(|u| {
+            u.get("completion_tokens")
+                .or_else(|| u.get("output_tokens"))
+                .and_then(Value::as_u64)
+        })
     }
 
     fn upstream_sum(&self, of: fn(&Value) -> Option<u64>) -> Option<u64> {

@@ -13,8 +13,8 @@ use super::series::{self, Series};
 use super::LATENCY_BUCKETS;
 use prometheus::core::Collector;
 use prometheus::{
-    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry,
+    CounterVec, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 /// The values of the labels shared by several families, in the order their series are resolved in.
@@ -268,7 +268,24 @@ pub(super) fn tokens(r: &Registry) -> prometheus::Result<TokenFamilies> {
             SAVED_TOKENS_TOTAL,
             "Prompt tokens removed by rewriting (estimated tokens before minus after).",
         )?,
+        spend_dollars: dollars(
+            r,
+            SPEND_DOLLARS_TOTAL,
+            "US dollars the upstream's answers cost: the usage each reported at the model's [models] price (uncached input, cache reads, cache writes, output).",
+        )?,
+        saved_dollars: dollars(
+            r,
+            SAVED_DOLLARS_TOTAL,
+            "US dollars rewriting saved: prompt tokens removed by rewriting at the turn's input price per token (its input spend over its prompt tokens).",
+        )?,
     })
+}
+
+fn dollars(r: &Registry, name: &str, help: &str) -> prometheus::Result<CounterVec> {
+    register(
+        r,
+        CounterVec::new(Opts::new(name, help), &["model", "dialect"])?,
+    )
 }
 
 pub(super) fn calibration(r: &Registry) -> prometheus::Result<GaugeVec> {

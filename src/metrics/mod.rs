@@ -333,6 +333,19 @@ impl Metrics {
         });
     }
 
+    /// Adds a finished conversation turn's money (a priced model's) to its model's counters.
+    pub fn money(&self, model: &str, dialect: impl Into<DialectLabel>, spent: f64, saved: f64) {
+        let di = dialect.into().idx();
+        self.models.with(model, |s| {
+            if let Some(c) = s.spend_dollars.get(di).and_then(Option::as_ref) {
+                c.inc_by(spent.max(0.0));
+            }
+            if let Some(c) = s.saved_dollars.get(di).and_then(Option::as_ref) {
+                c.inc_by(saved.max(0.0));
+            }
+        });
+    }
+
     /// Counts a rewrite (or a refusal) and the tokens it removed.
     pub fn rewrite(
         &self,

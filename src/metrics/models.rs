@@ -4,7 +4,7 @@
 
 use super::labels::DialectLabel;
 use parking_lot::{Mutex, RwLock};
-use prometheus::{IntCounter, IntCounterVec};
+use prometheus::{Counter, CounterVec, IntCounter, IntCounterVec};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -29,6 +29,8 @@ pub(crate) struct ModelSeries {
     pub upstream_cached: Vec<Option<IntCounter>>,
     pub completion: Vec<Option<IntCounter>>,
     pub saved: Vec<Option<IntCounter>>,
+    pub spend_dollars: Vec<Option<Counter>>,
+    pub saved_dollars: Vec<Option<Counter>>,
 }
 
 /// The per-model counter families (labels `model`, `dialect`).
@@ -38,6 +40,8 @@ pub(crate) struct TokenFamilies {
     pub upstream_cached: IntCounterVec,
     pub completion: IntCounterVec,
     pub saved: IntCounterVec,
+    pub spend_dollars: CounterVec,
+    pub saved_dollars: CounterVec,
 }
 
 pub(crate) struct ModelLabels {
@@ -113,12 +117,23 @@ fn series(f: &TokenFamilies, label: Arc<str>) -> ModelSeries {
             })
             .collect()
     };
+    let dollars = |family: &CounterVec| {
+        DialectLabel::ALL
+            .iter()
+            .map(|d| {
+                (*d != DialectLabel::NoDialect)
+                    .then(|| family.with_label_values(&[&*label, d.as_str()]))
+            })
+            .collect()
+    };
     ModelSeries {
         client_prompt: per_dialect(&f.client_prompt),
         upstream_prompt: per_dialect(&f.upstream_prompt),
         upstream_cached: per_dialect(&f.upstream_cached),
         completion: per_dialect(&f.completion),
         saved: per_dialect(&f.saved),
+        spend_dollars: dollars(&f.spend_dollars),
+        saved_dollars: dollars(&f.saved_dollars),
         label,
     }
 }

@@ -35,6 +35,14 @@ pub const UPSTREAM_CACHED_TOKENS_TOTAL: &str = "ctxgate_upstream_cached_tokens_t
 pub const UPSTREAM_COMPLETION_TOKENS_TOTAL: &str = "ctxgate_upstream_completion_tokens_total";
 /// Counter: prompt tokens removed by rewriting, by `model`.
 pub const SAVED_TOKENS_TOTAL: &str = "ctxgate_saved_tokens_total";
+/// Counter: US dollars the upstream's answers cost, by `model` and `dialect`: the usage each reported (every recall
+/// round's) at the model's `[models] price` (uncached input, cache reads, cache writes, output). Unpriced models
+/// add nothing.
+pub const SPEND_DOLLARS_TOTAL: &str = "ctxgate_spend_dollars_total";
+/// Counter: US dollars rewriting saved, by `model` and `dialect`: the prompt tokens a rewrite removed
+/// (`ctxgate_saved_tokens_total`'s figure) at the turn's input price per token (its input spend over its prompt
+/// tokens, so the cached share the provider reported applies). See docs/how-it-works.md, "Money".
+pub const SAVED_DOLLARS_TOTAL: &str = "ctxgate_saved_dollars_total";
 /// Gauge: calibration of the token estimate (upstream count / estimate), by `model`.
 pub const TOKEN_ESTIMATE_RATIO: &str = "ctxgate_token_estimate_ratio";
 /// Counter: rewrites by `strategy` and `outcome`.
@@ -97,6 +105,8 @@ pub const ALL: &[&str] = &[
     UPSTREAM_CACHED_TOKENS_TOTAL,
     UPSTREAM_COMPLETION_TOKENS_TOTAL,
     SAVED_TOKENS_TOTAL,
+    SPEND_DOLLARS_TOTAL,
+    SAVED_DOLLARS_TOTAL,
     TOKEN_ESTIMATE_RATIO,
     REWRITES_TOTAL,
     SUMMARIZER_CALLS_TOTAL,

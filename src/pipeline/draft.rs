@@ -2,6 +2,7 @@
 //! planned so that its segments are worked out while the upstream answers.
 
 use super::{turn_record, Exchange, Outgoing};
+use crate::app::Money;
 use crate::config::Strategy;
 use crate::dialect::Request as Parsed;
 use crate::relay::RelayOutcome;
@@ -111,6 +112,7 @@ impl TurnDraft {
                 recall_rounds: 0,
                 recall_calls: Vec::new(),
                 sent: Vec::new(),
+                dollars: None,
             },
             segments,
             calls: Arc::new(parking_lot::Mutex::new(Vec::new())),
@@ -118,9 +120,15 @@ impl TurnDraft {
     }
 
     /// The stored record, once the turn ended with `status` and `outcome`.
-    pub(super) async fn finish(self, status: u16, outcome: &RelayOutcome) -> String {
+    pub(super) async fn finish(
+        self,
+        status: u16,
+        outcome: &RelayOutcome,
+        money: Option<Money>,
+    ) -> String {
         let mut info = self.info;
         info.status = status;
+        info.dollars = money;
         info.tokens.upstream_prompt = outcome.reply.prompt_tokens();
         info.tokens.output = outcome.reply.completion_tokens();
         if !info.rewritten && info.tokens.client.is_none() {

@@ -1,7 +1,7 @@
 //! What the chat pipeline tells the metrics: rewrites, upstream failures, a finished turn's tokens. Translates the
 //! pipeline's own types into metric labels; the request timer (`metrics::RequestTimer`) records the rest.
 
-use crate::app::AppState;
+use crate::app::{AppState, Billed, Money, Rates};
 use crate::config::Strategy;
 use crate::context::CompressionRecord;
 use crate::dialect::Dialect;
@@ -86,6 +86,7 @@ pub(super) fn turn(
     status: http::StatusCode,
     planned: PlannedTokens,
     outcome: &RelayOutcome,
+    money: Option<Money>,
 ) {
     let m = &state.metrics;
     if let Some(class) = UpstreamErrorClass::of_status(status.as_u16()) {
@@ -113,4 +114,25 @@ pub(super) fn turn(
             completion: outcome.reply.completion_tokens(),
         },
     );
+    if let Some(money) = money {
+        m.money(model, dialect, money.spent, money.saved);
+    }
+}
+
+/// A turn's money at `rates`: the usage the upstream reported (every recall round's) and the `removed` prompt
+/// tokens of its rewrite; `None` when the upstream reported no usage.
+pub(super) fn money(rates: &Rates, outcome: &RelayOutcome, removed: u64) -> Option<Money> {
+    let reply = &outcome.reply;
+    let prompt = reply.upstream_prompt_tokens();
+    let output = reply.upstream_completion_tokens();
+    if prompt.is_none() && output.is_none() {
+        return None;
+    }
+    let billed = Billed {
+        prompt: prompt.unwrap_or(0),
+        cached: reply.upstream_cached_tokens().unwrap_or(0),
+        cache_write: reply.upstream_cache_write_tokens().unwrap_or(0),
+        output: output.unwrap_or(0),
+    };
+    Some(Money::of(rates, &billed, removed))
 }

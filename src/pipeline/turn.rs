@@ -6,7 +6,7 @@ use super::draft::TurnDraft;
 use super::forward::Sent;
 use super::records::{record_reply, record_round};
 use super::{measure, Exchange, Outgoing};
-use crate::app::{AppState, TurnEvent};
+use crate::app::{AppState, Rates, TurnEvent};
 use crate::context::tokens::{Encoding, TokenCounter};
 use crate::dialect::{Dialect, Request as Parsed};
 use crate::metrics::RequestTimer;
@@ -42,6 +42,9 @@ pub(super) struct Turn {
     request: Arc<Parsed>,
     /// The upstream round's span, ended with the answer (traced requests answered in one round).
     upstream_trace: Option<UpstreamTrace>,
+    /// The model's price (`None`: not priced) and the prompt tokens the rewrite removed, for the turn's money.
+    rates: Option<Rates>,
+    removed: u64,
 }
 
 /// What the access-log line says of a turn beyond the exchange: the rewrite, the tokens and the recall rounds.
@@ -111,6 +114,10 @@ impl Turn {
             draft,
             request: Arc::clone(request),
             upstream_trace: sent.trace.take(),
+            rates: ex.live.prices.rates(&request.model),
+            removed: outgoing.rewrite.as_ref().map_or(0, |r| {
+                r.record.tokens_before.saturating_sub(r.record.tokens_after)
+            }),
         }
     }
 
@@ -144,9 +151,13 @@ impl Turn {
                         t.first_byte(at);
                     }
                 }
+                let money = self
+                    .rates
+                    .filter(|_| self.status.is_success())
+                    .and_then(|r| measure::money(&r, &outcome, self.removed));
                 if let Some(mark) = &self.mark {
                     let turn = match self.draft {
-                        Some(d) => Some(d.finish(self.status.as_u16(), &outcome).await),
+                        Some(d) => Some(d.finish(self.status.as_u16(), &outcome, money).await),
                         None => None,
                     };
                     record_reply(state, self.dialect, mark, self.status, &outcome, turn).await;
@@ -172,6 +183,7 @@ impl Turn {
                     self.status,
                     self.planned,
                     &outcome,
+                    money,
                 );
                 let logged = Logged {
                     dialect: self.dialect,

@@ -2,6 +2,7 @@
 //! position on the path to the turn's head node) and, literally, only the elements a rewrite changed or added —
 //! with the turn's tokens, strategy, cut points and recall calls. Read back by `session::turns`.
 
+use crate::app::Money;
 use crate::context::shape::{CLEARED_INPUT_KEY, PINNED_MARKER, PLACEHOLDER_PREFIX};
 use crate::recall::{DROPPED_PREFIX, NOTE_PREFIX};
 use crate::summary::prompt::SUMMARY_PREFIX;
@@ -188,6 +189,10 @@ pub struct TurnInfo {
     pub recall_calls: Vec<Value>,
     /// What was sent (filled when the turn ends).
     pub sent: Vec<Segment>,
+    /// What the turn cost and what its rewrite saved, in US dollars (a priced model's answered turns only; see
+    /// `app::Money`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dollars: Option<Money>,
 }
 
 /// A turn's token counts.
@@ -323,6 +328,7 @@ mod tests {
             recall_rounds: 0,
             recall_calls: vec![],
             sent: segments(&sent, &native),
+            dollars: None,
         }))
         .unwrap();
         assert_eq!(

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -177,10 +177,28 @@ async fn list(
         None => state.sessions.list(limit, offset).await,
     }
     .map_err(|e| store_error(&state, e))?;
+    let mut shown = Vec::with_capacity(sessions.len());
+    for meta in sessions {
+        let dollars = state
+            .sessions
+            .dollars(&meta.id)
+            .await
+            .map_err(|e| store_error(&state, e))?;
+        shown.push(with_dollars(json!(meta), dollars));
+    }
     Ok(
-        Json(json!({"sessions": sessions, "total": total, "limit": limit, "offset": offset}))
+        Json(json!({"sessions": shown, "total": total, "limit": limit, "offset": offset}))
             .into_response(),
     )
+}
+
+/// A session's JSON with what its turns cost and saved (`spent_dollars`, `saved_dollars`).
+fn with_dollars(mut session: Value, d: crate::session::turns::Dollars) -> Value {
+    if let Some(o) = session.as_object_mut() {
+        o.insert("spent_dollars".into(), json!(d.spent));
+        o.insert("saved_dollars".into(), json!(d.saved));
+    }
+    session
 }
 
 /// History messages per page of `GET /admin/sessions/{id}` unless `limit` says otherwise.
@@ -214,7 +232,14 @@ async fn show(
         .await
         .map_err(|e| store_error(&state, e))?
     {
-        Some(v) => Ok(Json(v).into_response()),
+        Some(v) => {
+            let dollars = state
+                .sessions
+                .dollars(&id)
+                .await
+                .map_err(|e| store_error(&state, e))?;
+            Ok(Json(with_dollars(json!(v), dollars)).into_response())
+        }
         None => Err(not_found(&id)),
     }
 }

@@ -67,6 +67,41 @@ impl Sessions {
     }
 }
 
+/// What a session's turns cost and saved, in US dollars: the sums of their records' `dollars` (turns of a priced
+/// model; see `app::Money`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Dollars {
+    pub spent: f64,
+    pub saved: f64,
+}
+
+/// Turn records read per store call when summing a session's dollars.
+const DOLLARS_PAGE: u32 = 500;
+
+impl Sessions {
+    /// What session `id`'s turns cost and saved, summed from every stored turn record (an admin read, not for the
+    /// request path).
+    pub async fn dollars(&self, id: &str) -> Result<Dollars, StoreError> {
+        let mut sum = Dollars::default();
+        let mut at = 0u64;
+        loop {
+            let (rows, total) = self.stored_turns(id, at, DOLLARS_PAGE).await?;
+            for row in &rows {
+                let Ok(turn) = serde_json::from_str::<Value>(row) else {
+                    continue;
+                };
+                let of = |k: &str| turn.pointer(k).and_then(Value::as_f64).unwrap_or(0.0);
+                sum.spent += of("/dollars/spent");
+                sum.saved += of("/dollars/saved");
+            }
+            at += rows.len() as u64;
+            if rows.is_empty() || at >= total {
+                return Ok(sum);
+            }
+        }
+    }
+}
+
 /// One stored turn (its JSON text) as the admin API shows it, numbered `number`, resolved against `tree`.
 pub fn show_turn(session: &str, stored: &str, number: u64, tree: &Tree) -> Value {
     let stored: Value = serde_json::from_str(stored).unwrap_or(Value::Null);

@@ -69,6 +69,11 @@ const when = (secs) => (secs ? new Date(secs * 1000).toISOString().replace("T", 
 
 // --- sessions ------------------------------------------------------------------------------------------------
 
+// US dollars, as the admin API sums them from the turns of priced models ([models] price).
+function dollars(n) {
+  return typeof n === "number" ? "$" + n.toFixed(n > 0 && n < 0.01 ? 4 : 2) : "";
+}
+
 async function loadList() {
   const q = state.q ? "&q=" + encodeURIComponent(state.q) : "";
   const v = await api(`/admin/sessions?limit=${PAGE}&offset=${state.offset}${q}`);
@@ -79,7 +84,8 @@ async function loadList() {
     const href = "#/s/" + encodeURIComponent(s.id);
     const tr = el("tr", { class: "session", dataset: { id: s.id } },
       el("td", { class: "id" }, el("a", { href }, s.id)), el("td", {}, s.dialect), el("td", {}, s.message_count),
-      el("td", { title: ESTIMATED_WHY }, s.token_estimate), el("td", {}, when(s.last_active)),
+      el("td", { title: ESTIMATED_WHY }, s.token_estimate), el("td", { class: "spent" }, dollars(s.spent_dollars)),
+      el("td", { class: "saved" }, dollars(s.saved_dollars)), el("td", {}, when(s.last_active)),
       el("td", {}, s.strategy || ""));
     tr.addEventListener("click", (ev) => {
       if (ev.target.closest("a") || ev.ctrlKey || ev.metaKey || ev.shiftKey || ev.button !== 0) return;
@@ -181,6 +187,7 @@ async function openSession(id) {
   $("session-id").textContent = s.id;
   $("session-meta").textContent = `${s.dialect} · ${s.message_count} messages stored · ` +
     `~${s.token_estimate} tokens (estimated from the history's size) · ` +
+    `spent ${dollars(s.spent_dollars)} · saved ${dollars(s.saved_dollars)} · ` +
     `created ${when(s.created_at)} · last active ${when(s.last_active)}`;
   $("session-meta").title = ESTIMATED_WHY;
   $("strategy").value = s.strategy || "";

@@ -126,6 +126,8 @@ def test_the_inspector_shows_what_each_turn_sent(inspector: str):
         page.wait_for_selector("tr.turn[data-turn='3']")
         assert page.text_content("#session-id") == sid
         assert "(estimated from the history's size)" in page.text_content("#session-meta")
+        # Its money, summed by the admin API from its turns (the mock model is unpriced: nothing spent).
+        assert "spent $0.00 · saved $0.00" in page.text_content("#session-meta")
         expect(page.locator("tr.turn[data-turn='0']")).to_have_count(0)
 
         # Turn 2 (offset 1 in the admin API): the cleared results are marked, on both sides.
