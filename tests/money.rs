@@ -225,7 +225,9 @@ fn check_config_validates_prices() {
     // the shipped table passes the same checks
     let shipped = ctxgate::context::models::ModelTable::shipped().unwrap();
     assert!(shipped.values().filter(|m| m.price.is_some()).count() > 20);
-    let mut c = Config::default();
-    c.models = shipped;
+    let c = Config {
+        models: shipped,
+        ..Config::default()
+    };
     c.validate().unwrap();
 }
