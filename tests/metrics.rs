@@ -125,6 +125,21 @@ fn config(mock: &MockUpstream) -> Config {
             ..Default::default()
         },
     );
+    // `fb-small` falls back to `fb-large` (MODEL has no fallback: it is truncated or refused as before)
+    c.context.on_overflow = ctxgate::config::OnOverflow::Fallback;
+    for (name, window, fallback) in [
+        ("fb-small", 1_000, Some("fb-large")),
+        ("fb-large", 8_000, None),
+    ] {
+        c.models.insert(
+            name.into(),
+            ModelEntry {
+                context_window: Some(window),
+                fallback: fallback.map(str::to_string),
+                ..Default::default()
+            },
+        );
+    }
     c
 }
 
@@ -240,6 +255,11 @@ async fn script(h: &Harness) {
     assert_eq!(resp.status(), 200);
     let text = resp.text().await.unwrap();
     assert!(text.contains("event: message_stop"), "{text}");
+    // over its model's window: sent to the model's fallback
+    let over =
+        json!({"model":"fb-small","messages":[{"role":"user","content":"word ".repeat(1_500)}]});
+    let (s, _) = chat(h, "fallback", over.to_string()).await;
+    assert_eq!(s, 200);
     // admin (loopback, no token)
     assert_eq!(get(h, "/admin/sessions").await, 200);
     assert_eq!(get(h, "/admin/sessions/nope").await, 404);
@@ -265,8 +285,8 @@ async fn scripted_traffic_moves_every_family() {
     // traffic
     assert_eq!(
         req("chat", "2xx", "false"),
-        3.0,
-        "plain, counted, rewritten"
+        4.0,
+        "plain, counted, rewritten, fallen back"
     );
     assert_eq!(req("chat", "2xx", "true"), 1.0);
     assert_eq!(req("chat", "4xx", "false"), 2.0, "refused and invalid");
@@ -315,7 +335,7 @@ async fn scripted_traffic_moves_every_family() {
         ),
         0.0
     );
-    // latency: every chat request has a duration; the five that went upstream an upstream wait and an overhead
+    // latency: every chat request has a duration; the six that went upstream an upstream wait and an overhead
     let count = |name: &str, route| {
         let dialect = if route == "chat" { "chat" } else { "none" };
         sum(
@@ -324,9 +344,18 @@ async fn scripted_traffic_moves_every_family() {
             &[("route", route), ("dialect", dialect)],
         )
     };
-    assert_eq!(count(names::REQUEST_DURATION_SECONDS, "chat"), 7.0);
-    assert_eq!(count(names::UPSTREAM_DURATION_SECONDS, "chat"), 5.0);
-    assert_eq!(count(names::OVERHEAD_SECONDS, "chat"), 5.0);
+    assert_eq!(count(names::REQUEST_DURATION_SECONDS, "chat"), 8.0);
+    assert_eq!(count(names::UPSTREAM_DURATION_SECONDS, "chat"), 6.0);
+    assert_eq!(count(names::OVERHEAD_SECONDS, "chat"), 6.0);
+    // the request over `fb-small`'s window went to `fb-large`
+    assert_eq!(
+        sum(
+            &m,
+            names::FALLBACKS_TOTAL,
+            &[("model", "fb-small"), ("fallback", "fb-large")]
+        ),
+        1.0
+    );
     assert_eq!(count(names::OVERHEAD_SECONDS, "passthrough"), 2.0);
     assert_eq!(count(names::REQUEST_DURATION_SECONDS, "admin"), 2.0);
     let overhead = sum(
@@ -504,8 +533,11 @@ async fn scripted_traffic_moves_every_family() {
         .iter()
         .filter_map(|s| s.labels.get("model").map(String::as_str))
         .collect();
-    // the Anthropic request's model under its shipped family entry
-    assert_eq!(models, BTreeSet::from([LABEL, "claude-sonnet-4*", "other"]));
+    // the Anthropic request's model under its shipped family entry; the fallback's two configured models
+    assert_eq!(
+        models,
+        BTreeSet::from([LABEL, "claude-sonnet-4*", "fb-large", "fb-small", "other"])
+    );
     // traffic created no series that cannot occur
     assert_only_possible(&m);
 }

@@ -34,7 +34,10 @@ pub struct ContextConfig {
     /// kept; the drop is named in `x-ctxgate-rewrite`, a warning log line and the turn's record, and the model is
     /// told and offered the recall tools to search what left), `refuse` answers `400 context_length_exceeded` in
     /// the API's own error shape and sends nothing upstream, as the provider would have (for clients that manage
-    /// their context themselves, such as aider, which then asks its user to drop files).
+    /// their context themselves, such as aider, which then asks its user to drop files), `fallback` sends it to
+    /// the model's `[models."<pattern>"] fallback` (a larger window) and that model's upstream — whole if it fits
+    /// there, else rewritten to that window, a chain followed while it still does not fit — and says so in
+    /// `x-ctxgate-fallback`; a model without a fallback is truncated, as with `truncate`.
     pub on_overflow: OnOverflow,
 }
 
@@ -46,6 +49,8 @@ pub enum OnOverflow {
     Truncate,
     /// Refuse with `400 context_length_exceeded`; nothing is sent upstream.
     Refuse,
+    /// Send it to the model's `[models] fallback` (a larger window) instead; truncate where none is set.
+    Fallback,
 }
 
 impl OnOverflow {
@@ -54,6 +59,7 @@ impl OnOverflow {
         match self {
             OnOverflow::Truncate => "truncate",
             OnOverflow::Refuse => "refuse",
+            OnOverflow::Fallback => "fallback",
         }
     }
 }

@@ -11,6 +11,7 @@ mod checks;
 mod context;
 mod duration;
 mod env;
+pub mod fallbacks;
 mod hooks;
 mod kinds;
 mod load;
@@ -138,6 +139,7 @@ impl Config {
         self.summary.problems(&mut e);
         models::problems(&self.models, &mut e);
         upstreams::problems(&self.upstreams, &self.models, &mut e);
+        fallbacks::problems(&self.models, &mut e);
         self.hooks.problems(&mut e);
         self.otel.problems(&mut e);
         e
@@ -177,6 +179,13 @@ impl Config {
                     .map(|w| (format!("models.\"{p}\".context_window"), w))
             }),
         );
+        let fallback = (self.context.on_overflow == OnOverflow::Fallback
+            && !fallbacks::any(&self.models))
+        .then(|| {
+            "context.on_overflow = \"fallback\" but no [models] entry sets a fallback: every request that would \
+             lose whole messages is truncated, as with \"truncate\""
+                .to_string()
+        });
         windows
             .filter_map(|(key, window)| {
                 let target = (window as f64 * self.context.target) as u64;
@@ -190,6 +199,7 @@ impl Config {
                     )
                 })
             })
+            .chain(fallback)
             .collect()
     }
 

@@ -16,6 +16,13 @@ pub struct ModelEntry {
     /// model and sets one, else the default `[upstream]` (chat completions, Responses) or `[anthropic]` (Messages).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<String>,
+    /// The model a request goes to when it cannot fit this model's window under `context.on_overflow =
+    /// "fallback"` (it would lose whole messages to the hard limit): a model of the table with a larger window,
+    /// which may have its own fallback (the chain is followed while the request still does not fit). The request
+    /// goes with its `model` replaced, to the fallback's upstream. Unset: the next entry that matches the model and
+    /// sets one, else none (such a request is then truncated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
     /// The model's list price in US dollars per million tokens, for `ctxgate_spend_dollars_total`,
     /// `ctxgate_saved_dollars_total` and each session's cost: `{ input = 2.5, cached_input = 0.25,
     /// cache_write = 3.125, output = 10.0 }`. Any key may be left out: `input` and `output` then count 0,

@@ -160,7 +160,11 @@ pub fn plan_cuts<'a>(
         precompute_at: cfg.summary.precompute_at,
         strict_roles: req.strict_roles,
     };
-    let refuse = cfg.context.on_overflow == OnOverflow::Refuse;
+    // Falling back takes what refusing would refuse (the pipeline then plans it for the fallback model).
+    let refuse = matches!(
+        cfg.context.on_overflow,
+        OnOverflow::Refuse | OnOverflow::Fallback
+    );
     let mut planned = plan(&input, &cfg.context, &cfg.prune, counter);
     let mut ctx = cfg.context.clone();
     // A request that would be forwarded with the tools offered, but that they would take past the hard limit: cut

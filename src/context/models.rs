@@ -211,34 +211,7 @@ impl ModelTable {
     }
 }
 
-/// Whether `name` matches `pattern`, where `*` matches any run of characters and `?` exactly one. Iterative,
-/// backtracking only to the last `*`: O(pattern × name) at worst, no recursion. Case-sensitive (callers lowercase).
-pub fn glob_match(pattern: &str, name: &str) -> bool {
-    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
-    let (mut pi, mut ni) = (0, 0);
-    let mut star: Option<(usize, usize)> = None; // (pattern index after the last `*`, name index it resumes at)
-    while ni < n.len() {
-        match p.get(pi) {
-            Some('*') => {
-                pi += 1;
-                star = Some((pi, ni));
-            }
-            Some(&c) if c == '?' || c == n[ni] => {
-                pi += 1;
-                ni += 1;
-            }
-            _ => match star {
-                Some((sp, sn)) => {
-                    pi = sp;
-                    ni = sn + 1;
-                    star = Some((sp, sn + 1));
-                }
-                None => return false,
-            },
-        }
-    }
-    p[pi..].iter().all(|&c| c == '*')
-}
+pub use crate::config::fallbacks::glob_match;
 
 #[cfg(test)]
 mod tests {

@@ -83,6 +83,8 @@ pub struct Metrics {
     upstream_errors: Series<IntCounter>,
     /// upstream × dialect × outcome: the upstream's name is the operator's (bounded by the config).
     upstream_requests: IntCounterVec,
+    /// model × fallback: both allowlisted model labels.
+    fallbacks: IntCounterVec,
 }
 
 /// The position of a series in a list resolved by [`resolve`]: `dims` are (value index, value count) per label,
@@ -177,6 +179,12 @@ impl Metrics {
                 UPSTREAM_REQUESTS_TOTAL,
                 "Conversation requests sent upstream (first round), by upstream (default: [upstream], anthropic: [anthropic], else the [upstreams.<name>]), dialect and outcome (answered, 4xx, 5xx, unreachable, timeout).",
                 &["upstream", "dialect", "outcome"],
+            )?,
+            fallbacks: counters(
+                &r,
+                FALLBACKS_TOTAL,
+                "Requests sent to their model's fallback (context.on_overflow = fallback), by model and the fallback that answered.",
+                &["model", "fallback"],
             )?,
             registry: r,
         })
@@ -297,6 +305,14 @@ impl Metrics {
                 })
                 .collect(),
         )
+    }
+
+    /// Counts a request sent to `fallback` instead of `model` (both exported under their allowlisted labels).
+    pub fn fallback(&self, model: &str, fallback: &str) {
+        let (model, fallback) = (self.models.label(model), self.models.label(fallback));
+        self.fallbacks
+            .with_label_values(&[&*model, &*fallback])
+            .inc();
     }
 
     /// Adds a finished conversation turn's tokens to its model's counters.

@@ -77,6 +77,9 @@ pub const UPSTREAM_ERRORS_TOTAL: &str = "ctxgate_upstream_errors_total";
 /// Counter: conversation requests sent upstream (first round), by `upstream` (its name: `default`, `anthropic`,
 /// or an `[upstreams.<name>]`), `dialect` and `outcome` (answered, 4xx, 5xx, unreachable, timeout).
 pub const UPSTREAM_REQUESTS_TOTAL: &str = "ctxgate_upstream_requests_total";
+/// Counter: requests sent to their model's fallback (`context.on_overflow = "fallback"`), by `model` and
+/// `fallback` (the model that answered), both model labels.
+pub const FALLBACKS_TOTAL: &str = "ctxgate_fallbacks_total";
 /// Counter: config reloads (SIGHUP, `POST /admin/config/reload`) by `outcome` (applied, rejected).
 pub const CONFIG_RELOADS_TOTAL: &str = "ctxgate_config_reloads_total";
 /// Counter: idle-session webhook attempts by `outcome` (delivered, retried, failed).
@@ -123,5 +126,6 @@ pub const ALL: &[&str] = &[
     STORE_CIRCUIT_OPEN,
     UPSTREAM_ERRORS_TOTAL,
     UPSTREAM_REQUESTS_TOTAL,
+    FALLBACKS_TOTAL,
     BUILD_INFO,
 ];

@@ -29,6 +29,7 @@ fn every_name_is_exported_with_help() {
     drop(m.store_metrics(StoreBackend::Memory));
     m.upstream_counts("default", DialectLabel::Chat)
         .count(UpstreamOutcome::Answered);
+    m.fallback("gpt-4o", "gpt-4.1");
     let _ = m.store_metrics(StoreBackend::Sqlite);
     let text = m.render();
     for name in names::ALL {

@@ -68,7 +68,7 @@ pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
         None => strategy,
     };
     // A request ctxgate would refuse is counted whole: its true size is what tells the client to compact.
-    let body = match plan_request(
+    let (body, target) = match plan_request(
         &state,
         &live,
         strategy,
@@ -82,8 +82,17 @@ pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
     )
     .await
     {
-        Ok(outgoing) => outgoing.body,
-        Err(_) => request.raw.clone(),
+        // Fallen back: counted by the fallback model's upstream, as its turn would go.
+        Ok(outgoing) => match outgoing
+            .fallback
+            .as_deref()
+            .map(|m| live.routes.resolve(m, dialect))
+        {
+            None => (outgoing.body, target),
+            Some(Ok(r)) => (outgoing.body, r.target.clone()),
+            Some(Err(_)) => (request.raw.clone(), target),
+        },
+        Err(_) => (request.raw.clone(), target),
     };
     let url = target.url("messages/count_tokens", parts.uri.query());
     let mut headers = target.request_headers(&parts.headers, true);

@@ -91,6 +91,7 @@ impl TurnDraft {
             info: turn_record::TurnInfo {
                 at: now_secs(),
                 model: request.model.clone(),
+                fallback: outgoing.fallback.clone(),
                 dialect: request.dialect.as_str(),
                 stream: request.stream,
                 status: 0,

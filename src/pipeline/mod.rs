@@ -43,6 +43,9 @@ use std::time::Instant;
 pub const SESSION_HEADER: &str = "x-ctxgate-session";
 /// The response header saying what a rewrite did: `<stages>; tokens=<client>-><sent>`.
 pub const REWRITE_HEADER: &str = "x-ctxgate-rewrite";
+/// The response header naming the model a request went to instead of its own (`context.on_overflow =
+/// "fallback"`).
+pub const FALLBACK_HEADER: &str = "x-ctxgate-fallback";
 /// The response header counting the recall rounds ctxgate answered (answers whose head follows the rounds: JSON).
 pub const RECALL_HEADER: &str = "x-ctxgate-recall";
 
@@ -108,6 +111,13 @@ async fn handle(
         Ok(o) => o,
         Err(e) => return ex.fail(e, None),
     };
+    // Fallen back to a larger model: it goes to that model's upstream.
+    if let Some(model) = &outgoing.fallback {
+        match ex.live.routes.resolve(model, dialect) {
+            Ok(r) => ex.route = r,
+            Err(e) => return ex.fail(e, None),
+        }
+    }
     let draft = ex.draft(&outgoing);
     // 5. Forward.
     let sent = match ex.forward(&parts, &outgoing, timer).await {

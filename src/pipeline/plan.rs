@@ -2,7 +2,7 @@
 //! messages and offers the recall tools; otherwise the client's own bytes go upstream.
 
 use crate::app::{AppState, Live};
-use crate::config::Strategy;
+use crate::config::{fallbacks, Config, OnOverflow, Strategy};
 use crate::context::decide::{self, Decision};
 use crate::context::long_context::wants_1m;
 use crate::context::tokens::Encoding;
@@ -34,6 +34,9 @@ pub struct Outgoing {
     pub client_tokens: Option<u64>,
     /// The model's context window, as the plan used it.
     pub window: u64,
+    /// The model the request goes to instead of its own (`context.on_overflow = "fallback"`), whose name `body`
+    /// carries and whose upstream it goes to.
+    pub fallback: Option<String>,
 }
 
 impl Outgoing {
@@ -137,6 +140,7 @@ pub async fn plan_request(
         estimate,
         client_tokens,
         window: req.window,
+        fallback: None,
     };
     // A request whose history the upstream keeps (or that asks the upstream to compact it) goes as sent.
     if !request.managed() || decide::clearly_under(&req, cfg) {
@@ -202,11 +206,54 @@ pub async fn plan_request(
     let serialise = |b: &crate::context::RewrittenBody<'_>| request.dialect.render(request, b);
     let rendered = decide::render(&req, decision, (cfg, &offer), &state.counter, &serialise)
         .map_err(|e| GatewayError::Internal(format!("serialising the rewrite: {e}")))?;
+    // Over the window (or losing whole messages to the hard limit) under `on_overflow = "fallback"`: planned again
+    // for the model's fallback, its fallback's while it still does not fit; truncated where none is set.
+    let (rendered, window, fallback) = match rendered {
+        Decision::Reject { .. } if cfg.context.on_overflow == OnOverflow::Fallback => {
+            let ready = summarizer.map(|_| pairs(&ready));
+            let found = fall_back(
+                &req,
+                request,
+                (live, state, headers),
+                ready.as_deref(),
+                &offer,
+                &serialise,
+            )
+            .map_err(|e| GatewayError::Internal(format!("serialising the rewrite: {e}")))?;
+            match found {
+                Some((d, window, model)) => (d, window, Some(model)),
+                None => (
+                    truncated(&req, cfg, ready.as_deref(), &offer, state, &serialise).map_err(
+                        |e| GatewayError::Internal(format!("serialising the rewrite: {e}")),
+                    )?,
+                    req.window,
+                    None,
+                ),
+            }
+        }
+        other => (other, req.window, None),
+    };
+    let named = |body: Vec<u8>, close: usize| -> Result<(Vec<u8>, usize), GatewayError> {
+        match &fallback {
+            None => Ok((body, close)),
+            Some(model) => with_model(&body, model, close, request).ok_or_else(|| {
+                GatewayError::Internal("the request's model could not be replaced".into())
+            }),
+        }
+    };
     let rw = match rendered {
         Decision::Forward {
             estimate,
             client_tokens,
-        } => return Ok(forward(estimate, client_tokens)),
+        } => {
+            let mut out = forward(estimate, client_tokens);
+            if fallback.is_some() {
+                out.body = Bytes::from(named(request.raw.to_vec(), 0)?.0);
+                out.window = window;
+                out.fallback = fallback;
+            }
+            return Ok(out);
+        }
         Decision::Reject {
             tokens,
             limit,
@@ -237,18 +284,144 @@ pub async fn plan_request(
         }
         Decision::Rewrite(rw) => *rw,
     };
+    let (body, messages_close) = named(rw.body, rw.messages_close)?;
     Ok(Outgoing {
-        body: Bytes::from(rw.body),
-        messages_close: rw.messages_close,
+        body: Bytes::from(body),
+        messages_close,
         estimate: Some(rw.estimate),
         client_tokens: Some(rw.record.tokens_before),
-        window: req.window,
+        window,
+        fallback,
         rewrite: Some(Rewritten {
             record: rw.record,
             pruned: rw.pruned,
             injected: rw.injected,
         }),
     })
+}
+
+/// The request planned for its model's fallback, and that one's while it still does not fit (the last of the
+/// chain as `truncate` would): the decision, the window it was planned for and the model; `None` when the model
+/// has no fallback (logged once per model).
+fn fall_back(
+    req: &decide::Request<'_>,
+    request: &Request,
+    (live, state, headers): (&Live, &Arc<AppState>, &HeaderMap),
+    ready: Option<&[(usize, Value)]>,
+    offer: &recall::Offer,
+    serialise: &decide::Serialise<'_>,
+) -> serde_json::Result<Option<(Decision, u64, String)>> {
+    let cfg = &*live.config;
+    let mut model = request.model.as_str();
+    let mut seen = vec![model.to_lowercase()];
+    let mut last_resort: Option<Config> = None;
+    while let Some(next) = fallbacks::fallback_of(&cfg.models, model) {
+        if seen.contains(&next.to_lowercase()) {
+            break;
+        }
+        seen.push(next.to_lowercase());
+        let fb = decide::Request {
+            encoding: Encoding::for_model(next),
+            window: live.models.context_window_with(next, wants_1m(headers)),
+            ratio: state.counter.ratio(next),
+            ..*req
+        };
+        // The end of the chain: what does not fit there is rewritten to its window, as `truncate` would.
+        let end = fallbacks::fallback_of(&cfg.models, next)
+            .is_none_or(|after| seen.contains(&after.to_lowercase()));
+        let used = if end {
+            &*last_resort.insert(truncating(cfg))
+        } else {
+            cfg
+        };
+        let planned = decide::plan_cuts(&fb, ready, used, offer, &state.counter);
+        let d = decide::render(&fb, planned, (used, offer), &state.counter, serialise)?;
+        if end || !matches!(d, Decision::Reject { .. }) {
+            return Ok(Some((d, fb.window, next.to_string())));
+        }
+        model = next;
+    }
+    if seen.len() == 1 {
+        no_fallback_once(&request.model);
+    }
+    Ok(None)
+}
+
+/// The request planned for its own model as `on_overflow = "truncate"` would.
+fn truncated(
+    req: &decide::Request<'_>,
+    cfg: &Config,
+    ready: Option<&[(usize, Value)]>,
+    offer: &recall::Offer,
+    state: &Arc<AppState>,
+    serialise: &decide::Serialise<'_>,
+) -> serde_json::Result<Decision> {
+    let cfg = truncating(cfg);
+    let planned = decide::plan_cuts(req, ready, &cfg, offer, &state.counter);
+    decide::render(req, planned, (&cfg, offer), &state.counter, serialise)
+}
+
+/// `cfg` with `context.on_overflow = "truncate"` (a copy, made only for a request over its window).
+fn truncating(cfg: &Config) -> Config {
+    let mut c = cfg.clone();
+    c.context.on_overflow = OnOverflow::Truncate;
+    c
+}
+
+/// Says once per model name (up to a bound) that `on_overflow = "fallback"` truncated its request for want of a
+/// fallback.
+fn no_fallback_once(model: &str) {
+    static TOLD: std::sync::OnceLock<parking_lot::Mutex<std::collections::HashSet<String>>> =
+        std::sync::OnceLock::new();
+    let mut told = TOLD.get_or_init(Default::default).lock();
+    if told.len() >= 256 || !told.insert(model.to_string()) {
+        return;
+    }
+    tracing::warn!(
+        target: "ctxgate::context",
+        model,
+        "context.on_overflow = \"fallback\" but no [models] entry sets a fallback for this model: its requests \
+         that do not fit are truncated (said once per model)"
+    );
+}
+
+/// `body` (a JSON object) with its top-level `model` replaced by `model`, every other byte kept, and `close` (an
+/// offset in it) moved with what follows; a body the scan cannot read is written again from the parsed request.
+fn with_model(
+    body: &[u8],
+    model: &str,
+    close: usize,
+    request: &Request,
+) -> Option<(Vec<u8>, usize)> {
+    let name = serde_json::to_vec(model).ok()?;
+    let fields = crate::dialect::raw_scan::fields(body, |_| false);
+    let found = fields.as_ref().and_then(|fs| {
+        let mut models = fs.iter().filter(|f| f.key == b"model");
+        match (models.next(), models.next()) {
+            (Some(f), None) => Some(f.raw),
+            _ => None,
+        }
+    });
+    let Some(raw) = found else {
+        // Only the client's own bytes (`close` 0) can be written again from the parsed request.
+        if close != 0 {
+            return None;
+        }
+        let mut b = request.body.clone();
+        b.insert("model".into(), Value::from(model));
+        return serde_json::to_vec(&b).ok().map(|v| (v, 0));
+    };
+    let at = raw.as_ptr() as usize - body.as_ptr() as usize;
+    let mut out = Vec::with_capacity(body.len() + name.len());
+    out.extend_from_slice(&body[..at]);
+    out.extend_from_slice(&name);
+    out.extend_from_slice(&body[at + raw.len()..]);
+    let close = if close > at {
+        close + name.len() - raw.len()
+    } else {
+        close
+    };
+    Some((out, close))
 }
 
 /// The summaries written for the session's path, as `(neutral messages covered, message, text)`: a summary

@@ -44,6 +44,10 @@ impl Exchange {
         if let Some(p) = span {
             p.finish(&outgoing.planned(self.strategy));
         }
+        if let Some(fallback) = &outgoing.fallback {
+            state.metrics.fallback(model, fallback);
+            self.log_fallback(fallback, &outgoing);
+        }
         if let Some(rw) = &outgoing.rewrite {
             measure::rewrite(state, self.dialect, self.strategy, model, &rw.record);
             if rw.record.dropped_messages > 0 {
@@ -77,6 +81,27 @@ impl Exchange {
             "the hard limit dropped whole messages from what was sent upstream (stage truncated; the history \
              keeps them): set context.on_overflow = \"refuse\" to answer context_length_exceeded instead, or \
              use a model with a larger window"
+        );
+    }
+}
+
+impl Exchange {
+    /// The operator's line for a request sent to its model's fallback: which models and how many tokens, never
+    /// what the messages held.
+    fn log_fallback(&self, fallback: &str, outgoing: &Outgoing) {
+        let rw = outgoing.rewrite.as_ref().map(|r| &r.record);
+        tracing::info!(
+            target: "ctxgate::context",
+            dialect = self.dialect.as_str(),
+            model = self.request.model.as_str(),
+            fallback,
+            session = self.session.as_ref().map_or("", |s| s.id.as_str()),
+            window = outgoing.window,
+            tokens_client = outgoing.client_tokens,
+            tokens_sent = rw.map_or(outgoing.client_tokens, |r| Some(r.tokens_after)),
+            rewritten = rw.is_some(),
+            "the request does not fit its model's window: sent to its fallback model \
+             (context.on_overflow = \"fallback\")"
         );
     }
 }

@@ -6,7 +6,7 @@ use super::draft::TurnDraft;
 use super::forward::Sent;
 use super::rounds::Rounds;
 use super::turn::{Seen, Turn};
-use super::{Exchange, Outgoing, REWRITE_HEADER, SESSION_HEADER};
+use super::{Exchange, Outgoing, FALLBACK_HEADER, REWRITE_HEADER, SESSION_HEADER};
 use crate::app::AppState;
 use crate::dialect::Dialect;
 use crate::error::GatewayError;
@@ -50,6 +50,10 @@ impl Exchange {
                 .rewrite
                 .as_ref()
                 .and_then(|r| rewrite_header(&r.record)),
+            fallback: outgoing
+                .fallback
+                .as_deref()
+                .and_then(|m| HeaderValue::from_str(m).ok()),
         };
         let recall = (outgoing.rewrite.as_ref()).is_some_and(|r| r.injected && status.is_success());
         if !recall {
@@ -229,6 +233,8 @@ pub(super) struct Own<'a> {
     pub session: Option<&'a SessionIdentity>,
     /// `x-ctxgate-rewrite`'s value, when the request was rewritten (see [`rewrite_header`]).
     pub rewrite: Option<HeaderValue>,
+    /// `x-ctxgate-fallback`'s value: the model the request went to instead of its own.
+    pub fallback: Option<HeaderValue>,
 }
 
 /// `x-ctxgate-rewrite`'s value: the stages that changed something and the estimated tokens of the client's
@@ -277,6 +283,9 @@ fn head(
         });
         if let Some(v) = &own.rewrite {
             h.insert(REWRITE_HEADER, v.clone());
+        }
+        if let Some(v) = &own.fallback {
+            h.insert(FALLBACK_HEADER, v.clone());
         }
     }
     match own.session.map(|s| HeaderValue::from_str(&s.id)) {

@@ -163,6 +163,9 @@ pub struct TurnInfo {
     pub at: i64,
     /// The request's model.
     pub model: String,
+    /// The model that answered instead (`context.on_overflow = "fallback"`); absent when `model` did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
     /// `chat`, `anthropic` or `responses`.
     pub dialect: &'static str,
     /// A streamed request.
@@ -315,6 +318,7 @@ mod tests {
         let stored: Value = serde_json::from_str(&to_json(&TurnInfo {
             at: 1,
             model: "m".into(),
+            fallback: None,
             dialect: "chat",
             stream: false,
             status: 200,

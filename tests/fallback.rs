@@ -1,0 +1,243 @@
+//! `context.on_overflow = "fallback"`: a request that would lose whole messages to its model's hard limit goes to
+//! the model's `[models] fallback` — whole when it fits there, its `model` replaced and every other byte kept — and
+//! to that model's upstream, a chain followed while it still does not fit (the last one rewritten to its window);
+//! the answer says so (`x-ctxgate-fallback`) in every dialect, and so do the turn record and
+//! `ctxgate_fallbacks_total`. A request that fits, and a later turn of the same session that fits again, go to the
+//! model asked for.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{session_header, Harness};
+use ctxgate::config::{Config, ModelEntry, NamedUpstream, OnOverflow, UpstreamKind};
+use ctxgate::mock::{MockUpstream, RecordedRequest};
+use serde_json::{json, Value};
+
+const AUTH: (&str, &str) = ("authorization", "Bearer sk-fallback");
+
+fn model(window: u64, fallback: Option<&str>, upstream: Option<&str>) -> ModelEntry {
+    ModelEntry {
+        context_window: Some(window),
+        fallback: fallback.map(str::to_string),
+        upstream: upstream.map(str::to_string),
+        ..ModelEntry::default()
+    }
+}
+
+/// About `tokens` tokens of plain text (one per word).
+fn text(tag: &str, tokens: usize) -> String {
+    format!("{tag}: {}", "abc ".repeat(tokens))
+}
+
+/// A conversation whose second-newest user message carries a file of about `file` tokens (as aider adds files to
+/// the chat), then the newest question: over the window, only dropping that message brings it under.
+fn chat(model: &str, file: usize) -> Value {
+    json!({"model": model, "messages": [
+        {"role": "system", "content": "You are a careful assistant."},
+        {"role": "user", "content": "Add a --verbose flag to main()."},
+        {"role": "assistant", "content": "Which file holds main()?"},
+        {"role": "user", "content": text("src/app.py", file)},
+        {"role": "assistant", "content": "Ok."},
+        {"role": "user", "content": "Now document the flag in the README."},
+    ]})
+}
+
+/// A request: its path, headers and body.
+type Call = (&'static str, Vec<(&'static str, &'static str)>, Value);
+
+fn posts(m: &MockUpstream) -> Vec<RecordedRequest> {
+    m.requests()
+        .into_iter()
+        .filter(|r| r.method == http::Method::POST)
+        .collect()
+}
+
+/// `small` (4,000 tokens) falls back to `medium` (8,000, upstream `mid`), which falls back to `large` (64,000,
+/// upstream `big`); `solo` (4,000) has none.
+fn chain(c: &mut Config, mid: &MockUpstream, big: &MockUpstream) {
+    c.context.on_overflow = OnOverflow::Fallback;
+    c.context.default_context_window = 4_000;
+    for (name, mock) in [("mid", mid), ("big", big)] {
+        c.upstreams.insert(
+            name.into(),
+            NamedUpstream {
+                base_url: mock.base_url(),
+                kind: UpstreamKind::Openai,
+                ..NamedUpstream::default()
+            },
+        );
+    }
+    c.models
+        .insert("small".into(), model(4_000, Some("medium"), None));
+    c.models
+        .insert("medium".into(), model(8_000, Some("large"), Some("mid")));
+    c.models
+        .insert("large".into(), model(64_000, None, Some("big")));
+    c.models.insert("solo".into(), model(4_000, None, None));
+}
+
+#[tokio::test]
+async fn a_request_over_its_window_goes_to_the_fallback_and_its_upstream_and_says_so() {
+    let (mid, big) = (
+        MockUpstream::start().await.unwrap(),
+        MockUpstream::start().await.unwrap(),
+    );
+    let h = Harness::start_with(|c| chain(c, &mid, &big)).await;
+
+    // Fits `small`: goes as it is, to `small`'s (the default) upstream, no header.
+    let r = h
+        .post_json("/v1/chat/completions", &[AUTH], &chat("small", 100))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("x-ctxgate-fallback").is_none());
+    r.text().await.unwrap();
+    assert_eq!(posts(&h.mock).len(), 1);
+    assert_eq!(posts(&h.mock)[0].json()["model"], "small");
+
+    // ~6,000 tokens: over `small`'s hard limit, under `medium`'s: `medium`, on its own upstream.
+    let body = chat("small", 6_000);
+    let r = h.post_json("/v1/chat/completions", &[AUTH], &body).await;
+    assert_eq!(r.status(), 200, "{:?}", r.headers());
+    assert_eq!(r.headers()["x-ctxgate-fallback"], "medium");
+    let sid = session_header(&r);
+    r.text().await.unwrap();
+    let sent = posts(&mid);
+    assert_eq!(sent.len(), 1, "the fallback's upstream got it");
+    assert_eq!(sent[0].json()["model"], "medium");
+    assert_eq!(
+        sent[0].json()["messages"],
+        body["messages"],
+        "sent whole: nothing dropped"
+    );
+    assert_eq!(posts(&h.mock).len(), 1, "the model's own upstream did not");
+
+    // The same session's next turn fits `small` again: back to `small`, same session.
+    let mut next = chat("small", 100);
+    let m = next["messages"].as_array_mut().unwrap();
+    m.push(json!({"role": "assistant", "content": "Done."}));
+    m.push(json!({"role": "user", "content": "Thanks. And the CHANGELOG?"}));
+    let r = h.post_json("/v1/chat/completions", &[AUTH], &next).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("x-ctxgate-fallback").is_none());
+    assert_eq!(session_header(&r), sid, "one conversation");
+    r.text().await.unwrap();
+    assert_eq!(posts(&h.mock).len(), 2);
+    assert_eq!(posts(&h.mock)[1].json()["model"], "small");
+
+    h.state.drain().await;
+    let turns = h.get_json(&format!("/admin/sessions/{sid}/turns")).await;
+    let turns = turns["turns"].as_array().unwrap();
+    // The first request, the one that fell back, the one that fits again.
+    assert_eq!(turns.len(), 3);
+    let fell: Vec<&Value> = turns.iter().map(|t| &t["fallback"]).collect();
+    assert_eq!(fell, [&Value::Null, &json!("medium"), &Value::Null]);
+    assert!(turns.iter().all(|t| t["model"] == "small"));
+    assert_eq!(turns[1]["tokens"]["window"], 8_000);
+    let metrics = h.metrics_text().await;
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("ctxgate_fallbacks_total{"))
+        .expect(&metrics);
+    assert!(
+        line.contains("model=\"small\"") && line.contains("fallback=\"medium\""),
+        "{line}"
+    );
+    assert!(line.ends_with(" 1"), "{line}");
+}
+
+#[tokio::test]
+async fn a_chain_is_followed_while_the_request_does_not_fit() {
+    let (mid, big) = (
+        MockUpstream::start().await.unwrap(),
+        MockUpstream::start().await.unwrap(),
+    );
+    let h = Harness::start_with(|c| chain(c, &mid, &big)).await;
+
+    // ~12,000 tokens: fits neither `small` nor `medium`; `large` takes it whole, byte for byte but its model.
+    let body = chat("small", 12_000);
+    let r = h.post_json("/v1/chat/completions", &[AUTH], &body).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["x-ctxgate-fallback"],
+        "large",
+        "{:?}",
+        r.headers()
+    );
+    r.text().await.unwrap();
+    assert!(posts(&mid).is_empty() && posts(&h.mock).is_empty());
+    let sent = posts(&big);
+    assert_eq!(sent.len(), 1);
+    let expected = serde_json::to_string(&body).unwrap().replacen(
+        "\"model\":\"small\"",
+        "\"model\":\"large\"",
+        1,
+    );
+    assert_eq!(std::str::from_utf8(&sent[0].body).unwrap(), expected);
+
+    // ~100,000 tokens: over the end of the chain too: rewritten to `large`'s window.
+    let r = h
+        .post_json("/v1/chat/completions", &[AUTH], &chat("small", 100_000))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-ctxgate-fallback"], "large");
+    let rewrite = r.headers()["x-ctxgate-rewrite"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(rewrite.contains("truncated"), "{rewrite}");
+    r.text().await.unwrap();
+    assert_eq!(posts(&big).len(), 2);
+    assert_eq!(posts(&big)[1].json()["model"], "large");
+
+    // A model without a fallback is truncated, as with `truncate`.
+    let r = h
+        .post_json("/v1/chat/completions", &[AUTH], &chat("solo", 6_000))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("x-ctxgate-fallback").is_none());
+    let rewrite = r.headers()["x-ctxgate-rewrite"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(rewrite.contains("truncated"), "{rewrite}");
+    r.text().await.unwrap();
+    assert_eq!(posts(&h.mock)[0].json()["model"], "solo");
+}
+
+#[tokio::test]
+async fn every_dialect_falls_back_with_its_header() {
+    let h = Harness::start_with(|c| {
+        c.context.on_overflow = OnOverflow::Fallback;
+        c.context.default_context_window = 4_000;
+        c.models
+            .insert("small".into(), model(4_000, Some("large"), None));
+        c.models.insert("large".into(), model(64_000, None, None));
+    })
+    .await;
+    let chat_body = chat("small", 6_000);
+    let messages = chat_body["messages"].as_array().unwrap()[1..].to_vec();
+    let calls: Vec<Call> = vec![
+        ("/v1/chat/completions", vec![AUTH], chat_body.clone()),
+        (
+            "/v1/messages",
+            vec![
+                ("x-api-key", "sk-ant-fallback"),
+                ("anthropic-version", "2023-06-01"),
+            ],
+            json!({"model": "small", "max_tokens": 64, "system": "You are a careful assistant.", "messages": messages}),
+        ),
+        (
+            "/v1/responses",
+            vec![AUTH],
+            json!({"model": "small", "instructions": "You are a careful assistant.", "input": messages}),
+        ),
+    ];
+    for (i, (path, headers, body)) in calls.into_iter().enumerate() {
+        let r = h.post_json(path, &headers, &body).await;
+        assert_eq!(r.status(), 200, "{path}");
+        assert_eq!(r.headers()["x-ctxgate-fallback"], "large", "{path}");
+        r.text().await.unwrap();
+        let sent = &posts(&h.mock)[i];
+        assert_eq!(sent.json()["model"], "large", "{path}");
+    }
+}
