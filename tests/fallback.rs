@@ -241,3 +241,38 @@ async fn every_dialect_falls_back_with_its_header() {
         assert_eq!(sent.json()["model"], "large", "{path}");
     }
 }
+
+#[test]
+fn check_config_names_a_bad_fallback_and_warns_when_none_is_set() {
+    let errors = |text: &str| Config::from_toml_str(text).unwrap_err().0.join("\n");
+    let all = errors(
+        "[models.a]\ncontext_window = 4000\nfallback = \"b\"\n\
+         [models.b]\ncontext_window = 8000\nfallback = \"a\"\n",
+    );
+    assert!(
+        all.contains("models.\"b\".fallback") && all.contains("cycle"),
+        "{all}"
+    );
+    let all = errors("[models.a]\ncontext_window = 4000\nfallback = \"nowhere-model\"\n");
+    assert!(all.contains("not in the model table"), "{all}");
+    let all = errors(
+        "[models.a]\ncontext_window = 9000\nfallback = \"b\"\n[models.b]\ncontext_window = 8000\n",
+    );
+    assert!(all.contains("must be larger"), "{all}");
+    // valid, with a chain; the warning only when no entry sets a fallback
+    let ok = Config::from_toml_str(
+        "[context]\non_overflow = \"fallback\"\n\
+         [models.a]\ncontext_window = 4000\nfallback = \"b\"\n\
+         [models.b]\ncontext_window = 8000\nfallback = \"gpt-4.1\"\n",
+    )
+    .unwrap();
+    assert!(ok.warnings().iter().all(|w| !w.contains("fallback")));
+    let none = Config::from_toml_str("[context]\non_overflow = \"fallback\"\n").unwrap();
+    assert!(
+        none.warnings()
+            .iter()
+            .any(|w| w.contains("no [models] entry sets a fallback")),
+        "{:?}",
+        none.warnings()
+    );
+}

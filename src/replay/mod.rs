@@ -773,8 +773,8 @@ fn step(
             s.messages_sent = 0;
             s.problem = Some(if refused {
                 format!(
-                    "refused (context.on_overflow = refuse): {tokens} tokens fit under the hard limit of {limit} \
-                     (window {window}) only by dropping whole messages"
+                    "refused (context.on_overflow = refuse; or fallback, which replay does not follow): {tokens} \
+                     tokens fit under the hard limit of {limit} (window {window}) only by dropping whole messages"
                 )
             } else {
                 format!(
