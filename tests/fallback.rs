@@ -9,7 +9,7 @@
 mod common;
 
 use common::{session_header, Harness};
-use ctxgate::config::{Config, ModelEntry, NamedUpstream, OnOverflow, UpstreamKind};
+use ctxgate::config::{Config, ModelEntry, NamedUpstream, OnOverflow, Price, UpstreamKind};
 use ctxgate::mock::{MockUpstream, RecordedRequest};
 use serde_json::{json, Value};
 
@@ -69,8 +69,14 @@ fn chain(c: &mut Config, mid: &MockUpstream, big: &MockUpstream) {
     }
     c.models
         .insert("small".into(), model(4_000, Some("medium"), None));
-    c.models
-        .insert("medium".into(), model(8_000, Some("large"), Some("mid")));
+    // `medium` is priced (`small` is not): a turn it answers is counted at its price.
+    let mut medium = model(8_000, Some("large"), Some("mid"));
+    medium.price = Some(Price {
+        input: Some(1.0),
+        output: Some(2.0),
+        ..Price::default()
+    });
+    c.models.insert("medium".into(), medium);
     c.models
         .insert("large".into(), model(64_000, None, Some("big")));
     c.models.insert("solo".into(), model(4_000, None, None));
@@ -133,6 +139,9 @@ async fn a_request_over_its_window_goes_to_the_fallback_and_its_upstream_and_say
     assert_eq!(fell, [&Value::Null, &json!("medium"), &Value::Null]);
     assert!(turns.iter().all(|t| t["model"] == "small"));
     assert_eq!(turns[1]["tokens"]["window"], 8_000);
+    // priced at the model that answered
+    assert!(turns[1]["dollars"]["spent"].as_f64().unwrap() > 0.0);
+    assert!(turns[0].get("dollars").is_none() && turns[2].get("dollars").is_none());
     let metrics = h.metrics_text().await;
     let line = metrics
         .lines()

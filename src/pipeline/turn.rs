@@ -25,6 +25,9 @@ pub(super) struct Turn {
     session_id: String,
     dialect: Dialect,
     model: String,
+    /// The model that answered: `model`, or its fallback (`context.on_overflow = "fallback"`), whose estimate
+    /// is calibrated and whose price the turn's money is counted at.
+    answered: String,
     stream: bool,
     status: http::StatusCode,
     upstream_wait: Duration,
@@ -101,6 +104,10 @@ impl Turn {
                 .unwrap_or_default(),
             dialect: ex.dialect,
             model: request.model.clone(),
+            answered: outgoing
+                .fallback
+                .clone()
+                .unwrap_or_else(|| request.model.clone()),
             stream: request.stream,
             status: sent.resp.status(),
             upstream_wait: sent.upstream_wait,
@@ -114,7 +121,10 @@ impl Turn {
             draft,
             request: Arc::clone(request),
             upstream_trace: sent.trace.take(),
-            rates: ex.live.prices.rates(&request.model),
+            rates: ex
+                .live
+                .prices
+                .rates(outgoing.fallback.as_deref().unwrap_or(&request.model)),
             removed: outgoing.rewrite.as_ref().map_or(0, |r| {
                 r.record.tokens_before.saturating_sub(r.record.tokens_after)
             }),
@@ -174,7 +184,7 @@ impl Turn {
                         .then(|| uncounted_estimate(&state.counter, &self.request))
                 });
                 if let (Some(est), Some(actual)) = (estimate, actual) {
-                    state.counter.observe(&self.model, est, actual);
+                    state.counter.observe(&self.answered, est, actual);
                 }
                 measure::turn(
                     state,
