@@ -12,6 +12,7 @@ use common::{session_header, Harness};
 use ctxgate::config::{Config, ModelEntry, NamedUpstream, OnOverflow, Price, UpstreamKind};
 use ctxgate::mock::{MockUpstream, RecordedRequest};
 use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
 
 const AUTH: (&str, &str) = ("authorization", "Bearer sk-fallback");
 
@@ -213,8 +214,36 @@ async fn a_chain_is_followed_while_the_request_does_not_fit() {
     assert_eq!(posts(&h.mock)[0].json()["model"], "solo");
 }
 
+#[derive(Clone, Default)]
+struct Logged(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logged {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logged {
+    type Writer = Logged;
+    fn make_writer(&'a self) -> Logged {
+        self.clone()
+    }
+}
+
 #[tokio::test]
-async fn every_dialect_falls_back_with_its_header() {
+async fn every_dialect_falls_back_with_its_header_and_log_lines() {
+    let logged = Logged::default();
+    // The test runtime has one thread: the server's tasks log here too.
+    let _log = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .json()
+            .with_writer(logged.clone())
+            .finish(),
+    );
     let h = Harness::start_with(|c| {
         c.context.on_overflow = OnOverflow::Fallback;
         c.context.default_context_window = 4_000;
@@ -249,6 +278,29 @@ async fn every_dialect_falls_back_with_its_header() {
         let sent = &posts(&h.mock)[i];
         assert_eq!(sent.json()["model"], "large", "{path}");
     }
+    h.state.drain().await;
+    let text = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .collect();
+    let of = |target: &str| -> Vec<&Value> {
+        lines
+            .iter()
+            .filter(|v| v["target"] == target && v["fields"]["fallback"] == "large")
+            .collect()
+    };
+    // the operator's line and the access-log line of each request, both naming the two models
+    for target in ["ctxgate::context", "ctxgate::access"] {
+        let found = of(target);
+        assert_eq!(found.len(), 3, "{target}: {text}");
+        assert!(
+            found.iter().all(|v| v["fields"]["model"] == "small"),
+            "{text}"
+        );
+    }
+    // never the content
+    assert!(!text.contains("abc abc"));
 }
 
 #[test]

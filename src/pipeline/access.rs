@@ -73,6 +73,7 @@ pub(super) fn write(req: &Logged<'_>, seen: Option<&Seen>, end: End<'_>) {
         ),
         None => ("", None, None, 0),
     };
+    let fallback = seen.and_then(|s| s.fallback.as_deref());
     let (status, upstream_ms, outcome, error) = match end {
         End::Answered {
             status,
@@ -96,6 +97,7 @@ pub(super) fn write(req: &Logged<'_>, seen: Option<&Seen>, end: End<'_>) {
                 dialect = req.dialect.as_str(),
                 status,
                 model = req.model,
+                fallback,
                 stream = req.stream,
                 session = req.session.unwrap_or(""),
                 rewritten = !stages.is_empty(),

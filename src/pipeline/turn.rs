@@ -60,6 +60,8 @@ pub(super) struct Seen {
     pub tokens_sent: Option<u64>,
     /// Recall rounds ctxgate answered.
     pub recall_rounds: Arc<AtomicU32>,
+    /// The model that answered instead of the one asked for (`context.on_overflow = "fallback"`).
+    pub fallback: Option<String>,
 }
 
 impl Seen {
@@ -72,12 +74,14 @@ impl Seen {
                 tokens_client: Some(rw.record.tokens_before),
                 tokens_sent: Some(rw.record.tokens_after),
                 recall_rounds,
+                fallback: outgoing.fallback.clone(),
             },
             None => Seen {
                 stages: String::new(),
                 tokens_client: outgoing.client_tokens,
                 tokens_sent: outgoing.client_tokens,
                 recall_rounds,
+                fallback: outgoing.fallback.clone(),
             },
         }
     }
