@@ -213,6 +213,10 @@ fn bench(c: &mut Criterion) {
     g.bench_function("warm_repeat", |b| {
         b.iter(|| plan(&input(request, &tools), &ctx, &prune, &warm));
     });
+    // Of the planner's own work: finding when each tool result was last used (clearing by use).
+    g.bench_function("usage", |b| {
+        b.iter(|| ctxgate::context::usage::Usage::new(request));
+    });
     g.finish();
 }
 

@@ -1,10 +1,11 @@
-//! When the agent last used each tool result: the newest later user or assistant message that names one of the
-//! result's code-like strings (`digest::code_strings`, a path also by its tail: `http/request.py` names
-//! `/repo/django/http/request.py`) or its call id (a recall asks for it by id). Clearing takes the least recently
+//! When the agent last used each tool result: the newest later user or assistant message naming a code-like string
+//! (`digest::code_strings`) found in the result's text (so a path's tail, `http/request.py`, names
+//! `/repo/django/http/request.py`) or the result's call id (a recall asks for it by id). Clearing takes the least recently
 //! used results first, age breaking ties (see `stages`). Pure and deterministic.
 
 use super::digest::code_strings;
 use crate::message::{field, message_text, role, tool_calls};
+use aho_corasick::AhoCorasick;
 use rustc_hash::FxHashMap as HashMap;
 use serde_json::Value;
 
@@ -15,16 +16,21 @@ const MAX_HOLDERS: usize = 16;
 /// The uses of every tool result of one request.
 #[derive(Debug, Default)]
 pub struct Usage {
-    /// Result index → the indexes of the later messages using it, ascending.
-    uses: HashMap<usize, Vec<usize>>,
+    /// Message index → the indexes of the later messages using it (a result), ascending.
+    uses: Vec<Vec<usize>>,
     /// (message, result) for every use, ascending by message.
     by_message: Vec<(usize, usize)>,
 }
 
 impl Usage {
-    /// Finds the uses of the tool results (role `tool`) among `msgs` (neutral).
+    /// Finds the uses of the tool results (role `tool`) among `msgs` (neutral). The strings the user and
+    /// assistant messages name are few: they are looked for in the results in one pass (Aho-Corasick), so the
+    /// results' text is scanned once, never split into strings of its own.
     pub fn new(msgs: &[Value]) -> Self {
-        let mut usage = Usage::default();
+        let mut usage = Usage {
+            uses: vec![Vec::new(); msgs.len()],
+            by_message: Vec::new(),
+        };
         let texts: Vec<Option<String>> = msgs
             .iter()
             .map(|m| match role(m) {
@@ -32,45 +38,76 @@ impl Usage {
                 _ => None,
             })
             .collect();
-        // string → the results holding it, ascending (each result once); call id → its results
-        let mut holders: HashMap<&str, Vec<usize>> = HashMap::default();
-        let mut ids: HashMap<&str, Vec<usize>> = HashMap::default();
-        for (i, (m, text)) in msgs.iter().zip(&texts).enumerate() {
-            let Some(text) = text else { continue };
-            if role(m) == "tool" {
-                for (_, s) in code_strings(text) {
-                    add(s, i, &mut holders);
-                    // a path is also named by its tail
-                    for (at, _) in s.match_indices('/') {
-                        let tail = &s[at + 1..];
-                        if tail.len() >= 3 && at > 0 {
-                            add(tail, i, &mut holders);
+        let is_tool = |i: usize| role(&msgs[i]) == "tool";
+        // the strings each user or assistant message names (after a result), each string once overall
+        let mut patterns: Vec<&str> = Vec::new();
+        let mut pattern_of: HashMap<&str, usize> = HashMap::default();
+        let mut named: Vec<(usize, Vec<usize>)> = Vec::new();
+        let first_result = (0..msgs.len()).find(|&i| is_tool(i));
+        for (i, text) in texts.iter().enumerate() {
+            let (Some(text), Some(first)) = (text, first_result) else {
+                continue;
+            };
+            if i < first || is_tool(i) {
+                continue;
+            }
+            let mut ids: Vec<usize> = code_strings(text)
+                .map(|(_, s)| {
+                    *pattern_of.entry(s).or_insert_with(|| {
+                        patterns.push(s);
+                        patterns.len() - 1
+                    })
+                })
+                .collect();
+            ids.sort_unstable();
+            ids.dedup();
+            named.push((i, ids));
+        }
+        // pattern → the results holding it (anywhere in their text: a path also inside a longer one), ascending
+        let mut holders: Vec<Vec<usize>> = vec![Vec::new(); patterns.len()];
+        if !patterns.is_empty() {
+            if let Ok(ac) = AhoCorasick::new(&patterns) {
+                for (i, text) in texts.iter().enumerate() {
+                    let Some(text) = text.as_deref().filter(|_| is_tool(i)) else {
+                        continue;
+                    };
+                    for m in ac.find_overlapping_iter(text) {
+                        let h = &mut holders[m.pattern().as_usize()];
+                        if h.last() != Some(&i) && h.len() <= MAX_HOLDERS {
+                            h.push(i);
                         }
                     }
                 }
-                if let Some(id) = field(m, "tool_call_id").and_then(Value::as_str) {
-                    if !id.is_empty() {
-                        ids.entry(id).or_default().push(i);
-                    }
-                }
-                continue;
             }
-            let mut used: Vec<usize> = code_strings(text)
-                .filter_map(|(_, s)| holders.get(s))
+        }
+        // call id → its results
+        let mut ids: HashMap<&str, Vec<usize>> = HashMap::default();
+        for (i, m) in msgs.iter().enumerate().filter(|(i, _)| is_tool(*i)) {
+            if let Some(id) = field(m, "tool_call_id").and_then(Value::as_str) {
+                if !id.is_empty() {
+                    ids.entry(id).or_default().push(i);
+                }
+            }
+        }
+        for (i, pats) in named {
+            let mut used: Vec<usize> = pats
+                .iter()
+                .map(|&p| &holders[p])
                 .filter(|h| h.len() <= MAX_HOLDERS)
                 .flatten()
                 .copied()
+                .filter(|&r| r < i)
                 .collect();
             // a call naming an earlier call's id in its arguments (a recall) uses its result
             if !ids.is_empty() {
-                for call in tool_calls(m) {
+                for call in tool_calls(&msgs[i]) {
                     let args = field(call, "function")
                         .and_then(|f| field(f, "arguments"))
                         .and_then(Value::as_str);
                     if let Some(Ok(v)) = args.map(serde_json::from_str::<Value>) {
                         string_leaves(&v, &mut |s| {
                             if let Some(r) = ids.get(s) {
-                                used.extend(r);
+                                used.extend(r.iter().filter(|&&r| r < i));
                             }
                         });
                     }
@@ -79,7 +116,7 @@ impl Usage {
             used.sort_unstable();
             used.dedup();
             for r in used {
-                usage.uses.entry(r).or_default().push(i);
+                usage.uses[r].push(i);
                 usage.by_message.push((i, r));
             }
         }
@@ -88,17 +125,14 @@ impl Usage {
 
     /// The newest message before `before` that used result `i`; `i` itself when none did (its age).
     pub fn last_use(&self, i: usize, before: usize) -> usize {
-        match self.uses.get(&i) {
-            Some(u) => {
-                let n = u.partition_point(|&m| m < before);
-                if n == 0 {
-                    i
-                } else {
-                    u[n - 1]
-                }
-            }
-            None => i,
-        }
+        let Some(u) = self
+            .uses
+            .get(i)
+            .filter(|u| u.first().is_some_and(|&m| m < before))
+        else {
+            return i;
+        };
+        u[u.partition_point(|&m| m < before) - 1]
     }
 
     /// The order clearing takes result `i` in, as of message `at` (uses before it): the least recently used
@@ -120,14 +154,6 @@ impl Usage {
     /// Whether any result has a use.
     pub fn is_empty(&self) -> bool {
         self.by_message.is_empty()
-    }
-}
-
-/// Records that result `i` holds `s` (up to one past `MAX_HOLDERS` results: more are as good as all).
-fn add<'t>(s: &'t str, i: usize, holders: &mut HashMap<&'t str, Vec<usize>>) {
-    let h = holders.entry(s).or_default();
-    if h.last() != Some(&i) && h.len() <= MAX_HOLDERS {
-        h.push(i);
     }
 }
 
