@@ -173,12 +173,10 @@ impl Config {
             "context.default_context_window".to_string(),
             self.context.default_context_window,
         ))
-        .chain(
-            self.models.iter().filter_map(|(p, m)| {
-                m.context_window
-                    .map(|w| (format!("models.\"{p}\".context_window"), w))
-            }),
-        );
+        .chain(self.models.iter().filter_map(|(p, m)| {
+            m.context_window
+                .map(|w| (format!("models.\"{p}\".context_window"), w))
+        }));
         let fallback = (self.context.on_overflow == OnOverflow::Fallback
             && !fallbacks::any(&self.models))
         .then(|| {
