@@ -3,30 +3,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+use common::Logged;
 
 use common::Harness;
 use serde_json::{json, Value};
-use std::sync::{Arc, Mutex};
-
-#[derive(Clone, Default)]
-struct Logged(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logged {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logged {
-    type Writer = Logged;
-    fn make_writer(&'a self) -> Logged {
-        self.clone()
-    }
-}
 
 /// The digits after the point of the number `field` has on `line` (the JSON text as written).
 fn decimals(line: &str, field: &str) -> Option<usize> {

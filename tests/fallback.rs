@@ -7,12 +7,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+use common::Logged;
 
 use common::{session_header, Harness};
 use ctxgate::config::{Config, ModelEntry, NamedUpstream, OnOverflow, Price, UpstreamKind};
 use ctxgate::mock::{MockUpstream, RecordedRequest};
 use serde_json::{json, Value};
-use std::sync::{Arc, Mutex};
 
 const AUTH: (&str, &str) = ("authorization", "Bearer sk-fallback");
 
@@ -212,26 +212,6 @@ async fn a_chain_is_followed_while_the_request_does_not_fit() {
     assert!(rewrite.contains("truncated"), "{rewrite}");
     r.text().await.unwrap();
     assert_eq!(posts(&h.mock)[0].json()["model"], "solo");
-}
-
-#[derive(Clone, Default)]
-struct Logged(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logged {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logged {
-    type Writer = Logged;
-    fn make_writer(&'a self) -> Logged {
-        self.clone()
-    }
 }
 
 #[tokio::test]

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+use common::Logged;
 
 use common::{read_until_closed, session_header, Harness};
 use ctxgate::mock::MockReply;
@@ -293,25 +294,6 @@ async fn get_on_new_connection(h: &Harness, path: &str, within: Duration) -> (St
 }
 
 /// What was logged, shared with the subscriber that writes it.
-#[derive(Clone, Default)]
-struct Logged(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logged {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logged {
-    type Writer = Logged;
-    fn make_writer(&'a self) -> Logged {
-        self.clone()
-    }
-}
 
 #[tokio::test]
 async fn beyond_max_connections_only_the_probes_are_answered_until_one_closes() {

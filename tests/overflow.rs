@@ -6,13 +6,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+use common::Logged;
 
 use common::{session_header, Harness};
 use ctxgate::config::OnOverflow;
 use ctxgate::mock::{chunk, MockReply};
 use ctxgate::sse::SseParser;
 use serde_json::{json, Value};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const EXAMPLE: &str = "Change get_factorial() to use math.factorial";
@@ -151,26 +151,6 @@ async fn refuse_answers_context_length_exceeded_in_each_dialects_shape_and_sends
         )
         .await;
     assert_eq!(r.status(), 200);
-}
-
-#[derive(Clone, Default)]
-struct Logged(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logged {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logged {
-    type Writer = Logged;
-    fn make_writer(&'a self) -> Logged {
-        self.clone()
-    }
 }
 
 #[tokio::test]

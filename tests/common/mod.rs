@@ -256,3 +256,24 @@ pub async fn read_until_closed(
     .is_ok();
     (String::from_utf8_lossy(&out).into_owned(), closed)
 }
+
+/// A log writer for tests: everything the gateway logs (`tracing_subscriber::fmt().with_writer(..)`), kept.
+#[derive(Clone, Default)]
+pub struct Logged(pub std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logged {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logged {
+    type Writer = Logged;
+    fn make_writer(&'a self) -> Logged {
+        self.clone()
+    }
+}
