@@ -39,6 +39,10 @@ const PARALLEL_FROM: usize = 16;
 
 /// Calibration: smoothing factor, clamp on the ratio, and how many models are tracked.
 const ALPHA: f64 = 0.2;
+/// A sample of this many estimated tokens or more moves the ratio with full weight; a smaller one in proportion.
+/// A short request's ratio is mostly rounding and per-message overhead (a 9-token "hello" reported as 12 reads as
+/// 1.33): taken whole, it would make the next long request look a third larger than it is and rewrite it harder.
+const FULL_WEIGHT_TOKENS: f64 = 1024.0;
 const RATIO_MIN: f64 = 0.5;
 const RATIO_MAX: f64 = 2.0;
 const MAX_MODELS: usize = 256;
@@ -315,7 +319,8 @@ impl TokenCounter {
 
     /// Records the upstream's `usage.prompt_tokens` (`actual`) against our `estimated` count for `model`. A sample
     /// outside [0.5, 2] is not a tokenizer difference but a miscount (a proxy, a mock, a provider that reports
-    /// something else): it is ignored rather than allowed to skew every later estimate.
+    /// something else): it is ignored rather than allowed to skew every later estimate. A sample weighs in proportion
+    /// to its size up to [`FULL_WEIGHT_TOKENS`]; the first one of a model is blended with the prior ratio 1.0.
     pub fn observe(&self, model: &str, estimated: u64, actual: u64) {
         if estimated == 0 || actual == 0 || model.len() > MAX_MODEL_NAME {
             return;
@@ -330,11 +335,12 @@ impl TokenCounter {
             );
             return;
         }
+        let weight = (estimated as f64 / FULL_WEIGHT_TOKENS).min(1.0);
         let mut ratios = self.ratios.write();
         if let Some(r) = ratios.get_mut(model) {
-            *r += ALPHA * (sample - *r);
+            *r += ALPHA * weight * (sample - *r);
         } else if ratios.len() < MAX_MODELS {
-            ratios.insert(model.to_owned(), sample);
+            ratios.insert(model.to_owned(), 1.0 + weight * (sample - 1.0));
         }
     }
 
@@ -687,17 +693,17 @@ mod tests {
     fn calibration_ema_bounds_and_outliers() {
         let c = TokenCounter::new();
         assert_eq!(c.ratio("m"), 1.0);
-        c.observe("m", 100, 110);
+        c.observe("m", 2000, 2200);
         assert!((c.ratio("m") - 1.1).abs() < 1e-9);
-        c.observe("m", 100, 120);
+        c.observe("m", 2000, 2400);
         assert!((c.ratio("m") - 1.12).abs() < 1e-9);
         assert_eq!(c.calibrated("m", 100), 112);
-        c.observe("big", 100, 1000);
+        c.observe("big", 2000, 20000);
         assert_eq!(c.ratio("big"), 1.0, "implausible samples are ignored");
-        c.observe("big", 100, 200);
+        c.observe("big", 2000, 4000);
         assert_eq!(c.ratio("big"), RATIO_MAX);
-        c.observe("small", 100, 1);
-        c.observe("small", 100, 50);
+        c.observe("small", 2000, 1);
+        c.observe("small", 2000, 1000);
         assert_eq!(c.ratio("small"), RATIO_MIN);
         c.observe("zero", 0, 10);
         c.observe("zero", 10, 0);
@@ -709,6 +715,24 @@ mod tests {
         }
         assert_eq!(c.ratios().len(), MAX_MODELS);
         assert_eq!(c.calibrated("unknown", 101), 101);
+    }
+
+    /// A short request's ratio is mostly rounding: "hello" estimated 9 and reported 12 must not make a 9,000-token
+    /// history look like 12,000. It weighs in proportion to its size; a long request's sample weighs fully.
+    #[test]
+    fn a_short_request_barely_moves_the_calibration() {
+        let c = TokenCounter::new();
+        c.observe("m", 9, 12);
+        assert!(c.knows("m"));
+        assert!((c.ratio("m") - 1.0).abs() < 0.003, "{}", c.ratio("m"));
+        assert_eq!(c.calibrated("m", 8873), 8899, "26 tokens more, not 2,958");
+        c.observe("m", 512, 768); // half weight: a half-sized step of the usual smoothing
+        let before = 1.0 + 9.0 / 1024.0 * (12.0 / 9.0 - 1.0);
+        let expected = before + ALPHA * 0.5 * (1.5 - before);
+        assert!((c.ratio("m") - expected).abs() < 1e-9, "{}", c.ratio("m"));
+        let long = TokenCounter::new();
+        long.observe("m", 8000, 9600);
+        assert!((long.ratio("m") - 1.2).abs() < 1e-9);
     }
 
     #[test]
