@@ -1,13 +1,15 @@
 //! Model prices: what a turn cost and what its rewrite saved, in US dollars, from `[models."<pattern>"] price`
 //! (the user's entries over the built-in table's list prices), looked up in the model table's order among the
 //! entries that set a price. Built with each config snapshot; a lookup is memoised per model name for the
-//! snapshot's life, so a turn pays a hash lookup and a few multiplications.
+//! snapshot's life, so a turn pays a hash lookup and a few multiplications. Each model's prompt-cache lifetime
+//! (`[models] cache_ttl`) is looked up the same way, in the same memo.
 
-use crate::config::{ModelEntry, Price};
+use crate::config::{ModelEntry, Price, DEFAULT_CACHE_TTL};
 use crate::context::long_context::strip_1m;
 use crate::context::models::{glob_match, ModelTable, MAX_MODEL_LEN};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 /// A model's price in US dollars per token (not per million), every key resolved.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -78,25 +80,30 @@ impl Money {
     }
 }
 
-/// The priced entries of one source (user or built-in), lowercased.
-#[derive(Debug, Default)]
-struct Layer {
-    exact: HashMap<String, Rates>,
+/// The entries of one source (user or built-in) that set one key (a price, a cache lifetime), lowercased.
+#[derive(Debug)]
+struct Layer<T> {
+    exact: HashMap<String, T>,
     /// Most literal characters first, then by pattern.
-    globs: Vec<(String, Rates)>,
+    globs: Vec<(String, T)>,
 }
 
-impl Layer {
-    fn new(entries: &BTreeMap<String, ModelEntry>) -> Layer {
-        let mut layer = Layer::default();
+impl<T: Copy> Layer<T> {
+    fn new(
+        entries: &BTreeMap<String, ModelEntry>,
+        key: impl Fn(&ModelEntry) -> Option<T>,
+    ) -> Layer<T> {
+        let mut layer = Layer {
+            exact: HashMap::new(),
+            globs: Vec::new(),
+        };
         for (name, entry) in entries {
-            let Some(price) = &entry.price else { continue };
+            let Some(value) = key(entry) else { continue };
             let name = strip_1m(name).0.to_lowercase();
-            let rates = Rates::of(price);
             if name.contains(['*', '?']) {
-                layer.globs.push((name, rates));
+                layer.globs.push((name, value));
             } else {
-                layer.exact.entry(name).or_insert(rates);
+                layer.exact.entry(name).or_insert(value);
             }
         }
         let literal = |p: &str| p.chars().filter(|c| !matches!(c, '*' | '?')).count();
@@ -109,11 +116,11 @@ impl Layer {
         layer
     }
 
-    fn exact(&self, names: &[&str]) -> Option<Rates> {
+    fn exact(&self, names: &[&str]) -> Option<T> {
         names.iter().find_map(|n| self.exact.get(*n).copied())
     }
 
-    fn glob(&self, names: &[&str]) -> Option<Rates> {
+    fn glob(&self, names: &[&str]) -> Option<T> {
         names.iter().find_map(|n| {
             self.globs
                 .iter()
@@ -123,13 +130,37 @@ impl Layer {
     }
 }
 
-/// The prices of one config snapshot.
+/// A user layer over a built-in one, looked up in the model table's order.
+#[derive(Debug)]
+struct Layers<T> {
+    user: Layer<T>,
+    shipped: Layer<T>,
+}
+
+impl<T: Copy> Layers<T> {
+    fn get(&self, names: &[&str]) -> Option<T> {
+        self.user
+            .exact(names)
+            .or_else(|| self.shipped.exact(names))
+            .or_else(|| self.user.glob(names))
+            .or_else(|| self.shipped.glob(names))
+    }
+}
+
+/// What a model's lookup found.
+#[derive(Debug, Clone, Copy)]
+struct Found {
+    rates: Option<Rates>,
+    cache_ttl: Duration,
+}
+
+/// The prices (and prompt-cache lifetimes) of one config snapshot.
 #[derive(Debug)]
 pub struct Prices {
-    user: Layer,
-    shipped: Layer,
+    rates: Layers<Rates>,
+    ttls: Layers<Duration>,
     /// What a lookup found, by model name (emptied when it holds [`MEMO_MAX`] names).
-    memo: Mutex<HashMap<Box<str>, Option<Rates>>>,
+    memo: Mutex<HashMap<Box<str>, Found>>,
 }
 
 /// Most model names a snapshot's memo remembers.
@@ -138,9 +169,18 @@ const MEMO_MAX: usize = 1024;
 impl Prices {
     /// The user's `[models]` prices over the built-in table's; `Err` only if the embedded table is broken.
     pub fn new(user: &BTreeMap<String, ModelEntry>) -> Result<Prices, String> {
+        let shipped = ModelTable::shipped()?;
+        let price = |e: &ModelEntry| e.price.as_ref().map(Rates::of);
+        let ttl = |e: &ModelEntry| e.cache_ttl.map(|t| t.duration());
         Ok(Prices {
-            user: Layer::new(user),
-            shipped: Layer::new(&ModelTable::shipped()?),
+            rates: Layers {
+                user: Layer::new(user, price),
+                shipped: Layer::new(&shipped, price),
+            },
+            ttls: Layers {
+                user: Layer::new(user, ttl),
+                shipped: Layer::new(&shipped, ttl),
+            },
             memo: Mutex::new(HashMap::new()),
         })
     }
@@ -149,8 +189,21 @@ impl Prices {
     /// built-in globs, most literal first) among the entries that set one; case-insensitive, a provider prefix
     /// also tried without it, a `[1m]` suffix ignored. `None`: not priced.
     pub fn rates(&self, model: &str) -> Option<Rates> {
+        self.found(model).rates
+    }
+
+    /// How long the provider keeps `model`'s prompt cache (`[models] cache_ttl`, looked up as [`Prices::rates`]
+    /// is; else 5 minutes).
+    pub fn cache_ttl(&self, model: &str) -> Duration {
+        self.found(model).cache_ttl
+    }
+
+    fn found(&self, model: &str) -> Found {
         if model.len() > MAX_MODEL_LEN {
-            return None;
+            return Found {
+                rates: None,
+                cache_ttl: DEFAULT_CACHE_TTL.duration(),
+            };
         }
         if let Some(found) = self.memo.lock().get(model) {
             return *found;
@@ -164,8 +217,8 @@ impl Prices {
         found
     }
 
-    /// [`Prices::rates`] without the memo.
-    fn look_up(&self, model: &str) -> Option<Rates> {
+    /// [`Prices::found`] without the memo.
+    fn look_up(&self, model: &str) -> Found {
         let full = strip_1m(model).0.to_lowercase();
         let bare = full.rsplit('/').next().unwrap_or_default();
         let names: &[&str] = if bare.len() < full.len() {
@@ -173,11 +226,13 @@ impl Prices {
         } else {
             &[&full]
         };
-        self.user
-            .exact(names)
-            .or_else(|| self.shipped.exact(names))
-            .or_else(|| self.user.glob(names))
-            .or_else(|| self.shipped.glob(names))
+        Found {
+            rates: self.rates.get(names),
+            cache_ttl: self
+                .ttls
+                .get(names)
+                .unwrap_or_else(|| DEFAULT_CACHE_TTL.duration()),
+        }
     }
 }
 
@@ -253,6 +308,7 @@ mod tests {
             "my-*".to_string(),
             ModelEntry {
                 price: Some(price(3.0, 3.0, 3.0, 3.0)),
+                cache_ttl: Some(crate::config::DurationSpec::from_secs(3600)),
                 ..ModelEntry::default()
             },
         );
@@ -274,6 +330,8 @@ mod tests {
             5.0 / 1e6
         );
         assert!(p.rates("unknown-model").is_none());
+        assert_eq!(p.cache_ttl("unknown-model"), Duration::from_secs(300));
+        assert_eq!(p.cache_ttl("My-Model"), Duration::from_secs(3600));
         assert!(p.rates(&"x".repeat(MAX_MODEL_LEN + 1)).is_none());
     }
 }

@@ -38,7 +38,7 @@ pub use env::ENV_PREFIX;
 pub use hooks::HooksConfig;
 pub use kinds::{TokenAmount, ToolSelection};
 pub use metrics::MetricsConfig;
-pub use models::{ModelEntry, Price};
+pub use models::{ModelEntry, Price, DEFAULT_CACHE_TTL};
 pub use otel::OtelConfig;
 pub use prune::PruneConfig;
 pub use recall::RecallConfig;

@@ -1,6 +1,7 @@
 //! `[models."<pattern>"]`: per-model overrides (the context window, the upstream) keyed by exact name or glob
 //! pattern.
 
+use super::duration::DurationSpec;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -30,7 +31,19 @@ pub struct ModelEntry {
     /// (the built-in table has list prices of well-known models), else the model is not priced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub price: Option<Price>,
+    /// How long the provider keeps this model's prompt cache between two requests: a duration, a whole number
+    /// and a unit (`"5m"`, `"1h"`). A turn that comes longer than this after its session's previous one is counted
+    /// as a cache miss of cause `gap` (`ctxgate_cache_miss_tokens_total`, the turn's `cache` record). Unset: the
+    /// next entry that matches the model and sets one, else `"5m"` (the default lifetime of OpenAI's and
+    /// Anthropic's prompt caches).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_ttl: Option<DurationSpec>,
 }
+
+/// The provider's prompt-cache lifetime of a model without a `cache_ttl`.
+pub const DEFAULT_CACHE_TTL: DurationSpec = DurationSpec::from_secs(5 * 60);
+/// The longest `cache_ttl` (OpenAI's extended prompt caching keeps a prefix up to 24 hours).
+const MAX_CACHE_TTL: DurationSpec = DurationSpec::from_secs(7 * 86_400);
 
 /// `[models."<pattern>"] price`: US dollars per million tokens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -70,6 +83,13 @@ pub fn problems(models: &BTreeMap<String, ModelEntry>, e: &mut Vec<String>) {
         if m.context_window.is_some_and(|w| w < 256) {
             e.push(format!(
                 "models.\"{pattern}\".context_window: must be at least 256 tokens"
+            ));
+        }
+        if m.cache_ttl
+            .is_some_and(|t| t.duration().is_zero() || t > MAX_CACHE_TTL)
+        {
+            e.push(format!(
+                "models.\"{pattern}\".cache_ttl: must be more than 0 and at most \"7d\""
             ));
         }
         if let Some(p) = &m.price {

@@ -278,6 +278,12 @@ pub(super) fn tokens(r: &Registry) -> prometheus::Result<TokenFamilies> {
             SAVED_DOLLARS_TOTAL,
             "US dollars rewriting saved: prompt tokens removed by rewriting at the turn's input price per token (its input spend over its prompt tokens).",
         )?,
+        cache_miss: counters(
+            r,
+            CACHE_MISS_TOKENS_TOTAL,
+            "Prompt tokens of turns that missed the provider's prompt cache, by cause (gap, model, tools, recut, client): the uncached prompt tokens the provider reported for the turn, else the estimate of those sent from the first difference with the session's previous turn on.",
+            &["model", "dialect", "cause"],
+        )?,
     })
 }
 

@@ -306,6 +306,33 @@ label_enum! {
     }
 }
 
+label_enum! {
+    /// Why a turn missed the provider's prompt cache (`cause` of `ctxgate_cache_miss_tokens_total`), in the order
+    /// the causes are decided.
+    pub enum CacheMissCause {
+        /// The time since the session's previous turn passed the model's `cache_ttl`.
+        Gap => "gap",
+        /// The turn went to another model than the previous one.
+        Model => "model",
+        /// The client's tools changed.
+        Tools => "tools",
+        /// ctxgate's rewrite of the prefix changed (a re-cut, the recall tools offered or withdrawn).
+        Recut => "recut",
+        /// The client changed or dropped an earlier message, or its system prompt.
+        Client => "client",
+    }
+}
+
+impl CacheMissCause {
+    /// The cause named `s`.
+    pub fn parse(s: &str) -> Option<CacheMissCause> {
+        CacheMissCause::ALL
+            .iter()
+            .copied()
+            .find(|c| c.as_str() == s)
+    }
+}
+
 impl UpstreamOutcome {
     /// The outcome of an answer with `status`.
     pub const fn of_status(status: u16) -> UpstreamOutcome {

@@ -12,9 +12,9 @@ mod possible;
 mod series;
 
 pub use labels::{
-    CacheResult, DialectLabel, HookOutcome, RecallOutcome, RecallTool, RejectReason, ReloadOutcome,
-    RewriteOutcome, RewriteStrategy, Route, StatusClass, StoreBackend, StoreOp, SummaryOutcome,
-    UnmanagedReason, UpstreamErrorClass, UpstreamOutcome,
+    CacheMissCause, CacheResult, DialectLabel, HookOutcome, RecallOutcome, RecallTool,
+    RejectReason, ReloadOutcome, RewriteOutcome, RewriteStrategy, Route, StatusClass, StoreBackend,
+    StoreOp, SummaryOutcome, UnmanagedReason, UpstreamErrorClass, UpstreamOutcome,
 };
 pub use models::{ModelResolver, OTHER};
 
@@ -358,6 +358,22 @@ impl Metrics {
             }
             if let Some(c) = s.saved_dollars.get(di).and_then(Option::as_ref) {
                 c.inc_by(saved.max(0.0));
+            }
+        });
+    }
+
+    /// Adds a turn's missed prompt-cache tokens to its model's counter of `cause`.
+    pub fn cache_miss(
+        &self,
+        model: &str,
+        dialect: impl Into<DialectLabel>,
+        cause: CacheMissCause,
+        tokens: u64,
+    ) {
+        let at = dialect.into().idx() * CacheMissCause::ALL.len() + cause.idx();
+        self.models.with(model, |s| {
+            if let Some(c) = s.cache_miss.get(at).and_then(Option::as_ref) {
+                c.inc_by(tokens);
             }
         });
     }

@@ -2,7 +2,7 @@
 //! matches (`gpt-4o*`), anything else `other`. Resolved once per model name and cached (bounded), with the
 //! series of each label resolved once too, so recording costs one hash lookup.
 
-use super::labels::DialectLabel;
+use super::labels::{CacheMissCause, DialectLabel};
 use parking_lot::{Mutex, RwLock};
 use prometheus::{Counter, CounterVec, IntCounter, IntCounterVec};
 use std::collections::HashMap;
@@ -31,6 +31,8 @@ pub(crate) struct ModelSeries {
     pub saved: Vec<Option<IntCounter>>,
     pub spend_dollars: Vec<Option<Counter>>,
     pub saved_dollars: Vec<Option<Counter>>,
+    /// Indexed by `DialectLabel::idx` × the causes + `CacheMissCause::idx`.
+    pub cache_miss: Vec<Option<IntCounter>>,
 }
 
 /// The per-model counter families (labels `model`, `dialect`).
@@ -42,6 +44,7 @@ pub(crate) struct TokenFamilies {
     pub saved: IntCounterVec,
     pub spend_dollars: CounterVec,
     pub saved_dollars: CounterVec,
+    pub cache_miss: IntCounterVec,
 }
 
 pub(crate) struct ModelLabels {
@@ -134,6 +137,17 @@ fn series(f: &TokenFamilies, label: Arc<str>) -> ModelSeries {
         saved: per_dialect(&f.saved),
         spend_dollars: dollars(&f.spend_dollars),
         saved_dollars: dollars(&f.saved_dollars),
+        cache_miss: DialectLabel::ALL
+            .iter()
+            .flat_map(|d| {
+                CacheMissCause::ALL.iter().map(|c| {
+                    (*d != DialectLabel::NoDialect).then(|| {
+                        f.cache_miss
+                            .with_label_values(&[&*label, d.as_str(), c.as_str()])
+                    })
+                })
+            })
+            .collect(),
         label,
     }
 }

@@ -43,6 +43,11 @@ pub const SPEND_DOLLARS_TOTAL: &str = "ctxgate_spend_dollars_total";
 /// (`ctxgate_saved_tokens_total`'s figure) at the turn's input price per token (its input spend over its prompt
 /// tokens, so the cached share the provider reported applies). See docs/how-it-works.md, "Money".
 pub const SAVED_DOLLARS_TOTAL: &str = "ctxgate_saved_dollars_total";
+/// Counter: prompt tokens of turns that missed the provider's prompt cache, by `model`, `dialect` and `cause`
+/// (`gap`, `model`, `tools`, `recut`, `client`): the uncached prompt tokens the provider reported for the turn
+/// (its first upstream round), else the estimate of those sent from the first difference with the session's
+/// previous turn on. See docs/how-it-works.md, "Why a turn missed the cache".
+pub const CACHE_MISS_TOKENS_TOTAL: &str = "ctxgate_cache_miss_tokens_total";
 /// Gauge: calibration of the token estimate (upstream count / estimate), by `model`.
 pub const TOKEN_ESTIMATE_RATIO: &str = "ctxgate_token_estimate_ratio";
 /// Counter: rewrites by `strategy` and `outcome`.
@@ -110,6 +115,7 @@ pub const ALL: &[&str] = &[
     SAVED_TOKENS_TOTAL,
     SPEND_DOLLARS_TOTAL,
     SAVED_DOLLARS_TOTAL,
+    CACHE_MISS_TOKENS_TOTAL,
     TOKEN_ESTIMATE_RATIO,
     REWRITES_TOTAL,
     SUMMARIZER_CALLS_TOTAL,

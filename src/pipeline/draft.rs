@@ -1,13 +1,14 @@
 //! A turn's record before its answer (`turn_record`): what was sent and how, started as soon as the request is
 //! planned so that its segments are worked out while the upstream answers.
 
+use super::cache_miss::{CacheReport, Probe};
 use super::{turn_record, Exchange, Outgoing};
-use crate::app::Money;
+use crate::app::{Money, Rates};
 use crate::config::Strategy;
 use crate::dialect::Request as Parsed;
 use crate::relay::RelayOutcome;
 use crate::session::manager::now_secs;
-use crate::session::RequestMark;
+use crate::session::{RequestMark, SentRewrite};
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -15,7 +16,24 @@ impl Exchange {
     /// The turn's record as far as it is known once `outgoing` is planned (recorded sessions only).
     pub(super) fn draft(&self, outgoing: &Outgoing) -> Option<TurnDraft> {
         let mark = self.mark.as_ref()?;
-        Some(TurnDraft::new(&self.request, mark, self.strategy, outgoing))
+        let mut draft = TurnDraft::new(&self.request, mark, self.strategy, outgoing);
+        // What the cache analysis compares with the next turn: the model that answers, its cache's lifetime.
+        let model = outgoing.fallback.as_deref().unwrap_or(&self.request.model);
+        let rewrite = outgoing.rewrite.as_ref().map(|r| SentRewrite {
+            cuts: r.record.cuts,
+            stages: r.record.stages.clone(),
+            injected: r.injected,
+        });
+        draft.probe = Some(Probe::new(
+            mark,
+            &self.request,
+            self.started,
+            self.item_hashes.clone(),
+            rewrite,
+            model,
+            self.live.prices.cache_ttl(model),
+        ));
+        Some(draft)
     }
 }
 
@@ -26,6 +44,8 @@ pub(super) struct TurnDraft {
     segments: Segments,
     /// Each recall round's calls (one entry per round).
     pub calls: Arc<parking_lot::Mutex<Vec<Value>>>,
+    /// What the turn's cache analysis needs.
+    probe: Option<Probe>,
 }
 
 /// What was sent: known at once (sent as it was), or being worked out in the background (rewritten).
@@ -114,19 +134,23 @@ impl TurnDraft {
                 recall_calls: Vec::new(),
                 sent: Vec::new(),
                 dollars: None,
+                cache: None,
             },
             segments,
             calls: Arc::new(parking_lot::Mutex::new(Vec::new())),
+            probe: None,
         }
     }
 
-    /// The stored record, once the turn ended with `status` and `outcome`.
+    /// The stored record, once the turn ended with `status` and `outcome` (priced at `rates`), with its cache
+    /// analysis.
     pub(super) async fn finish(
         self,
         status: u16,
         outcome: &RelayOutcome,
         money: Option<Money>,
-    ) -> String {
+        rates: Option<&Rates>,
+    ) -> (String, Option<CacheReport>) {
         let mut info = self.info;
         info.status = status;
         info.dollars = money;
@@ -150,6 +174,10 @@ impl TurnDraft {
             Segments::Ready(s) => s,
             Segments::Pending(task) => task.await.unwrap_or_default(),
         };
-        turn_record::to_json(&info)
+        let success = (200..300).contains(&status);
+        info.cache = self
+            .probe
+            .and_then(|p| p.finish(success, &info.sent, &outcome.reply, info.tokens.sent, rates));
+        (turn_record::to_json(&info), info.cache.clone())
     }
 }

@@ -23,7 +23,8 @@ impl Exchange {
             self.dialect,
             &self.request.body,
         );
-        let mark = reconcile(&self.state, session.as_ref(), &self.request).await;
+        let (mark, hashes) = reconcile(&self.state, session.as_ref(), &self.request).await;
+        self.item_hashes = hashes;
         if let (Some(s), Some(m)) = (session.as_mut(), mark.as_ref()) {
             if s.id != m.entry.id {
                 s.id.clone_from(&m.entry.id);
@@ -37,24 +38,24 @@ impl Exchange {
     }
 }
 
-/// Reconciles the request with the session's stored history and returns where its messages landed; `None` (the
+/// Reconciles the request with the session's stored history and returns where its messages landed, with the
+/// hashes of its conversation elements' bytes (kept for the turn's cache analysis, `cache_miss`); `None` (the
 /// turn is proxied without history) when there is no session or the store failed.
 async fn reconcile(
     state: &AppState,
     session: Option<&SessionIdentity>,
     request: &Parsed,
-) -> Option<RequestMark> {
-    let session = session?;
-    match state
+) -> (Option<RequestMark>, Vec<u64>) {
+    let Some(session) = session else {
+        return (None, Vec::new());
+    };
+    let hashes = request.item_hashes().map_or_else(
+        || raw_item_hashes(&request.raw, request.dialect.conversation_key()),
+        <[u64]>::to_vec,
+    );
+    let mark = match state
         .sessions
-        .record_request(
-            session,
-            request.native(),
-            &request.item_hashes().map_or_else(
-                || raw_item_hashes(&request.raw, request.dialect.conversation_key()),
-                <[u64]>::to_vec,
-            ),
-        )
+        .record_request(session, request.native(), &hashes)
         .await
     {
         Ok(m) => Some(m),
@@ -64,5 +65,6 @@ async fn reconcile(
             tracing::warn!(error = %e, session = %session.id, "session: could not record the request; proxying without history");
             None
         }
-    }
+    };
+    (mark, hashes)
 }

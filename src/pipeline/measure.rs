@@ -7,7 +7,8 @@ use crate::context::CompressionRecord;
 use crate::dialect::Dialect;
 use crate::error::GatewayError;
 use crate::metrics::{
-    RequestTimer, RewriteOutcome, RewriteStrategy, Route, TokenCounts, UpstreamErrorClass,
+    CacheMissCause, RequestTimer, RewriteOutcome, RewriteStrategy, Route, TokenCounts,
+    UpstreamErrorClass,
 };
 use crate::relay::RelayOutcome;
 
@@ -135,4 +136,19 @@ pub(super) fn money(rates: &Rates, outcome: &RelayOutcome, removed: u64) -> Opti
         output: output.unwrap_or(0),
     };
     Some(Money::of(rates, &billed, removed))
+}
+
+/// A turn's missed prompt-cache tokens, by cause (`cache_miss`), counted against the model that answered.
+pub(super) fn cache_miss(
+    state: &AppState,
+    dialect: Dialect,
+    model: &str,
+    report: &super::cache_miss::CacheReport,
+) {
+    let Some(cause) = report.cause.and_then(CacheMissCause::parse) else {
+        return;
+    };
+    state
+        .metrics
+        .cache_miss(model, dialect, cause, report.missed_tokens);
 }

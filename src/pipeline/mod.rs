@@ -3,6 +3,7 @@
 //! translates at the edges; nothing here knows a wire format.
 
 mod access;
+mod cache_miss;
 mod count;
 mod draft;
 mod forward;
@@ -102,6 +103,7 @@ async fn handle(
         route,
         session: None,
         mark: None,
+        item_hashes: Vec::new(),
         trace: parts.extensions.get::<RequestTrace>().cloned(),
     };
     // 3. Identify the conversation and reconcile the request with its stored history.
@@ -145,6 +147,8 @@ struct Exchange {
     session: Option<SessionIdentity>,
     /// Where the request's messages landed in the session; `None`: proxied without history.
     mark: Option<RequestMark>,
+    /// The hash of each of the request's conversation elements' bytes (recorded sessions only).
+    item_hashes: Vec<u64>,
     /// The request's server span, when tracing is on: each stage adds its own under it.
     trace: Option<RequestTrace>,
 }

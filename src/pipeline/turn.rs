@@ -169,9 +169,16 @@ impl Turn {
                     .rates
                     .filter(|_| self.status.is_success())
                     .and_then(|r| measure::money(&r, &outcome, self.removed));
+                let mut cache = None;
                 if let Some(mark) = &self.mark {
                     let turn = match self.draft {
-                        Some(d) => Some(d.finish(self.status.as_u16(), &outcome, money).await),
+                        Some(d) => {
+                            let (turn, report) = d
+                                .finish(self.status.as_u16(), &outcome, money, self.rates.as_ref())
+                                .await;
+                            cache = report;
+                            Some(turn)
+                        }
                         None => None,
                     };
                     record_reply(state, self.dialect, mark, self.status, &outcome, turn).await;
@@ -199,6 +206,9 @@ impl Turn {
                     &outcome,
                     money,
                 );
+                if let Some(c) = &cache {
+                    measure::cache_miss(state, self.dialect, &self.answered, c);
+                }
                 let logged = Logged {
                     dialect: self.dialect,
                     started: self.started,

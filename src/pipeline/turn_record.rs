@@ -196,6 +196,11 @@ pub struct TurnInfo {
     /// `app::Money`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dollars: Option<Money>,
+    /// Where the request first differed from the session's previous one and why it missed the provider's prompt
+    /// cache, with the cached and uncached tokens reported and their price (answered turns; see
+    /// `pipeline::cache_miss`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<super::cache_miss::CacheReport>,
 }
 
 /// A turn's token counts.
@@ -333,6 +338,7 @@ mod tests {
             recall_calls: vec![],
             sent: segments(&sent, &native),
             dollars: None,
+            cache: None,
         }))
         .unwrap();
         assert_eq!(

@@ -48,6 +48,55 @@ pub(super) struct EntryState {
     pub(super) strategy: Option<String>,
     /// See [`SessionMeta::idle_notified`].
     pub(super) idle_notified: Option<i64>,
+    /// What the session's latest answered turn sent upstream, as hashes (kept in memory only).
+    pub(super) last_sent: Option<SentPrint>,
+}
+
+/// What a turn sent upstream, as hashes and positions (no message text), kept with its session in memory so that
+/// the next turn can tell where its request first differs from it and why (`pipeline::cache_miss`).
+#[derive(Debug, Clone, Default)]
+pub struct SentPrint {
+    /// When its request arrived.
+    pub at: Option<std::time::Instant>,
+    /// Hash of the model it went to.
+    pub model: u64,
+    /// Hash of the client's tools (0: none).
+    pub tools: u64,
+    /// Hash of the client's top-level system prompt or instructions (0: none).
+    pub system: u64,
+    /// Hash of each element of the conversation array the client sent.
+    pub client: Vec<u64>,
+    /// Hash of each element sent upstream, when a rewrite changed them (empty: the client's, as sent).
+    pub sent: Vec<u64>,
+    /// Aligned with `sent`: the position in the client's request of the element sent, `u32::MAX` for one ctxgate
+    /// wrote.
+    pub from: Vec<u32>,
+    /// The rewrite's cut points and stages, and whether the recall tools were offered (`None`: not rewritten).
+    pub rewrite: Option<SentRewrite>,
+    /// The node of the client's last message (its path gives each client element's message).
+    pub leaf: Option<super::tree::NodeId>,
+}
+
+/// What a rewrite did to a turn's prefix, as [`SentPrint`] keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SentRewrite {
+    pub cuts: [usize; 9],
+    pub stages: Vec<&'static str>,
+    pub injected: bool,
+}
+
+impl SentPrint {
+    /// Heap bytes it holds.
+    fn heap_bytes(&self) -> usize {
+        use heap::vec;
+        vec(self.client.capacity(), 8)
+            + vec(self.sent.capacity(), 8)
+            + vec(self.from.capacity(), 4)
+            + self
+                .rewrite
+                .as_ref()
+                .map_or(0, |r| vec(r.stages.capacity(), 16))
+    }
 }
 
 impl EntryState {
@@ -67,6 +116,7 @@ impl EntryState {
             in_store: false,
             strategy: None,
             idle_notified: None,
+            last_sent: None,
         }
     }
 
@@ -122,7 +172,8 @@ impl SessionEntry {
             + vec(st.compressions.capacity(), size_of::<Compression>())
             + vec(st.internal.capacity(), size_of::<Value>())
             + vec(st.unsaved.capacity(), size_of::<WriteOp>())
-            + st.strategy.as_ref().map_or(0, |s| alloc(s.capacity()));
+            + st.strategy.as_ref().map_or(0, |s| alloc(s.capacity()))
+            + st.last_sent.as_ref().map_or(0, SentPrint::heap_bytes);
         let cache = key + CACHE_ENTRY_BYTES;
         let registry = size_of::<(String, std::sync::Weak<SessionEntry>)>() * 8 / 7 + key;
         own + cache + registry
@@ -236,6 +287,14 @@ impl SessionEntry {
             .strategy
             .as_deref()
             .and_then(crate::config::Strategy::parse)
+    }
+
+    /// Keeps `print` as what the session's latest turn sent, and returns the one it replaces.
+    pub fn swap_sent(&self, print: SentPrint) -> Option<SentPrint> {
+        let mut st = self.state.lock();
+        let old = st.last_sent.replace(print);
+        self.reweigh(&st);
+        old
     }
 
     /// Runs `f` on the session's tree.

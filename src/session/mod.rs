@@ -14,6 +14,7 @@ pub mod tenant;
 pub mod tree;
 pub mod turns;
 
+pub use entry::{SentPrint, SentRewrite};
 pub use identity::{identify, IdSource, Naming, SessionIdentity};
 pub use manager::{RequestMark, SessionView, Sessions};
 pub use tenant::TenantKey;
