@@ -282,11 +282,29 @@ function renderTurns() {
     const tr = el("tr", { class: "turn", dataset: { turn: t.turn } },
       el("td", {}, t.turn), el("td", {}, when(t.at)), el("td", {}, t.status),
       el("td", {}, t.strategy + (t.rewritten ? " · rewritten" : "")), el("td", {}, (t.stages || []).join(", ")),
-      tokensCell(tk), el("td", {}, t.recall_rounds || ""));
+      tokensCell(tk), el("td", {}, t.recall_rounds || ""), cacheCell(t.cache));
     tr.addEventListener("click", () => openTurn(t.turn).catch(fail));
     body.append(tr);
   }
   $("turns-more").hidden = state.turns.length >= state.turnsTotal;
+}
+
+/// A turn's prompt cache against the session's previous turn: why it missed (the stage of a re-cut) and where the
+/// request first differed — the tools, the system prompt, or message #index at its byte — with the missed tokens
+/// (`~` when estimated); "hit" for an exact extension, empty for the first turn or one without the analysis.
+function cacheCell(c) {
+  if (!c) return el("td", { class: "cache muted" }, "");
+  const title = `cached ${c.cached_tokens ?? "not reported"} · uncached ${c.uncached_tokens ?? "not reported"}` +
+    (c.dollars ? ` · missed ${dollars(c.dollars.missed)} more than a hit` : "") +
+    (c.gap_ms != null ? ` · ${Math.round(c.gap_ms / 1000)} s after the previous turn (cache_ttl ${c.cache_ttl_secs} s)` : "");
+  if (!c.cause) {
+    return el("td", { class: "cache muted", title }, c.gap_ms == null ? "first" : "hit");
+  }
+  const where = c.part === "messages" ? `#${c.index}` + (c.byte != null ? ` byte ${c.byte}` : "")
+    : c.part || "";
+  const text = c.cause + (c.stage ? ` (${c.stage})` : "") + (where ? ` @ ${where}` : "") +
+    ` · ${c.estimated ? "~" : ""}${c.missed_tokens} missed`;
+  return el("td", { class: "cache miss", title }, text);
 }
 
 /// A turn's token figures: what the client sent → what went upstream / the window; "not counted" (explained in

@@ -129,6 +129,15 @@ def test_the_inspector_shows_what_each_turn_sent(inspector: str):
         # Its money, summed by the admin API from its turns (the mock model is unpriced: nothing spent).
         assert "spent $0.00 · saved $0.00" in page.text_content("#session-meta")
         expect(page.locator("tr.turn[data-turn='0']")).to_have_count(0)
+        # Each turn's prompt cache against the previous turn, as its record says: the first has none to compare
+        # with; ctxgate's rewrites changed the prefix of turns 2 and 3 (a re-cut, named by its stage).
+        for t in turns["turns"]:
+            cell = page.text_content(f"tr.turn[data-turn='{t['turn']}'] td.cache")
+            cause = t["cache"].get("cause")
+            assert (cause or ("first" if t["turn"] == 1 else "hit")) in cell, (t["cache"], cell)
+            if cause:
+                assert f"{t['cache']['missed_tokens']} missed" in cell, cell
+        assert "recut" in [t["cache"].get("cause") for t in turns["turns"]], turns
 
         # Turn 2 (offset 1 in the admin API): the cleared results are marked, on both sides.
         page.click("tr.turn[data-turn='2']")
