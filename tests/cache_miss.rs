@@ -177,6 +177,12 @@ async fn an_extension_hits_and_a_client_edit_is_attributed_to_the_client() {
     assert!(close(&d["missed"], 900.0 * 2.25 / 1e6), "{d}");
 
     assert_eq!(missed(&h, model, "client"), 900);
+    // the analysis changes nothing sent: each request reached the upstream byte for byte as posted
+    let sent = h.mock.requests();
+    assert_eq!(sent.len(), 3);
+    let last = json!({"model": model, "messages": [sys, edited, assistant("done"), user("and the tests?"),
+                                                   assistant("added"), user("thanks")]});
+    assert_eq!(sent[2].body, serde_json::to_vec(&last).unwrap());
     for cause in ["gap", "model", "tools", "recut"] {
         assert_eq!(missed(&h, model, cause), 0, "{cause}");
     }
