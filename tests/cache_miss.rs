@@ -327,3 +327,62 @@ fn check_config_validates_cache_ttl() {
         Some(Duration::from_secs(3_600))
     );
 }
+
+#[tokio::test]
+async fn an_anthropic_system_prompt_change_is_the_clients() {
+    let mut h = harness().await;
+    let model = "cm-claude";
+    let post = |system: &'static str, messages: Value| json!({"model": model, "max_tokens": 64, "system": system, "messages": messages});
+    let headers = [
+        ("x-api-key", "sk-ant-cache-miss"),
+        ("anthropic-version", "2023-06-01"),
+        ("x-session-id", "cm-anthropic"),
+    ];
+    let bodies = [
+        post("Be terse.", json!([user("hello")])),
+        post(
+            "Be terse.",
+            json!([user("hello"), assistant("hi"), user("go")]),
+        ),
+        post(
+            "Be verbose.",
+            json!([
+                user("hello"),
+                assistant("hi"),
+                user("go"),
+                assistant("ok"),
+                user("more")
+            ]),
+        ),
+    ];
+    let mut session = String::new();
+    for body in &bodies {
+        let resp = h.post_json("/v1/messages", &headers, body).await;
+        assert_eq!(resp.status(), 200);
+        session = common::session_header(&resp);
+        resp.text().await.unwrap();
+        h.next_turn().await;
+    }
+    let turns = turns(&h, &session).await;
+    assert!(turns[1]["cache"].get("cause").is_none(), "{}", turns[1]);
+    let c = &turns[2]["cache"];
+    assert_eq!(c["cause"], "client", "{c}");
+    assert_eq!(c["part"], "system", "{c}");
+    // the mock reports cache reads (none): the uncached tokens are the missed ones
+    assert_eq!(c["cached_tokens"], 0, "{c}");
+    assert_eq!(c["missed_tokens"], c["uncached_tokens"], "{c}");
+    let label = h.state.metrics.model_label(model);
+    let series = format!(
+        "{}{{cause=\"client\",dialect=\"anthropic\",model=\"{label}\"}} ",
+        names::CACHE_MISS_TOKENS_TOTAL
+    );
+    let counted: u64 = h
+        .state
+        .metrics
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix(&series).map(|v| v.trim().parse().unwrap()))
+        .unwrap();
+    assert_eq!(counted, c["missed_tokens"].as_u64().unwrap());
+    assert!(counted > 0);
+}

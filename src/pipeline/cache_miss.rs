@@ -11,6 +11,7 @@
 use super::turn_record::Segment;
 use crate::app::Rates;
 use crate::dialect::{AssembledReply, Request as Parsed};
+use crate::session::manager::SessionEntry;
 use crate::session::{RequestMark, SentPrint, SentRewrite};
 use serde::Serialize;
 use serde_json::Value;
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 
 /// What the analysis needs of a turn, taken when it is planned.
 pub(super) struct Probe {
-    mark: RequestMark,
+    entry: Arc<SessionEntry>,
     request: Arc<Parsed>,
     ttl: Duration,
     print: SentPrint,
@@ -115,7 +116,7 @@ impl Probe {
         let body = &request.body;
         let system = body.get("system").or_else(|| body.get("instructions"));
         Probe {
-            mark: mark.clone(),
+            entry: Arc::clone(&mark.entry),
             request: Arc::clone(request),
             ttl,
             print: SentPrint {
@@ -168,7 +169,7 @@ impl Probe {
             }
         }
         let cur = self.print.clone();
-        let prev = self.mark.entry.swap_sent(std::mem::take(&mut self.print));
+        let prev = self.entry.swap_sent(std::mem::take(&mut self.print));
         let diff = prev.as_ref().map(|p| compare(p, &cur, self.ttl));
         let mut report = CacheReport {
             cause: None,
@@ -248,7 +249,7 @@ impl Probe {
         } else {
             i
         };
-        let was = self.mark.entry.with_tree(|t| {
+        let was = self.entry.with_tree(|t| {
             let path = t.path_to(prev.leaf.as_ref());
             path.get(was_at)
                 .and_then(|n| serde_json::to_vec(&*n.message).ok())

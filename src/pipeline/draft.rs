@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 impl Exchange {
     /// The turn's record as far as it is known once `outgoing` is planned (recorded sessions only).
-    pub(super) fn draft(&self, outgoing: &Outgoing) -> Option<TurnDraft> {
+    pub(super) fn draft(&mut self, outgoing: &Outgoing) -> Option<TurnDraft> {
         let mark = self.mark.as_ref()?;
         let mut draft = TurnDraft::new(&self.request, mark, self.strategy, outgoing);
         // What the cache analysis compares with the next turn: the model that answers, its cache's lifetime.
@@ -28,7 +28,7 @@ impl Exchange {
             mark,
             &self.request,
             self.started,
-            self.item_hashes.clone(),
+            std::mem::take(&mut self.item_hashes),
             rewrite,
             model,
             self.live.prices.cache_ttl(model),
