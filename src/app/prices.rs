@@ -198,6 +198,12 @@ impl Prices {
         self.found(model).cache_ttl
     }
 
+    /// [`Prices::rates`] and [`Prices::cache_ttl`] in one lookup.
+    pub fn rates_and_ttl(&self, model: &str) -> (Option<Rates>, Duration) {
+        let f = self.found(model);
+        (f.rates, f.cache_ttl)
+    }
+
     fn found(&self, model: &str) -> Found {
         if model.len() > MAX_MODEL_LEN {
             return Found {

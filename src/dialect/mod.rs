@@ -124,6 +124,16 @@ impl Dialect {
         }
     }
 
+    /// The top-level body field holding the system prompt outside the conversation, if the dialect has one:
+    /// `system` (Anthropic), `instructions` (Responses); chat's system messages are in `messages`.
+    pub fn system_key(self) -> Option<&'static str> {
+        match self {
+            Dialect::Chat => None,
+            Dialect::Anthropic => Some("system"),
+            Dialect::Responses => Some("instructions"),
+        }
+    }
+
     /// `gen_ai.provider.name` of the dialect's API: `openai` or `anthropic`.
     pub fn provider(self) -> &'static str {
         match self.api() {

@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 pub(super) struct Probe {
     entry: Arc<SessionEntry>,
     request: Arc<Parsed>,
-    ttl: Duration,
     print: SentPrint,
 }
 
@@ -103,7 +102,7 @@ fn hash_value(v: Option<&Value>) -> u64 {
 
 impl Probe {
     /// The probe of a request that arrived at `at`, landed at `mark`, with its elements' hashes `client`, planned
-    /// with `rewrite` (cuts, stages, recall offered) for `model`, whose cache lasts `ttl`.
+    /// with `rewrite` (cuts, stages, recall offered) for `model`.
     pub(super) fn new(
         mark: &RequestMark,
         request: &Arc<Parsed>,
@@ -111,14 +110,12 @@ impl Probe {
         client: Vec<u64>,
         rewrite: Option<SentRewrite>,
         model: &str,
-        ttl: Duration,
     ) -> Probe {
         let body = &request.body;
-        let system = body.get("system").or_else(|| body.get("instructions"));
+        let system = request.dialect.system_key().and_then(|k| body.get(k));
         Probe {
             entry: Arc::clone(&mark.entry),
             request: Arc::clone(request),
-            ttl,
             print: SentPrint {
                 at: Some(at),
                 model: xxhash_rust::xxh3::xxh3_64(model.as_bytes()),
@@ -134,21 +131,27 @@ impl Probe {
     }
 
     /// The analysis of the turn, once it was answered with `reply` and `segments` (what was sent) are known;
-    /// `sent_tokens`: the estimate of what was sent, `rates` the model's price. Keeps what was sent with the
-    /// session for the next turn. `None` for a failed turn, or when what was sent cannot be read.
+    /// `sent_tokens`: the estimate of what was sent, `rates` the model's price, `ttl` its cache's lifetime. Keeps
+    /// what was sent with the session for the next turn. `None` for a failed turn, or when what was sent cannot be
+    /// read.
     pub(super) fn finish(
         mut self,
         success: bool,
         segments: &[Segment],
         reply: &AssembledReply,
         sent_tokens: Option<u64>,
-        rates: Option<&Rates>,
+        (rates, ttl): (Option<&Rates>, Duration),
     ) -> Option<CacheReport> {
         if !success || self.print.client.len() != self.request.native().len() {
             return None;
         }
         let native = self.request.native();
         if self.print.rewrite.is_some() {
+            if segments.is_empty() {
+                // What was sent could not be worked out: the previous turn's print stays.
+                tracing::debug!(session = %self.entry.id, "cache: what a rewritten turn sent is unknown");
+                return None;
+            }
             for s in segments {
                 match s {
                     Segment::Nodes { from, to } => {
@@ -168,9 +171,9 @@ impl Probe {
                 }
             }
         }
-        let cur = self.print.clone();
-        let prev = self.entry.swap_sent(std::mem::take(&mut self.print));
-        let diff = prev.as_ref().map(|p| compare(p, &cur, self.ttl));
+        let (n, rewritten) = (self.print.sent_len(), self.print.rewrite.is_some());
+        let print = std::mem::take(&mut self.print);
+        let (prev, diff) = self.entry.swap_sent(print, |p, c| compare(p, c, ttl));
         let mut report = CacheReport {
             cause: None,
             stage: None,
@@ -178,7 +181,7 @@ impl Probe {
             index: None,
             byte: None,
             gap_ms: diff.as_ref().map(|d| d.gap_ms),
-            cache_ttl_secs: self.ttl.as_secs(),
+            cache_ttl_secs: ttl.as_secs(),
             cached_tokens: None,
             uncached_tokens: None,
             missed_tokens: 0,
@@ -191,7 +194,7 @@ impl Probe {
             report.part = d.part;
             report.index = d.index;
             if let (Some(prev), Some(i)) = (&prev, d.index) {
-                report.byte = self.byte_at(prev, &cur, segments, native, i);
+                report.byte = self.byte_at(prev, rewritten, segments, native, i);
             }
         }
         // The first upstream round's usage: later recall rounds build on it, not on the previous turn.
@@ -208,7 +211,6 @@ impl Probe {
                 (Some(u), Some(_)) => report.missed_tokens = u,
                 _ => {
                     report.estimated = true;
-                    let n = cur.sent_len();
                     report.missed_tokens = match (sent_tokens.or(prompt), report.index) {
                         (Some(t), Some(i)) if report.part == Some("messages") && n > 0 => {
                             t * (n - i.min(n)) as u64 / n as u64
@@ -237,12 +239,12 @@ impl Probe {
     fn byte_at(
         &self,
         prev: &SentPrint,
-        cur: &SentPrint,
+        rewritten: bool,
         segments: &[Segment],
         native: &[Value],
         i: usize,
     ) -> Option<usize> {
-        let now = current_element(cur, segments, native, i)?;
+        let now = current_element(rewritten, segments, native, i)?;
         let was_at = if prev.rewrite.is_some() {
             let p = *prev.from.get(i)?;
             (p != u32::MAX).then_some(p as usize)?
@@ -261,12 +263,12 @@ impl Probe {
 
 /// The element `i` sent this turn: the client's own, or one ctxgate wrote.
 fn current_element<'a>(
-    cur: &SentPrint,
+    rewritten: bool,
     segments: &'a [Segment],
     native: &'a [Value],
     i: usize,
 ) -> Option<&'a Value> {
-    if cur.rewrite.is_none() {
+    if !rewritten {
         return native.get(i);
     }
     let mut k = 0;

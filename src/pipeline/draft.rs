@@ -17,7 +17,7 @@ impl Exchange {
     pub(super) fn draft(&mut self, outgoing: &Outgoing) -> Option<TurnDraft> {
         let mark = self.mark.as_ref()?;
         let mut draft = TurnDraft::new(&self.request, mark, self.strategy, outgoing);
-        // What the cache analysis compares with the next turn: the model that answers, its cache's lifetime.
+        // What the cache analysis compares with the next turn (the model that answers).
         let model = outgoing.fallback.as_deref().unwrap_or(&self.request.model);
         let rewrite = outgoing.rewrite.as_ref().map(|r| SentRewrite {
             cuts: r.record.cuts,
@@ -31,7 +31,6 @@ impl Exchange {
             std::mem::take(&mut self.item_hashes),
             rewrite,
             model,
-            self.live.prices.cache_ttl(model),
         ));
         Some(draft)
     }
@@ -149,7 +148,7 @@ impl TurnDraft {
         status: u16,
         outcome: &RelayOutcome,
         money: Option<Money>,
-        rates: Option<&Rates>,
+        rates: (Option<&Rates>, std::time::Duration),
     ) -> (String, Option<CacheReport>) {
         let mut info = self.info;
         info.status = status;

@@ -48,6 +48,8 @@ pub(super) struct Turn {
     /// The model's price (`None`: not priced) and the prompt tokens the rewrite removed, for the turn's money.
     rates: Option<Rates>,
     removed: u64,
+    /// How long the provider keeps the answering model's prompt cache (`[models] cache_ttl`).
+    cache_ttl: Duration,
 }
 
 /// What the access-log line says of a turn beyond the exchange: the rewrite, the tokens and the recall rounds.
@@ -98,6 +100,8 @@ impl Turn {
         timer: Option<RequestTimer>,
     ) -> Turn {
         let request = &ex.request;
+        let answered = outgoing.fallback.as_deref().unwrap_or(&request.model);
+        let (rates, cache_ttl) = ex.live.prices.rates_and_ttl(answered);
         Turn {
             state: ex.state.clone(),
             mark: ex.mark.clone(),
@@ -125,10 +129,8 @@ impl Turn {
             draft,
             request: Arc::clone(request),
             upstream_trace: sent.trace.take(),
-            rates: ex
-                .live
-                .prices
-                .rates(outgoing.fallback.as_deref().unwrap_or(&request.model)),
+            rates,
+            cache_ttl,
             removed: outgoing.rewrite.as_ref().map_or(0, |r| {
                 r.record.tokens_before.saturating_sub(r.record.tokens_after)
             }),
@@ -174,7 +176,12 @@ impl Turn {
                     let turn = match self.draft {
                         Some(d) => {
                             let (turn, report) = d
-                                .finish(self.status.as_u16(), &outcome, money, self.rates.as_ref())
+                                .finish(
+                                    self.status.as_u16(),
+                                    &outcome,
+                                    money,
+                                    (self.rates.as_ref(), self.cache_ttl),
+                                )
                                 .await;
                             cache = report;
                             Some(turn)

@@ -289,12 +289,24 @@ impl SessionEntry {
             .and_then(crate::config::Strategy::parse)
     }
 
-    /// Keeps `print` as what the session's latest turn sent, and returns the one it replaces.
-    pub fn swap_sent(&self, print: SentPrint) -> Option<SentPrint> {
+    /// Keeps `print` as what the session's latest turn sent, and returns the one it replaces with what `compare`
+    /// made of the two (the previous one first).
+    pub fn swap_sent<T>(
+        &self,
+        print: SentPrint,
+        compare: impl FnOnce(&SentPrint, &SentPrint) -> T,
+    ) -> (Option<SentPrint>, Option<T>) {
         let mut st = self.state.lock();
+        let bytes = print.heap_bytes();
         let old = st.last_sent.replace(print);
-        self.reweigh(&st);
-        old
+        if old.as_ref().map(SentPrint::heap_bytes) != Some(bytes) {
+            self.reweigh(&st);
+        }
+        let found = match (&old, &st.last_sent) {
+            (Some(prev), Some(cur)) => Some(compare(prev, cur)),
+            _ => None,
+        };
+        (old, found)
     }
 
     /// Runs `f` on the session's tree.
