@@ -198,6 +198,9 @@ async fn the_page_numbers_turns_from_one_and_explains_its_figures() {
     assert!(html.contains("id=\"list-legend\""), "{html}");
     // the turn table's cache column: why a turn missed the provider's cache, from the turn's `cache`
     assert!(html.contains("<th id=\"th-cache\""), "{html}");
-    assert!(js.contains("cacheCell(t.cache)"), "the turn table shows each turn's cache");
+    assert!(
+        js.contains("cacheCell(t.cache)"),
+        "the turn table shows each turn's cache"
+    );
     assert!(turn["cache"]["cache_ttl_secs"] == 300, "{turn}");
 }
