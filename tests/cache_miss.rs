@@ -147,12 +147,12 @@ async fn an_extension_hits_and_a_client_edit_is_attributed_to_the_client() {
         c0.get("cause").is_none() && c0.get("gap_ms").is_none(),
         "{c0}"
     );
-    assert_eq!(c0["cache_ttl_secs"], 300);
     let c1 = &turns[1]["cache"];
     assert!(c1.get("cause").is_none(), "{c1}");
     assert!(c1.get("index").is_none(), "{c1}");
     assert!(c1["gap_ms"].as_u64().is_some(), "{c1}");
-    assert_eq!(c1["missed_tokens"], 0);
+    // a hit says only when it came (and what the provider reported, which this mock does not)
+    assert_eq!(c1.as_object().unwrap().len(), 1, "{c1}");
 
     // the edit: message 1, at the first byte where the two versions' JSON differ
     let c2 = &turns[2]["cache"];

@@ -8,6 +8,7 @@
 //!
 //! Nothing here may fail a request: anything it cannot read leaves the turn without the analysis.
 
+use super::measure::Reported;
 use super::turn_record::Segment;
 use crate::app::Rates;
 use crate::dialect::{AssembledReply, Request as Parsed};
@@ -48,16 +49,20 @@ pub struct CacheReport {
     /// Milliseconds since the previous turn's request arrived (absent: no previous turn known).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gap_ms: Option<u64>,
-    /// The model's prompt-cache lifetime in force (`[models] cache_ttl`), in seconds.
-    pub cache_ttl_secs: u64,
+    /// The model's prompt-cache lifetime in force (`[models] cache_ttl`), in seconds (turns with a cause).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_ttl_secs: Option<u64>,
     /// Prompt tokens the provider reported read from its cache (absent: not reported).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cached_tokens: Option<u64>,
-    /// Prompt tokens the provider reported not read from its cache (cache writes included).
+    /// Prompt tokens the provider reported not read from its cache, cache writes included (absent when it
+    /// reported no cached count: then they are the turn's `tokens.upstream_prompt`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub uncached_tokens: Option<u64>,
     /// The tokens counted as missed (`ctxgate_cache_miss_tokens_total`): with a cause, the uncached prompt tokens
-    /// the provider reported, else (not reported) the estimate of the tokens sent from the first difference on.
+    /// the provider reported, else (no cached count) the estimate of the tokens sent from the first difference on;
+    /// absent: none.
+    #[serde(skip_serializing_if = "is_zero")]
     pub missed_tokens: u64,
     /// `missed_tokens` is an estimate (the provider reported no cached tokens).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -65,6 +70,10 @@ pub struct CacheReport {
     /// Their price (a priced model's turns only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dollars: Option<CacheDollars>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The cache's share of a turn's input, in US dollars.
@@ -140,7 +149,7 @@ impl Probe {
         segments: &[Segment],
         reply: &AssembledReply,
         sent_tokens: Option<u64>,
-        (rates, ttl): (Option<&Rates>, Duration),
+        (reported, rates, ttl): (&Reported, Option<&Rates>, Duration),
     ) -> Option<CacheReport> {
         if !success || self.print.client.len() != self.request.native().len() {
             return None;
@@ -181,7 +190,7 @@ impl Probe {
             index: None,
             byte: None,
             gap_ms: diff.as_ref().map(|d| d.gap_ms),
-            cache_ttl_secs: ttl.as_secs(),
+            cache_ttl_secs: None,
             cached_tokens: None,
             uncached_tokens: None,
             missed_tokens: 0,
@@ -198,32 +207,39 @@ impl Probe {
             }
         }
         // The first upstream round's usage: later recall rounds build on it, not on the previous turn.
-        let usage = reply.round_usage.first().or(reply.usage.as_ref());
-        let prompt = usage.and_then(crate::dialect::reply::usage_prompt_tokens);
-        let cached = usage.and_then(crate::dialect::reply::usage_cached_tokens);
-        let write = usage
-            .and_then(crate::dialect::reply::usage_cache_write_tokens)
-            .unwrap_or(0);
+        let (prompt, cached, write) = match reply.round_usage.first() {
+            None => (reported.prompt, reported.cached, reported.cache_write),
+            Some(u) => (
+                crate::dialect::reply::usage_prompt_tokens(u),
+                crate::dialect::reply::usage_cached_tokens(u),
+                crate::dialect::reply::usage_cache_write_tokens(u),
+            ),
+        };
         report.cached_tokens = cached;
-        report.uncached_tokens = prompt.map(|p| p.saturating_sub(cached.unwrap_or(0)));
-        if report.cause.is_some() {
-            match (report.uncached_tokens, cached) {
-                (Some(u), Some(_)) => report.missed_tokens = u,
-                _ => {
-                    report.estimated = true;
-                    report.missed_tokens = match (sent_tokens.or(prompt), report.index) {
-                        (Some(t), Some(i)) if report.part == Some("messages") && n > 0 => {
-                            t * (n - i.min(n)) as u64 / n as u64
-                        }
-                        (Some(t), _) => t,
-                        (None, _) => 0,
-                    };
-                }
+        // Without a cached count the uncached tokens are the turn's prompt tokens, already in its record.
+        report.uncached_tokens = cached
+            .and(prompt)
+            .map(|p| p.saturating_sub(cached.unwrap_or(0)));
+        if report.cause.is_none() {
+            return Some(report);
+        }
+        report.cache_ttl_secs = Some(ttl.as_secs());
+        match (prompt, cached) {
+            (Some(p), Some(c)) => report.missed_tokens = p.saturating_sub(c),
+            _ => {
+                report.estimated = true;
+                report.missed_tokens = match (sent_tokens.or(prompt), report.index) {
+                    (Some(t), Some(i)) if report.part == Some("messages") && n > 0 => {
+                        t * (n - i.min(n)) as u64 / n as u64
+                    }
+                    (Some(t), _) => t,
+                    (None, _) => 0,
+                };
             }
         }
         if let (Some(r), Some(p)) = (rates, prompt) {
             let cached = cached.unwrap_or(0).min(p);
-            let write = write.min(p - cached);
+            let write = write.unwrap_or(0).min(p - cached);
             let plain = p - cached - write;
             report.dollars = Some(CacheDollars {
                 cached: cached as f64 * r.cached_input,

@@ -2,6 +2,7 @@
 //! planned so that its segments are worked out while the upstream answers.
 
 use super::cache_miss::{CacheReport, Probe};
+use super::measure::Reported;
 use super::{turn_record, Exchange, Outgoing};
 use crate::app::{Money, Rates};
 use crate::config::Strategy;
@@ -148,7 +149,7 @@ impl TurnDraft {
         status: u16,
         outcome: &RelayOutcome,
         money: Option<Money>,
-        rates: (Option<&Rates>, std::time::Duration),
+        priced: (&Reported, Option<&Rates>, std::time::Duration),
     ) -> (String, Option<CacheReport>) {
         let mut info = self.info;
         info.status = status;
@@ -174,9 +175,15 @@ impl TurnDraft {
             Segments::Pending(task) => task.await.unwrap_or_default(),
         };
         let success = (200..300).contains(&status);
-        info.cache = self
-            .probe
-            .and_then(|p| p.finish(success, &info.sent, &outcome.reply, info.tokens.sent, rates));
+        info.cache = self.probe.and_then(|p| {
+            p.finish(
+                success,
+                &info.sent,
+                &outcome.reply,
+                info.tokens.sent,
+                priced,
+            )
+        });
         (turn_record::to_json(&info), info.cache.clone())
     }
 }

@@ -79,7 +79,34 @@ pub(super) struct PlannedTokens {
     pub sent_estimate: Option<u64>,
 }
 
-/// A turn ended: its tokens (successful answers only) and upstream failures.
+/// What the upstream reported a turn used, summed over its recall rounds: read from the answers' `usage` once per
+/// turn, for the metrics, the money and the cache analysis.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Reported {
+    pub prompt: Option<u64>,
+    pub cached: Option<u64>,
+    pub cache_write: Option<u64>,
+    pub output: Option<u64>,
+}
+
+impl Reported {
+    pub(super) fn of(outcome: &RelayOutcome) -> Reported {
+        let reply = &outcome.reply;
+        Reported {
+            prompt: reply.upstream_prompt_tokens(),
+            cached: reply.upstream_cached_tokens(),
+            cache_write: reply.upstream_cache_write_tokens(),
+            output: reply.upstream_completion_tokens(),
+        }
+    }
+}
+
+/// A turn ended: its tokens (successful answers only) and upstream failures; `reported` what the upstream said it
+/// used.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "a turn's figures, each from its own stage"
+)]
 pub(super) fn turn(
     state: &AppState,
     dialect: Dialect,
@@ -87,6 +114,7 @@ pub(super) fn turn(
     status: http::StatusCode,
     planned: PlannedTokens,
     outcome: &RelayOutcome,
+    reported: &Reported,
     money: Option<Money>,
 ) {
     let m = &state.metrics;
@@ -100,7 +128,7 @@ pub(super) fn turn(
         return;
     }
     // The upstream's own count (every recall round's) when it reported one; otherwise our calibrated estimate.
-    let sent = outcome.reply.upstream_prompt_tokens().or_else(|| {
+    let sent = reported.prompt.or_else(|| {
         planned
             .sent_estimate
             .map(|e| state.counter.calibrated(model, e))
@@ -111,7 +139,7 @@ pub(super) fn turn(
         &TokenCounts {
             client_prompt: planned.rewritten_from.or(sent),
             upstream_prompt: sent,
-            upstream_cached: outcome.reply.upstream_cached_tokens(),
+            upstream_cached: reported.cached,
             completion: outcome.reply.completion_tokens(),
         },
     );
@@ -122,17 +150,15 @@ pub(super) fn turn(
 
 /// A turn's money at `rates`: the usage the upstream reported (every recall round's) and the `removed` prompt
 /// tokens of its rewrite; `None` when the upstream reported no usage.
-pub(super) fn money(rates: &Rates, outcome: &RelayOutcome, removed: u64) -> Option<Money> {
-    let reply = &outcome.reply;
-    let prompt = reply.upstream_prompt_tokens();
-    let output = reply.upstream_completion_tokens();
+pub(super) fn money(rates: &Rates, reported: &Reported, removed: u64) -> Option<Money> {
+    let (prompt, output) = (reported.prompt, reported.output);
     if prompt.is_none() && output.is_none() {
         return None;
     }
     let billed = Billed {
         prompt: prompt.unwrap_or(0),
-        cached: reply.upstream_cached_tokens().unwrap_or(0),
-        cache_write: reply.upstream_cache_write_tokens().unwrap_or(0),
+        cached: reported.cached.unwrap_or(0),
+        cache_write: reported.cache_write.unwrap_or(0),
         output: output.unwrap_or(0),
     };
     Some(Money::of(rates, &billed, removed))

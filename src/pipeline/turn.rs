@@ -167,10 +167,11 @@ impl Turn {
                         t.first_byte(at);
                     }
                 }
+                let reported = measure::Reported::of(&outcome);
                 let money = self
                     .rates
                     .filter(|_| self.status.is_success())
-                    .and_then(|r| measure::money(&r, &outcome, self.removed));
+                    .and_then(|r| measure::money(&r, &reported, self.removed));
                 let mut cache = None;
                 if let Some(mark) = &self.mark {
                     let turn = match self.draft {
@@ -180,7 +181,7 @@ impl Turn {
                                     self.status.as_u16(),
                                     &outcome,
                                     money,
-                                    (self.rates.as_ref(), self.cache_ttl),
+                                    (&reported, self.rates.as_ref(), self.cache_ttl),
                                 )
                                 .await;
                             cache = report;
@@ -211,6 +212,7 @@ impl Turn {
                     self.status,
                     self.planned,
                     &outcome,
+                    &reported,
                     money,
                 );
                 if let Some(c) = &cache {

@@ -294,16 +294,18 @@ function renderTurns() {
 /// (`~` when estimated); "hit" for an exact extension, empty for the first turn or one without the analysis.
 function cacheCell(c) {
   if (!c) return el("td", { class: "cache muted" }, "");
-  const title = `cached ${c.cached_tokens ?? "not reported"} · uncached ${c.uncached_tokens ?? "not reported"}` +
+  const title = `cached ${c.cached_tokens ?? "not reported"}` +
+    (c.uncached_tokens != null ? ` · uncached ${c.uncached_tokens}` : "") +
     (c.dollars ? ` · missed ${dollars(c.dollars.missed)} more than a hit` : "") +
-    (c.gap_ms != null ? ` · ${Math.round(c.gap_ms / 1000)} s after the previous turn (cache_ttl ${c.cache_ttl_secs} s)` : "");
+    (c.gap_ms != null ? ` · ${Math.round(c.gap_ms / 1000)} s after the previous turn` : "") +
+    (c.cache_ttl_secs != null ? ` (cache_ttl ${c.cache_ttl_secs} s)` : "");
   if (!c.cause) {
     return el("td", { class: "cache muted", title }, c.gap_ms == null ? "first" : "hit");
   }
   const where = c.part === "messages" ? `#${c.index}` + (c.byte != null ? ` byte ${c.byte}` : "")
     : c.part || "";
   const text = c.cause + (c.stage ? ` (${c.stage})` : "") + (where ? ` @ ${where}` : "") +
-    ` · ${c.estimated ? "~" : ""}${c.missed_tokens} missed`;
+    ` · ${c.estimated ? "~" : ""}${c.missed_tokens || 0} missed`;
   return el("td", { class: "cache miss", title }, text);
 }
 
