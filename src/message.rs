@@ -73,15 +73,16 @@ pub fn message_text(m: &Value) -> String {
     }
     if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
         for c in calls {
-            let name = c
-                .pointer("/function/name")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            let args = c
-                .pointer("/function/arguments")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            out.push_str(&format!("\n{name}({args})"));
+            // `get` rather than `Value::pointer`, which allocates per path segment
+            let function = c.get("function");
+            let of = |k: &str| function.and_then(|f| f.get(k)).and_then(Value::as_str);
+            let (name, args) = (of("name").unwrap_or(""), of("arguments").unwrap_or(""));
+            out.reserve(name.len() + args.len() + 3);
+            out.push('\n');
+            out.push_str(name);
+            out.push('(');
+            out.push_str(args);
+            out.push(')');
         }
     }
     out

@@ -32,15 +32,38 @@ pub fn placeholder_with_digest(
     recall_tool: Option<&str>,
     digest_tokens: u64,
 ) -> Value {
+    placeholder_naming(m, tool_name, recall_tool, &digest_words(m, digest_tokens))
+}
+
+/// The distinctive strings of `m`'s text a placeholder names, up to about `digest_tokens` tokens of them.
+pub fn digest_words(m: &Value, digest_tokens: u64) -> Vec<Box<str>> {
+    if digest_tokens == 0 {
+        return Vec::new();
+    }
+    super::digest::distinctive(&text_of(m), digest_tokens)
+        .into_iter()
+        .map(Box::from)
+        .collect()
+}
+
+fn text_of(m: &Value) -> std::borrow::Cow<'_, str> {
+    match field(m, "content") {
+        Some(Value::String(s)) => std::borrow::Cow::Borrowed(s.as_str()),
+        _ => std::borrow::Cow::Owned(message_text(m)),
+    }
+}
+
+/// [`placeholder`] naming `words` (from [`digest_words`]).
+pub fn placeholder_naming(
+    m: &Value,
+    tool_name: &str,
+    recall_tool: Option<&str>,
+    words: &[Box<str>],
+) -> Value {
     let id = field(m, "tool_call_id")
         .and_then(Value::as_str)
         .unwrap_or("");
-    let text_of = match field(m, "content") {
-        Some(Value::String(s)) => std::borrow::Cow::Borrowed(s.as_str()),
-        _ => std::borrow::Cow::Owned(message_text(m)),
-    };
-    let chars = text_of.chars().count();
-    let words = super::digest::distinctive(&text_of, digest_tokens);
+    let chars = text_of(m).chars().count();
     let naming = if words.is_empty() {
         String::new()
     } else {

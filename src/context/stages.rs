@@ -8,7 +8,8 @@ use super::cost::{self, Choice};
 use super::fold::{fold_block, fold_line_naming, foldable_units, with_block};
 use super::runloop::{run_loops_with, RunLoop, ToolCallRef};
 use super::shape::{
-    clear_inputs, is_cleared_input, is_placeholder, pinned, placeholder_with_digest, truncated,
+    clear_inputs, digest_words, is_cleared_input, is_placeholder, pinned, placeholder_naming,
+    truncated,
 };
 use super::tokens::{Encoding, TokenCounter};
 use super::units::{units, Unit};
@@ -279,7 +280,7 @@ impl<'a, 'c> Model<'a, 'c> {
             unit_of,
             times,
             tool_names,
-            usage: Usage::new(msgs),
+            usage: Usage::with_memo(msgs, counter),
             alt: HashMap::default(),
             fold_unit,
             fold_starts,
@@ -565,7 +566,12 @@ impl<'a, 'c> Model<'a, 'c> {
                     Some((calls, _)) => clear_inputs(&msgs[i], calls, recall),
                     None => {
                         let name = names.get(&i).copied().unwrap_or("unknown tool");
-                        placeholder_with_digest(&msgs[i], name, recall, prune.digest_tokens)
+                        // the digest is a scan of the whole result: remembered from one request to the next
+                        let words =
+                            counter.remembered_strings(&msgs[i], 1 + prune.digest_tokens, || {
+                                digest_words(&msgs[i], prune.digest_tokens)
+                            });
+                        placeholder_naming(&msgs[i], name, recall, &words)
                     }
                 },
                 Mode::Pinned => {

@@ -4,7 +4,7 @@
 use super::pretokenize;
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use super::bpe::Ranks;
 use moka::sync::Cache;
@@ -170,12 +170,19 @@ enum Kind {
     Message = 1,
     Tool = 2,
     Text = 3,
+    Named = 4,
 }
+
+/// The most bytes of code-like strings the named-strings memo keeps (see [`TokenCounter::named_strings`]).
+const NAMED_BYTES: u64 = 16 << 20;
 
 /// Counts tokens of messages and tool schemas with a bounded cache, and keeps the per-model calibration.
 /// `Send + Sync`: one instance is shared behind an `Arc`.
 pub struct TokenCounter {
     cache: Cache<(Encoding, u64), u64>,
+    /// (what, message hash) → strings found in the message's text: the code-like strings it names
+    /// (`context::usage`), the digest of a cleared result (`shape::digest_words`); weighed by their bytes.
+    named: Cache<(u64, u64), Arc<[Box<str>]>>,
     ratios: RwLock<BTreeMap<String, f64>>,
 }
 
@@ -204,6 +211,13 @@ impl TokenCounter {
     pub fn with_capacity(entries: u64) -> Self {
         TokenCounter {
             cache: Cache::new(entries),
+            named: Cache::builder()
+                .max_capacity(NAMED_BYTES)
+                .weigher(|_, v: &Arc<[Box<str>]>| {
+                    let bytes: usize = v.iter().map(|s| s.len() + 16).sum::<usize>() + 64;
+                    u32::try_from(bytes).unwrap_or(u32::MAX)
+                })
+                .build(),
             ratios: RwLock::new(BTreeMap::new()),
         }
     }
@@ -304,6 +318,24 @@ impl TokenCounter {
             self.cache.insert(key, n);
         }
         out
+    }
+
+    /// Strings `compute` finds in message `m`, remembered by the message's content and `what` (which finding it
+    /// is: 0 the code-like strings it names, `1 + digest_tokens` a cleared result's digest). A request's earlier
+    /// messages come back every turn, and finding the strings scans their whole text.
+    pub fn remembered_strings(
+        &self,
+        m: &Value,
+        what: u64,
+        compute: impl FnOnce() -> Vec<Box<str>>,
+    ) -> Arc<[Box<str>]> {
+        let key = (what, hash_value(Kind::Named, m));
+        if let Some(v) = self.named.get(&key) {
+            return v;
+        }
+        let v: Arc<[Box<str>]> = compute().into();
+        self.named.insert(key, Arc::clone(&v));
+        v
     }
 
     /// Tokens of a whole request: its messages, its tools, and the reply priming.

@@ -4,10 +4,13 @@
 //! used results first, age breaking ties (see `stages`). Pure and deterministic.
 
 use super::digest::code_strings;
+use super::tokens::TokenCounter;
 use crate::message::{field, message_text, role, tool_calls};
 use aho_corasick::AhoCorasick;
 use rustc_hash::FxHashMap as HashMap;
 use serde_json::Value;
+use std::borrow::Cow;
+use std::sync::Arc;
 
 /// A string found in more tool results than this names none of them in particular (a date, the user's id, the
 /// workspace's root): its mentions are no use of any.
@@ -27,51 +30,82 @@ impl Usage {
     /// assistant messages name are few: they are looked for in the results in one pass (Aho-Corasick), so the
     /// results' text is scanned once, never split into strings of its own.
     pub fn new(msgs: &[Value]) -> Self {
+        Self::build(msgs, None)
+    }
+
+    /// [`Usage::new`], the strings each message names remembered by `counter` from one request to the next.
+    pub fn with_memo(msgs: &[Value], counter: &TokenCounter) -> Self {
+        Self::build(msgs, Some(counter))
+    }
+
+    fn build(msgs: &[Value], memo: Option<&TokenCounter>) -> Self {
         let mut usage = Usage {
             uses: vec![Vec::new(); msgs.len()],
             by_message: Vec::new(),
         };
-        let texts: Vec<Option<String>> = msgs
+        let is_tool = |i: usize| role(&msgs[i]) == "tool";
+        let Some(first_result) = (0..msgs.len()).find(|&i| is_tool(i)) else {
+            return usage;
+        };
+        // the strings each user or assistant message after a result names
+        let named_by = |m: &Value| -> Vec<Box<str>> {
+            let text = message_text(m);
+            let mut seen: HashMap<&str, ()> = HashMap::default();
+            code_strings(&text)
+                .filter(|(_, s)| seen.insert(s, ()).is_none())
+                .map(|(_, s)| Box::from(s))
+                .collect()
+        };
+        let lists: Vec<(usize, Arc<[Box<str>]>)> = msgs
             .iter()
-            .map(|m| match role(m) {
-                "tool" | "user" | "assistant" => Some(message_text(m)),
-                _ => None,
+            .enumerate()
+            .skip(first_result + 1)
+            .filter(|(_, m)| matches!(role(m), "user" | "assistant"))
+            .map(|(i, m)| {
+                let list = match memo {
+                    Some(c) => c.remembered_strings(m, 0, || named_by(m)),
+                    None => named_by(m).into(),
+                };
+                (i, list)
             })
             .collect();
-        let is_tool = |i: usize| role(&msgs[i]) == "tool";
-        // the strings each user or assistant message names (after a result), each string once overall
+        // each string once overall
         let mut patterns: Vec<&str> = Vec::new();
         let mut pattern_of: HashMap<&str, usize> = HashMap::default();
-        let mut named: Vec<(usize, Vec<usize>)> = Vec::new();
-        let first_result = (0..msgs.len()).find(|&i| is_tool(i));
-        for (i, text) in texts.iter().enumerate() {
-            let (Some(text), Some(first)) = (text, first_result) else {
-                continue;
-            };
-            if i < first || is_tool(i) {
-                continue;
-            }
-            let mut ids: Vec<usize> = code_strings(text)
-                .map(|(_, s)| {
-                    *pattern_of.entry(s).or_insert_with(|| {
-                        patterns.push(s);
-                        patterns.len() - 1
+        let named: Vec<(usize, Vec<usize>)> = lists
+            .iter()
+            .map(|(i, list)| {
+                let mut ids: Vec<usize> = list
+                    .iter()
+                    .map(|s| {
+                        *pattern_of.entry(s).or_insert_with(|| {
+                            patterns.push(s);
+                            patterns.len() - 1
+                        })
                     })
-                })
-                .collect();
-            ids.sort_unstable();
-            ids.dedup();
-            named.push((i, ids));
-        }
+                    .collect();
+                ids.sort_unstable();
+                (*i, ids)
+            })
+            .collect();
         // pattern → the results holding it (anywhere in their text: a path also inside a longer one), ascending
         let mut holders: Vec<Vec<usize>> = vec![Vec::new(); patterns.len()];
         if !patterns.is_empty() {
-            if let Ok(ac) = AhoCorasick::new(&patterns) {
-                for (i, text) in texts.iter().enumerate() {
-                    let Some(text) = text.as_deref().filter(|_| is_tool(i)) else {
+            if let Ok(ac) = AhoCorasick::builder()
+                .kind(Some(aho_corasick::AhoCorasickKind::DFA))
+                .build(&patterns)
+            {
+                for (i, m) in msgs.iter().enumerate().skip(first_result) {
+                    if !is_tool(i) {
                         continue;
+                    }
+                    let text: Cow<'_, str> = match field(m, "content") {
+                        Some(Value::String(s)) if field(m, "tool_calls").is_none() => {
+                            Cow::Borrowed(s)
+                        }
+                        _ => Cow::Owned(message_text(m)),
                     };
-                    for m in ac.find_overlapping_iter(text) {
+                    for m in ac.find_overlapping_iter(text.as_ref()) {
                         let h = &mut holders[m.pattern().as_usize()];
                         if h.last() != Some(&i) && h.len() <= MAX_HOLDERS {
                             h.push(i);

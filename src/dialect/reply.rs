@@ -96,8 +96,11 @@ pub fn usage_prompt_tokens(u: &Value) -> Option<u64> {
 /// `prompt_tokens_details.cached_tokens`, Responses `input_tokens_details.cached_tokens`, Anthropic
 /// `cache_read_input_tokens`.
 pub fn usage_cached_tokens(u: &Value) -> Option<u64> {
-    u.pointer("/prompt_tokens_details/cached_tokens")
-        .or_else(|| u.pointer("/input_tokens_details/cached_tokens"))
+    // `get` twice rather than `Value::pointer`, which allocates two strings per path segment (~1,700
+    // instructions a call, 3 % of a small chat's under callgrind).
+    let details = |k: &str| u.get(k).and_then(|d| d.get("cached_tokens"));
+    details("prompt_tokens_details")
+        .or_else(|| details("input_tokens_details"))
         .or_else(|| u.get("cache_read_input_tokens"))
         .and_then(Value::as_u64)
 }
