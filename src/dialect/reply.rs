@@ -111,6 +111,81 @@ pub fn usage_cache_write_tokens(u: &Value) -> Option<u64> {
     u.get("cache_creation_input_tokens").and_then(Value::as_u64)
 }
 
+/// What one `usage` object reports, read in one pass over its fields (each `Value::get` hashes its key; a usage
+/// object has a handful of fields): the figures of [`usage_prompt_tokens`], [`usage_cached_tokens`],
+/// [`usage_cache_write_tokens`] and the output tokens.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct UsageFigures {
+    /// Prompt tokens, cached ones included.
+    pub prompt: Option<u64>,
+    /// Of them, read from the provider's prompt cache.
+    pub cached: Option<u64>,
+    /// Of them, written to the provider's prompt cache.
+    pub cache_write: Option<u64>,
+    /// Output tokens.
+    pub output: Option<u64>,
+}
+
+impl UsageFigures {
+    /// The figures of `u` (none when it is no object).
+    pub fn of(u: &Value) -> UsageFigures {
+        let Some(fields) = u.as_object() else {
+            return UsageFigures::default();
+        };
+        let (mut prompt, mut input, mut read, mut write) = (None, None, None, None);
+        let (mut details, mut input_details, mut completion, mut output) = (None, None, None, None);
+        for (k, v) in fields {
+            match k.as_str() {
+                "prompt_tokens" => prompt = Some(v.as_u64()),
+                "input_tokens" => input = v.as_u64(),
+                "cache_read_input_tokens" => read = v.as_u64(),
+                "cache_creation_input_tokens" => write = v.as_u64(),
+                "prompt_tokens_details" => details = v.get("cached_tokens"),
+                "input_tokens_details" => input_details = v.get("cached_tokens"),
+                "completion_tokens" => completion = Some(v),
+                "output_tokens" => output = Some(v),
+                _ => {}
+            }
+        }
+        let prompt = match prompt {
+            Some(p) => p,
+            None => (input.is_some() || read.is_some() || write.is_some())
+                .then(|| input.unwrap_or(0) + read.unwrap_or(0) + write.unwrap_or(0)),
+        };
+        UsageFigures {
+            prompt,
+            cached: details
+                .or(input_details)
+                .and_then(Value::as_u64)
+                .or_else(|| {
+                    if details.or(input_details).is_some() {
+                        None
+                    } else {
+                        read
+                    }
+                }),
+            cache_write: write,
+            output: completion.or(output).and_then(Value::as_u64),
+        }
+    }
+
+    /// Each figure summed over `rounds`; `None` where no round reported it.
+    fn sum<'a>(rounds: impl Iterator<Item = &'a Value>) -> UsageFigures {
+        let add = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
+        rounds
+            .map(UsageFigures::of)
+            .fold(UsageFigures::default(), |t, f| UsageFigures {
+                prompt: add(t.prompt, f.prompt),
+                cached: add(t.cached, f.cached),
+                cache_write: add(t.cache_write, f.cache_write),
+                output: add(t.output, f.output),
+            })
+    }
+}
+
 impl AssembledReply {
     /// What the answer tells its trace span: `usage` this round's usage (the reply's own when `None`).
     pub fn answer<'a>(&'a self, usage: Option<&'a Value>) -> crate::otel::spans::Answer<'a> {
@@ -138,13 +213,26 @@ impl AssembledReply {
     /// `usage.prompt_tokens`, when reported; else Anthropic's whole prompt: `input_tokens` plus
     /// `cache_read_input_tokens` and `cache_creation_input_tokens`.
     pub fn prompt_tokens(&self) -> Option<u64> {
-        usage_prompt_tokens(self.usage.as_ref()?)
+        UsageFigures::of(self.usage.as_ref()?).prompt
     }
 
     /// The prompt tokens of every upstream request behind the reply (each recall round's), as the upstream
     /// reported them ([`usage_prompt_tokens`]); `None` when it reported none.
     pub fn upstream_prompt_tokens(&self) -> Option<u64> {
         self.upstream_sum(usage_prompt_tokens)
+    }
+
+    /// Every figure of [`Self::upstream_prompt_tokens`], [`Self::upstream_cached_tokens`],
+    /// [`Self::upstream_cache_write_tokens`] and [`Self::upstream_completion_tokens`] in one pass.
+    pub fn upstream_figures(&self) -> UsageFigures {
+        if self.round_usage.is_empty() {
+            return self
+                .usage
+                .as_ref()
+                .map(UsageFigures::of)
+                .unwrap_or_default();
+        }
+        UsageFigures::sum(self.round_usage.iter())
     }
 
     /// Of [`Self::upstream_prompt_tokens`], those read from the provider's prompt cache
@@ -213,6 +301,45 @@ impl AssembledReply {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// The one-pass reading agrees with the functions reading one figure each, on every dialect's usage shapes
+    /// and on odd ones (a figure that is no number, details without a count, no object at all).
+    #[test]
+    fn usage_figures_agree_with_each_figure_read_alone() {
+        let shapes = [
+            json!({"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}),
+            json!({"prompt_tokens": 10, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 4}}),
+            json!({"input_tokens": 7, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 5}}),
+            json!({"input_tokens": 7, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 20, "output_tokens": 9}),
+            json!({"cache_read_input_tokens": 100}),
+            json!({"prompt_tokens": "ten", "completion_tokens": null}),
+            json!({"prompt_tokens_details": {}, "cache_read_input_tokens": 6}),
+            json!({"prompt_tokens_details": {"cached_tokens": "x"}, "cache_read_input_tokens": 6}),
+            json!({"completion_tokens": "x", "output_tokens": 5}),
+            json!({}),
+            json!([1, 2]),
+            json!(null),
+        ];
+        for u in &shapes {
+            let alone = UsageFigures {
+                prompt: usage_prompt_tokens(u),
+                cached: usage_cached_tokens(u),
+                cache_write: usage_cache_write_tokens(u),
+                output: u
+                    .get("completion_tokens")
+                    .or_else(|| u.get("output_tokens"))
+                    .and_then(Value::as_u64),
+            };
+            assert_eq!(UsageFigures::of(u), alone, "{u}");
+        }
+        let mut reply = AssembledReply::default();
+        reply.round_usage = shapes.to_vec();
+        let summed = reply.upstream_figures();
+        assert_eq!(summed.prompt, reply.upstream_prompt_tokens());
+        assert_eq!(summed.cached, reply.upstream_cached_tokens());
+        assert_eq!(summed.cache_write, reply.upstream_cache_write_tokens());
+        assert_eq!(summed.output, reply.upstream_completion_tokens());
+    }
     use serde_json::json;
 
     #[test]

@@ -91,12 +91,12 @@ pub(super) struct Reported {
 
 impl Reported {
     pub(super) fn of(outcome: &RelayOutcome) -> Reported {
-        let reply = &outcome.reply;
+        let f = outcome.reply.upstream_figures();
         Reported {
-            prompt: reply.upstream_prompt_tokens(),
-            cached: reply.upstream_cached_tokens(),
-            cache_write: reply.upstream_cache_write_tokens(),
-            output: reply.upstream_completion_tokens(),
+            prompt: f.prompt,
+            cached: f.cached,
+            cache_write: f.cache_write,
+            output: f.output,
         }
     }
 }
