@@ -74,9 +74,23 @@ fn is_path_byte(b: u8) -> bool {
 /// The maximal runs of `text` whose bytes all satisfy `keep` (ASCII only, so every run is a `str` slice), with
 /// their byte positions.
 fn runs(text: &str, keep: fn(u8) -> bool) -> impl Iterator<Item = (usize, &str)> {
-    text.split(move |c: char| !c.is_ascii() || !keep(c as u8))
-        .filter(|r| !r.is_empty())
-        .map(move |r| (r.as_ptr() as usize - text.as_ptr() as usize, r))
+    // By bytes, not chars: `keep` holds for ASCII bytes only, so a multi-byte character's bytes end a run as the
+    // character would, and every run starts and ends on a character boundary (no UTF-8 decoding per byte).
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        while i < bytes.len() && !keep(bytes[i]) {
+            i += 1;
+        }
+        if i == bytes.len() {
+            return None;
+        }
+        let start = i;
+        while i < bytes.len() && keep(bytes[i]) {
+            i += 1;
+        }
+        text.get(start..i).map(|run| (start, run))
+    })
 }
 
 fn is_path(s: &str) -> bool {
@@ -146,6 +160,50 @@ pub fn code_strings(text: &str) -> impl Iterator<Item = (usize, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The byte scan finds the runs the char split found, on ASCII, multi-byte and mixed text.
+    #[test]
+    fn runs_by_bytes_are_the_runs_of_the_char_split() {
+        fn by_chars(text: &str, keep: fn(u8) -> bool) -> Vec<(usize, &str)> {
+            text.split(move |c: char| !c.is_ascii() || !keep(c as u8))
+                .filter(|r| !r.is_empty())
+                .map(move |r| (r.as_ptr() as usize - text.as_ptr() as usize, r))
+                .collect()
+        }
+        let texts = [
+            "",
+            "plain words and /usr/lib/x.so at 1088",
+            "é/path/ünïcode_name — django/http/request.py:1096 ∞ TextEnum.B",
+            "日本語のパス/src/main.rs と snake_case_name",
+            "///..--~~__ \u{0} tail",
+            "x",
+            "é",
+        ];
+        for t in texts {
+            for keep in [is_word as fn(u8) -> bool, is_path_byte] {
+                assert_eq!(
+                    runs(t, keep).collect::<Vec<_>>(),
+                    by_chars(t, keep),
+                    "{t:?}"
+                );
+            }
+        }
+        let mut runner = proptest::test_runner::TestRunner::default();
+        runner
+            .run(
+                &"[a-z0-9_./~ -]{0,12}(\\PC{0,4}[a-zA-Z0-9_./~-]{0,8}){0,6}",
+                |t| {
+                    for keep in [is_word as fn(u8) -> bool, is_path_byte] {
+                        proptest::prop_assert_eq!(
+                            runs(&t, keep).collect::<Vec<_>>(),
+                            by_chars(&t, keep)
+                        );
+                    }
+                    Ok(())
+                },
+            )
+            .unwrap();
+    }
 
     #[test]
     fn paths_names_and_numbers_most_used_first() {
