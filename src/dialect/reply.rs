@@ -332,8 +332,10 @@ mod tests {
             };
             assert_eq!(UsageFigures::of(u), alone, "{u}");
         }
-        let mut reply = AssembledReply::default();
-        reply.round_usage = shapes.to_vec();
+        let reply = AssembledReply {
+            round_usage: shapes.to_vec(),
+            ..AssembledReply::default()
+        };
         let summed = reply.upstream_figures();
         assert_eq!(summed.prompt, reply.upstream_prompt_tokens());
         assert_eq!(summed.cached, reply.upstream_cached_tokens());
