@@ -51,6 +51,8 @@ pub enum Trap {
     },
     /// `/v1/v1/…`: the base URL ends in `/v1` and the client appends `/v1/…` itself.
     DoubledV1,
+    /// A Gemini API call (`/v1beta/models/gemini-2.5-flash:streamGenerateContent`): an API ctxgate does not serve.
+    Gemini,
 }
 
 impl Trap {
@@ -62,6 +64,13 @@ impl Trap {
             // ctxgate's own pages and API: a wrong path there is not a client's base URL.
             ["admin" | "ui", ..] => return None,
             _ => {}
+        }
+        // `…/models/{model}:{method}` is the Gemini API's shape (Google's SDKs and Gemini CLI)
+        if segments
+            .windows(2)
+            .any(|w| w[0] == "models" && w[1].contains(':'))
+        {
+            return Some(Trap::Gemini);
         }
         let (at, dialect) = (0..segments.len().min(MAX_PREFIX_SEGMENTS + 1)).find_map(|i| {
             ENDPOINTS.iter().find_map(|(names, dialect)| {
@@ -81,7 +90,7 @@ impl Trap {
     fn dialect(&self) -> Option<Dialect> {
         match self {
             Trap::BareHost { dialect } | Trap::Prefixed { dialect, .. } => *dialect,
-            Trap::DoubledV1 => None,
+            Trap::DoubledV1 | Trap::Gemini => None,
         }
     }
 
@@ -104,6 +113,11 @@ impl Trap {
                 "set the client's base URL to {base} (without /v1) — it appends /v1/… itself, so the path has /v1 \
                  twice; such a request is forwarded as it came, unmanaged (no session, no rewrite), and a real \
                  provider answers it 404"
+            ),
+            Trap::Gemini => format!(
+                "point this client at Google's endpoint directly (unset GOOGLE_GEMINI_BASE_URL) — {path} is a \
+                 Gemini API call, and ctxgate does not serve the Gemini API: it manages the OpenAI chat \
+                 completions, OpenAI Responses and Anthropic Messages APIs only"
             ),
         }
     }
@@ -268,6 +282,14 @@ mod tests {
             ("/ui/models", None),
             ("/v1", None),
             ("/messagesx", None),
+            (
+                "/v1beta/models/gemini-2.5-flash:streamGenerateContent",
+                Some(Trap::Gemini),
+            ),
+            (
+                "/models/gemini-2.5-flash:generateContent",
+                Some(Trap::Gemini),
+            ),
         ] {
             assert_eq!(Trap::of(path), want, "{path}");
         }
