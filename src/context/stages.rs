@@ -157,6 +157,8 @@ pub struct Model<'a, 'c> {
     pub tool_names: HashMap<usize, &'a str>,
     /// When each tool result was last used.
     usage: Usage,
+    /// Each message's `TokenCounter::content_hash` (the key of what is remembered of it).
+    content_hashes: Vec<u64>,
     alt: HashMap<usize, (Value, u64)>,
     /// Unit index → the unit is a foldable step.
     fold_unit: Vec<bool>,
@@ -205,6 +207,7 @@ impl<'a, 'c> Model<'a, 'c> {
         agent: bool,
     ) -> Self {
         let tok = counter.messages_tokens(enc, msgs);
+        let hashes = Usage::prefix_hashes(msgs, counter);
         let rl = run_loops_with(msgs, None, agent);
         let mut loop_of = vec![None; msgs.len()];
         let mut tool_names = HashMap::default();
@@ -280,7 +283,8 @@ impl<'a, 'c> Model<'a, 'c> {
             unit_of,
             times,
             tool_names,
-            usage: Usage::with_memo(msgs, counter),
+            usage: Usage::with_hashes(msgs, counter, &hashes),
+            content_hashes: hashes.1,
             alt: HashMap::default(),
             fold_unit,
             fold_starts,
@@ -560,6 +564,7 @@ impl<'a, 'c> Model<'a, 'c> {
         let (msgs, names, prune, recall) =
             (self.msgs, &self.tool_names, self.prune, self.recall_tool);
         let (counter, enc, inputs, tok) = (self.counter, self.enc, &self.inputs, &self.tok);
+        let hashes = &self.content_hashes;
         self.alt.entry(i).or_insert_with(|| {
             let v = match mode {
                 Mode::Cleared => match inputs.get(&i) {
@@ -567,10 +572,11 @@ impl<'a, 'c> Model<'a, 'c> {
                     None => {
                         let name = names.get(&i).copied().unwrap_or("unknown tool");
                         // the digest is a scan of the whole result: remembered from one request to the next
-                        let words =
-                            counter.remembered_strings(&msgs[i], 1 + prune.digest_tokens, || {
-                                digest_words(&msgs[i], prune.digest_tokens)
-                            });
+                        let words = counter.remembered_strings_of(
+                            hashes[i],
+                            1 + prune.digest_tokens,
+                            || digest_words(&msgs[i], prune.digest_tokens),
+                        );
                         placeholder_naming(&msgs[i], name, recall, &words)
                     }
                 },

@@ -173,6 +173,8 @@ enum Kind {
     Named = 4,
 }
 
+/// The most bytes the prefix memo keeps (see [`TokenCounter::prefix_hashes`]).
+const PREFIX_BYTES: u64 = 32 << 20;
 /// The most bytes of code-like strings the named-strings memo keeps (see [`TokenCounter::named_strings`]).
 const NAMED_BYTES: u64 = 16 << 20;
 
@@ -183,6 +185,10 @@ pub struct TokenCounter {
     /// (what, message hash) → strings found in the message's text: the code-like strings it names
     /// (`context::usage`), the digest of a cleared result (`shape::digest_words`); weighed by their bytes.
     named: Cache<(u64, u64), Arc<[Box<str>]>>,
+    /// A hash of a request's first messages → what a planning step found in them (`context::usage`'s scan), so
+    /// the next request of the conversation, which starts with the same messages, extends it instead of redoing
+    /// it; weighed by the bytes its owner reports.
+    prefixes: Cache<u64, (Arc<dyn std::any::Any + Send + Sync>, u32)>,
     ratios: RwLock<BTreeMap<String, f64>>,
 }
 
@@ -217,6 +223,10 @@ impl TokenCounter {
                     let bytes: usize = v.iter().map(|s| s.len() + 16).sum::<usize>() + 64;
                     u32::try_from(bytes).unwrap_or(u32::MAX)
                 })
+                .build(),
+            prefixes: Cache::builder()
+                .max_capacity(PREFIX_BYTES)
+                .weigher(|_, v: &(Arc<dyn std::any::Any + Send + Sync>, u32)| v.1)
                 .build(),
             ratios: RwLock::new(BTreeMap::new()),
         }
@@ -329,13 +339,64 @@ impl TokenCounter {
         what: u64,
         compute: impl FnOnce() -> Vec<Box<str>>,
     ) -> Arc<[Box<str>]> {
-        let key = (what, hash_value(Kind::Named, m));
+        self.remembered_strings_of(Self::content_hash(m), what, compute)
+    }
+
+    /// The hash [`Self::remembered_strings`] keys a message by (one entry of [`Self::prefix_hashes`]' second list).
+    pub fn content_hash(m: &Value) -> u64 {
+        hash_value(Kind::Named, m)
+    }
+
+    /// [`Self::remembered_strings`] of the message whose [`Self::content_hash`] is `hash`.
+    pub fn remembered_strings_of(
+        &self,
+        hash: u64,
+        what: u64,
+        compute: impl FnOnce() -> Vec<Box<str>>,
+    ) -> Arc<[Box<str>]> {
+        let key = (what, hash);
         if let Some(v) = self.named.get(&key) {
             return v;
         }
         let v: Arc<[Box<str>]> = compute().into();
         self.named.insert(key, Arc::clone(&v));
         v
+    }
+
+    /// For each `k` in `0..=msgs.len()`, a hash of `msgs[..k]` (chained over the messages' content hashes), with
+    /// `what` (which finding it keys) mixed in: keys for [`Self::remembered_prefix`].
+    /// The second list: each message's [`Self::content_hash`].
+    pub fn prefix_hashes(&self, what: u64, msgs: &[Value]) -> (Vec<u64>, Vec<u64>) {
+        let mut out = Vec::with_capacity(msgs.len() + 1);
+        let mut each = Vec::with_capacity(msgs.len());
+        let mut h = xxh3_64(&what.to_le_bytes());
+        out.push(h);
+        for m in msgs {
+            let own = Self::content_hash(m);
+            each.push(own);
+            let mut buf = [0u8; 16];
+            buf[..8].copy_from_slice(&h.to_le_bytes());
+            buf[8..].copy_from_slice(&own.to_le_bytes());
+            h = xxh3_64(&buf);
+            out.push(h);
+        }
+        (out, each)
+    }
+
+    /// What was remembered for the prefix whose [`Self::prefix_hashes`] entry is `key`, if anything.
+    pub fn remembered_prefix(&self, key: u64) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        self.prefixes.get(&key).map(|(v, _)| v)
+    }
+
+    /// Remembers `value` (about `bytes` bytes) for the prefix whose [`Self::prefix_hashes`] entry is `key`.
+    pub fn remember_prefix(
+        &self,
+        key: u64,
+        value: Arc<dyn std::any::Any + Send + Sync>,
+        bytes: usize,
+    ) {
+        self.prefixes
+            .insert(key, (value, u32::try_from(bytes).unwrap_or(u32::MAX)));
     }
 
     /// Tokens of a whole request: its messages, its tools, and the reply priming.

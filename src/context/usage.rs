@@ -17,7 +17,7 @@ use std::sync::Arc;
 const MAX_HOLDERS: usize = 16;
 
 /// The uses of every tool result of one request.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct Usage {
     /// Message index → the indexes of the later messages using it (a result), ascending.
     uses: Vec<Vec<usize>>,
@@ -25,29 +25,51 @@ pub struct Usage {
     by_message: Vec<(usize, usize)>,
 }
 
-impl Usage {
-    /// Finds the uses of the tool results (role `tool`) among `msgs` (neutral). The strings the user and
-    /// assistant messages name are few: they are looked for in the results in one pass (Aho-Corasick), so the
-    /// results' text is scanned once, never split into strings of its own.
-    pub fn new(msgs: &[Value]) -> Self {
-        Self::build(msgs, None)
-    }
+/// What the uses are found from, for the first `n` messages of a request; extended message by message.
+#[derive(Debug, Default, Clone)]
+struct Scan {
+    /// Messages scanned.
+    n: usize,
+    /// The first tool result's index.
+    first_result: Option<usize>,
+    /// Every string a user or assistant message after a result names, each once.
+    patterns: Vec<Box<str>>,
+    pattern_of: HashMap<Box<str>, usize>,
+    /// Pattern → the results holding it (anywhere in their text), ascending, at most `MAX_HOLDERS + 1`.
+    holders: Vec<Vec<usize>>,
+    /// (message, the patterns it names), ascending by message.
+    named: Vec<(usize, Vec<usize>)>,
+    /// For each of `named`: the earlier results its tool calls name by call id (recalls).
+    recalls: Vec<Vec<usize>>,
+    /// Call id → its results.
+    ids: HashMap<Box<str>, Vec<usize>>,
+    /// The tool results' indexes, ascending.
+    results: Vec<usize>,
+}
 
-    /// [`Usage::new`], the strings each message names remembered by `counter` from one request to the next.
-    pub fn with_memo(msgs: &[Value], counter: &TokenCounter) -> Self {
-        Self::build(msgs, Some(counter))
+/// An automaton finding `patterns` (overlapping matches); `None` when there are none (or too many to build).
+fn automaton(patterns: &[Box<str>]) -> Option<AhoCorasick> {
+    if patterns.is_empty() {
+        return None;
     }
+    AhoCorasick::builder()
+        .kind(Some(aho_corasick::AhoCorasickKind::DFA))
+        .build(patterns.iter().map(|p| p.as_bytes()))
+        .ok()
+}
 
-    fn build(msgs: &[Value], memo: Option<&TokenCounter>) -> Self {
-        let mut usage = Usage {
-            uses: vec![Vec::new(); msgs.len()],
-            by_message: Vec::new(),
-        };
-        let is_tool = |i: usize| role(&msgs[i]) == "tool";
-        let Some(first_result) = (0..msgs.len()).find(|&i| is_tool(i)) else {
-            return usage;
-        };
-        // the strings each user or assistant message after a result names
+/// Seeds the prefix hashes of [`Scan`]s (other memos of prefixes use other kinds).
+const PREFIX_KIND: u64 = 0x0075_7361_6765; // "usage"
+/// How many shorter prefixes are looked for: a turn adds a few messages (a tool loop's step, a user's question).
+const MAX_PREFIX_PROBES: usize = 64;
+
+impl Scan {
+    /// Scans `msgs[self.n..]`: their named strings, their call ids and recalls, the new results for every
+    /// string, and the earlier results for the strings first named now.
+    fn extend(&mut self, msgs: &[Value], memo: Option<(&TokenCounter, &[u64])>) {
+        let from = self.n;
+        let old_patterns = self.patterns.len();
+        let old_results = self.results.len();
         let named_by = |m: &Value| -> Vec<Box<str>> {
             let text = message_text(m);
             let mut seen: HashMap<&str, ()> = HashMap::default();
@@ -56,97 +78,181 @@ impl Usage {
                 .map(|(_, s)| Box::from(s))
                 .collect()
         };
-        let lists: Vec<(usize, Arc<[Box<str>]>)> = msgs
-            .iter()
-            .enumerate()
-            .skip(first_result + 1)
-            .filter(|(_, m)| matches!(role(m), "user" | "assistant"))
-            .map(|(i, m)| {
-                let list = match memo {
-                    Some(c) => c.remembered_strings(m, 0, || named_by(m)),
-                    None => named_by(m).into(),
-                };
-                (i, list)
-            })
-            .collect();
-        // each string once overall
-        let mut patterns: Vec<&str> = Vec::new();
-        let mut pattern_of: HashMap<&str, usize> = HashMap::default();
-        let named: Vec<(usize, Vec<usize>)> = lists
-            .iter()
-            .map(|(i, list)| {
-                let mut ids: Vec<usize> = list
-                    .iter()
-                    .map(|s| {
-                        *pattern_of.entry(s).or_insert_with(|| {
-                            patterns.push(s);
-                            patterns.len() - 1
-                        })
-                    })
-                    .collect();
-                ids.sort_unstable();
-                (*i, ids)
-            })
-            .collect();
-        // pattern → the results holding it (anywhere in their text: a path also inside a longer one), ascending
-        let mut holders: Vec<Vec<usize>> = vec![Vec::new(); patterns.len()];
-        if !patterns.is_empty() {
-            if let Ok(ac) = AhoCorasick::builder()
-                .kind(Some(aho_corasick::AhoCorasickKind::DFA))
-                .build(&patterns)
-            {
-                for (i, m) in msgs.iter().enumerate().skip(first_result) {
-                    if !is_tool(i) {
-                        continue;
-                    }
-                    let text: Cow<'_, str> = match field(m, "content") {
-                        Some(Value::String(s)) if field(m, "tool_calls").is_none() => {
-                            Cow::Borrowed(s)
+        for (i, m) in msgs.iter().enumerate().skip(from) {
+            match role(m) {
+                "tool" => {
+                    self.first_result.get_or_insert(i);
+                    self.results.push(i);
+                    if let Some(id) = field(m, "tool_call_id").and_then(Value::as_str) {
+                        if !id.is_empty() {
+                            self.ids.entry(Box::from(id)).or_default().push(i);
                         }
-                        _ => Cow::Owned(message_text(m)),
+                    }
+                }
+                "user" | "assistant" if self.first_result.is_some_and(|f| i > f) => {
+                    let list: Arc<[Box<str>]> = match memo {
+                        Some((c, each)) => c.remembered_strings_of(each[i], 0, || named_by(m)),
+                        None => named_by(m).into(),
                     };
-                    for m in ac.find_overlapping_iter(text.as_ref()) {
-                        let h = &mut holders[m.pattern().as_usize()];
-                        if h.last() != Some(&i) && h.len() <= MAX_HOLDERS {
-                            h.push(i);
+                    let mut pats: Vec<usize> = Vec::with_capacity(list.len());
+                    for s in list.iter() {
+                        let next = self.patterns.len();
+                        let p = *self.pattern_of.entry(s.clone()).or_insert(next);
+                        if p == next {
+                            self.patterns.push(s.clone());
+                            self.holders.push(Vec::new());
+                        }
+                        pats.push(p);
+                    }
+                    pats.sort_unstable();
+                    // a call naming an earlier call's id in its arguments (a recall) uses its result
+                    let mut recalls = Vec::new();
+                    if !self.ids.is_empty() {
+                        for call in tool_calls(m) {
+                            let args = field(call, "function")
+                                .and_then(|f| field(f, "arguments"))
+                                .and_then(Value::as_str);
+                            if let Some(Ok(v)) = args.map(serde_json::from_str::<Value>) {
+                                string_leaves(&v, &mut |s| {
+                                    if let Some(r) = self.ids.get(s) {
+                                        recalls.extend(r.iter().filter(|&&r| r < i));
+                                    }
+                                });
+                            }
                         }
                     }
+                    self.named.push((i, pats));
+                    self.recalls.push(recalls);
+                }
+                _ => {}
+            }
+        }
+        // the results scanned before, for the strings first named now; then the new results for every string
+        // (each pattern's holders stay ascending: old results before new ones)
+        if self.patterns.len() > old_patterns {
+            if let Some(ac) = automaton(&self.patterns[old_patterns..]) {
+                self.scan(msgs, &ac, old_patterns, 0..old_results);
+            }
+        }
+        if self.results.len() > old_results {
+            if let Some(ac) = automaton(&self.patterns) {
+                self.scan(msgs, &ac, 0, old_results..self.results.len());
+            }
+        }
+        self.n = msgs.len();
+    }
+
+    /// Adds to the holders of the patterns `ac` finds (numbered from `offset`) the results
+    /// `self.results[which]` holding them.
+    fn scan(
+        &mut self,
+        msgs: &[Value],
+        ac: &AhoCorasick,
+        offset: usize,
+        which: std::ops::Range<usize>,
+    ) {
+        for k in which {
+            let i = self.results[k];
+            let m = &msgs[i];
+            let text: Cow<'_, str> = match field(m, "content") {
+                Some(Value::String(s)) if field(m, "tool_calls").is_none() => Cow::Borrowed(s),
+                _ => Cow::Owned(message_text(m)),
+            };
+            for hit in ac.find_overlapping_iter(text.as_ref()) {
+                let h = &mut self.holders[offset + hit.pattern().as_usize()];
+                if h.last() != Some(&i) && h.len() <= MAX_HOLDERS {
+                    h.push(i);
                 }
             }
         }
-        // call id → its results
-        let mut ids: HashMap<&str, Vec<usize>> = HashMap::default();
-        for (i, m) in msgs.iter().enumerate().filter(|(i, _)| is_tool(*i)) {
-            if let Some(id) = field(m, "tool_call_id").and_then(Value::as_str) {
-                if !id.is_empty() {
-                    ids.entry(id).or_default().push(i);
-                }
+    }
+
+    /// About how many bytes it holds.
+    fn bytes(&self) -> usize {
+        let strings: usize = self.patterns.iter().map(|p| 2 * p.len() + 48).sum();
+        let lists: usize = self.holders.iter().map(|h| h.len() * 8 + 24).sum::<usize>()
+            + self
+                .named
+                .iter()
+                .map(|(_, p)| p.len() * 8 + 32)
+                .sum::<usize>()
+            + self.recalls.iter().map(|r| r.len() * 8 + 24).sum::<usize>()
+            + self
+                .ids
+                .iter()
+                .map(|(k, v)| k.len() + v.len() * 8 + 48)
+                .sum::<usize>()
+            + self.results.len() * 8;
+        strings + lists + 128
+    }
+}
+
+impl Usage {
+    /// Finds the uses of the tool results (role `tool`) among `msgs` (neutral). The strings the user and
+    /// assistant messages name are few: they are looked for in the results in one pass (Aho-Corasick), so the
+    /// results' text is scanned once, never split into strings of its own.
+    pub fn new(msgs: &[Value]) -> Self {
+        let mut scan = Scan::default();
+        scan.extend(msgs, None);
+        Usage::of(&scan, msgs.len())
+    }
+
+    /// [`Usage::new`], extending what `counter` remembers of the longest earlier request this one starts with
+    /// (the previous turn's, as a rule): only the new results are scanned for every string, and the old ones for
+    /// the strings the new messages name. The same uses as [`Usage::new`] (property test).
+    pub fn with_memo(msgs: &[Value], counter: &TokenCounter) -> Self {
+        Self::with_hashes(msgs, counter, &counter.prefix_hashes(PREFIX_KIND, msgs))
+    }
+
+    /// [`Usage::with_memo`] given `counter.prefix_hashes(PREFIX_KIND, msgs)` (see [`Usage::prefix_hashes`]).
+    pub fn with_hashes(
+        msgs: &[Value],
+        counter: &TokenCounter,
+        hashes: &(Vec<u64>, Vec<u64>),
+    ) -> Self {
+        let (keys, each) = hashes;
+        let oldest = msgs.len().saturating_sub(MAX_PREFIX_PROBES);
+        let found = (oldest..=msgs.len()).rev().find_map(|k| {
+            let v = counter.remembered_prefix(keys[k])?;
+            v.downcast::<Scan>().ok().filter(|s| s.n == k)
+        });
+        let scan = match found {
+            Some(s) if s.n == msgs.len() => s,
+            found => {
+                let mut scan = found.map(|s| (*s).clone()).unwrap_or_default();
+                scan.extend(msgs, Some((counter, each)));
+                let bytes = scan.bytes();
+                let scan = Arc::new(scan);
+                counter.remember_prefix(keys[msgs.len()], scan.clone(), bytes);
+                scan
             }
-        }
-        for (i, pats) in named {
+        };
+        Usage::of(&scan, msgs.len())
+    }
+
+    /// The keys [`Usage::with_hashes`] takes: the prefix hashes of `msgs` and each message's content hash (which
+    /// the caller may use for [`TokenCounter::remembered_strings_of`]).
+    pub fn prefix_hashes(msgs: &[Value], counter: &TokenCounter) -> (Vec<u64>, Vec<u64>) {
+        counter.prefix_hashes(PREFIX_KIND, msgs)
+    }
+
+    /// The uses `scan` found, in a request of `len` messages.
+    fn of(scan: &Scan, len: usize) -> Self {
+        let mut usage = Usage {
+            uses: vec![Vec::new(); len],
+            by_message: Vec::new(),
+        };
+        for ((i, pats), recalls) in scan.named.iter().zip(&scan.recalls) {
+            let i = *i;
             let mut used: Vec<usize> = pats
                 .iter()
-                .map(|&p| &holders[p])
+                .map(|&p| &scan.holders[p])
                 .filter(|h| h.len() <= MAX_HOLDERS)
                 .flatten()
                 .copied()
                 .filter(|&r| r < i)
+                .chain(recalls.iter().copied())
                 .collect();
-            // a call naming an earlier call's id in its arguments (a recall) uses its result
-            if !ids.is_empty() {
-                for call in tool_calls(&msgs[i]) {
-                    let args = field(call, "function")
-                        .and_then(|f| field(f, "arguments"))
-                        .and_then(Value::as_str);
-                    if let Some(Ok(v)) = args.map(serde_json::from_str::<Value>) {
-                        string_leaves(&v, &mut |s| {
-                            if let Some(r) = ids.get(s) {
-                                used.extend(r.iter().filter(|&&r| r < i));
-                            }
-                        });
-                    }
-                }
-            }
             used.sort_unstable();
             used.dedup();
             for r in used {
@@ -213,6 +319,78 @@ mod tests {
     }
     fn tool(id: &str, content: &str) -> Value {
         json!({"role":"tool","tool_call_id":id,"content":content})
+    }
+
+    /// A conversation from `steps`: (tool result words, assistant text words, recall of an earlier call), words
+    /// drawn from a small vocabulary of paths, names and numbers so that results and later messages share them;
+    /// a user message every few steps.
+    fn generated(steps: &[(Vec<usize>, Vec<usize>, Option<usize>)]) -> Vec<Value> {
+        const WORDS: [&str; 12] = [
+            "/repo/src/main.rs",
+            "src/main.rs",
+            "django/http/request.py",
+            "http/request.py",
+            "ImproperlyConfigured",
+            "TextEnum.B",
+            "get_host_name",
+            "1088",
+            "1096",
+            "plain",
+            "words",
+            "tests/test_x.py",
+        ];
+        let text = |ws: &[usize]| {
+            ws.iter()
+                .map(|&w| WORDS[w % WORDS.len()])
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let mut msgs = vec![json!({"role":"user","content":"fix it"})];
+        for (k, (result, said, recall)) in steps.iter().enumerate() {
+            let args = match recall {
+                Some(r) if *r < k => format!(r#"{{"call_id":"c{r}"}}"#),
+                _ => format!(r#"{{"cmd":"{}"}}"#, text(said)),
+            };
+            let mut c = call(&format!("c{k}"), &args);
+            c["content"] = json!(text(said));
+            msgs.push(c);
+            msgs.push(tool(&format!("c{k}"), &text(result)));
+            if k % 3 == 2 {
+                msgs.push(json!({"role":"user","content": text(said)}));
+            }
+        }
+        msgs
+    }
+
+    proptest::proptest! {
+        /// Extending what an earlier request of the conversation found gives the uses found from scratch, turn
+        /// after turn (one to several messages added), whatever the memo holds.
+        #[test]
+        fn extending_a_remembered_prefix_finds_the_uses_found_from_scratch(
+            steps in proptest::collection::vec(
+                (
+                    proptest::collection::vec(0usize..12, 0..6),
+                    proptest::collection::vec(0usize..12, 0..3),
+                    proptest::option::of(0usize..20),
+                ),
+                1..24,
+            ),
+            cuts in proptest::collection::vec(1usize..5, 1..10),
+        ) {
+            let msgs = generated(&steps);
+            let counter = TokenCounter::new();
+            let mut k = 0;
+            let mut turns = cuts.iter().cycle();
+            while k < msgs.len() {
+                k = (k + turns.next().copied().unwrap_or(1)).min(msgs.len());
+                let remembered = Usage::with_memo(&msgs[..k], &counter);
+                proptest::prop_assert_eq!(&remembered, &Usage::new(&msgs[..k]), "prefix of {}", k);
+            }
+            // a request that starts like none remembered, and the same one again (found whole)
+            let other = TokenCounter::new();
+            proptest::prop_assert_eq!(&Usage::with_memo(&msgs, &other), &Usage::new(&msgs));
+            proptest::prop_assert_eq!(&Usage::with_memo(&msgs, &other), &Usage::new(&msgs));
+        }
     }
 
     fn conversation() -> Vec<Value> {
