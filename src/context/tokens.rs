@@ -173,9 +173,10 @@ enum Kind {
     Named = 4,
 }
 
-/// The most bytes the prefix memo keeps (see [`TokenCounter::prefix_hashes`]).
+/// The most bytes the prefix memo keeps (see [`TokenCounter::prefix_hashes`]); 64 bytes per count the counter
+/// keeps below that (16 MiB at the default history cache of 256 MiB, 4 MiB at 64 MiB).
 const PREFIX_BYTES: u64 = 32 << 20;
-/// The most bytes of code-like strings the named-strings memo keeps (see [`TokenCounter::named_strings`]).
+/// 16 bytes per count the counter keeps, up to this: the most bytes of code-like strings the named-strings memo keeps (see [`TokenCounter::named_strings`]).
 const NAMED_BYTES: u64 = 16 << 20;
 
 /// Counts tokens of messages and tool schemas with a bounded cache, and keeps the per-model calibration.
@@ -218,14 +219,14 @@ impl TokenCounter {
         TokenCounter {
             cache: Cache::new(entries),
             named: Cache::builder()
-                .max_capacity(NAMED_BYTES)
+                .max_capacity((entries * 16).min(NAMED_BYTES))
                 .weigher(|_, v: &Arc<[Box<str>]>| {
                     let bytes: usize = v.iter().map(|s| s.len() + 16).sum::<usize>() + 64;
                     u32::try_from(bytes).unwrap_or(u32::MAX)
                 })
                 .build(),
             prefixes: Cache::builder()
-                .max_capacity(PREFIX_BYTES)
+                .max_capacity((entries * 64).min(PREFIX_BYTES))
                 .weigher(|_, v: &(Arc<dyn std::any::Any + Send + Sync>, u32)| v.1)
                 .build(),
             ratios: RwLock::new(BTreeMap::new()),
@@ -240,7 +241,8 @@ impl TokenCounter {
     /// A counter sized by the history cache's budget (`store.cache_max_bytes`): one count per KiB of it, between
     /// [`MIN_ENTRIES`] and [`MAX_ENTRIES`] — about one per message the cached histories hold (a message weighs
     /// about a KiB there), so the counts of what is cached stay cached, and the memo costs about a quarter of the
-    /// budget at most (262,144 counts, ~67 MB, at the default 256 MiB; 65,536, ~17 MB, at 64 MiB).
+    /// budget at most (262,144 counts, ~67 MB, at the default 256 MiB; 65,536, ~17 MB, at 64 MiB); the memos of
+    /// strings and prefixes a tenth more (80 bytes per count: 20 MiB at 256 MiB, 5 MiB at 64 MiB).
     pub fn sized_by(cache_max_bytes: u64) -> Self {
         Self::with_capacity((cache_max_bytes / 1024).clamp(MIN_ENTRIES, MAX_ENTRIES))
     }

@@ -39,9 +39,11 @@ UNITS = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "K": 1000, "M": 1000**2, "G":
 
 def tables_bytes(cache_max_bytes):
     """The memos at their bounds for a history cache of `cache_max_bytes`: one token count per KiB of it (4,096 to
-    500,000), the parse memo an eighth of it (at most 32 MiB), and the small tables."""
+    500,000), the planner's memos of strings and prefixes (16 and 64 bytes per count, at most 16 and 32 MiB), the
+    parse memo an eighth of it (at most 32 MiB), and the small tables."""
     counts = min(max(cache_max_bytes // 1024, 4_096), 500_000)
-    return TOKEN_MEMO_ENTRY_BYTES * counts + min(cache_max_bytes // 8, 32 * 2**20) + SMALL_TABLES_BYTES
+    planner = min(16 * counts, 16 * 2**20) + min(64 * counts, 32 * 2**20)
+    return TOKEN_MEMO_ENTRY_BYTES * counts + planner + min(cache_max_bytes // 8, 32 * 2**20) + SMALL_TABLES_BYTES
 
 
 def quantity(text):
