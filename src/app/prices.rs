@@ -6,7 +6,7 @@
 
 use crate::config::{ModelEntry, Price, DEFAULT_CACHE_TTL};
 use crate::context::long_context::strip_1m;
-use crate::context::models::{glob_match, ModelTable, MAX_MODEL_LEN};
+use crate::context::models::{glob_match, lookup_names, sort_globs, ModelTable, MAX_MODEL_LEN};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -106,12 +106,7 @@ impl<T: Copy> Layer<T> {
                 layer.exact.entry(name).or_insert(value);
             }
         }
-        let literal = |p: &str| p.chars().filter(|c| !matches!(c, '*' | '?')).count();
-        layer.globs.sort_by(|a, b| {
-            literal(&b.0)
-                .cmp(&literal(&a.0))
-                .then_with(|| a.0.cmp(&b.0))
-        });
+        sort_globs(&mut layer.globs);
         layer.globs.dedup_by(|a, b| a.0 == b.0);
         layer
     }
@@ -226,12 +221,7 @@ impl Prices {
     /// [`Prices::found`] without the memo.
     fn look_up(&self, model: &str) -> Found {
         let full = strip_1m(model).0.to_lowercase();
-        let bare = full.rsplit('/').next().unwrap_or_default();
-        let names: &[&str] = if bare.len() < full.len() {
-            &[&full, bare]
-        } else {
-            &[&full]
-        };
+        let names: &[&str] = &lookup_names(&full);
         Found {
             rates: self.rates.get(names),
             cache_ttl: self

@@ -5,7 +5,7 @@
 
 use crate::config::{Config, NamedUpstream};
 use crate::context::long_context::strip_1m;
-use crate::context::models::{glob_match, MAX_MODEL_LEN};
+use crate::context::models::{glob_match, lookup_names, sort_globs, MAX_MODEL_LEN};
 use crate::dialect::Dialect;
 use crate::error::GatewayError;
 use crate::metrics::{DialectLabel, Metrics, UpstreamCounts, UpstreamOutcome};
@@ -98,12 +98,7 @@ impl Routes {
                 exact.insert(pattern, routed.clone());
             }
         }
-        let literal = |p: &str| p.chars().filter(|c| !matches!(c, '*' | '?')).count();
-        globs.sort_by(|a, b| {
-            literal(&b.0)
-                .cmp(&literal(&a.0))
-                .then_with(|| a.0.cmp(&b.0))
-        });
+        sort_globs(&mut globs);
         Ok(Routes {
             openai: Arc::new(Routed::new(upstream.target(Api::OpenAi).clone(), metrics)),
             anthropic: Arc::new(Routed::new(
@@ -165,12 +160,7 @@ impl Routes {
     /// [`Routes::route`] without the memo.
     fn look_up(&self, model: &str) -> Option<Arc<Routed>> {
         let full = strip_1m(model).0.to_lowercase();
-        let bare = full.rsplit('/').next().unwrap_or_default();
-        let names: &[&str] = if bare.len() < full.len() {
-            &[&full, bare]
-        } else {
-            &[&full]
-        };
+        let names: &[&str] = &lookup_names(&full);
         names
             .iter()
             .find_map(|n| self.exact.get(*n))

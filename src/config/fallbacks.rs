@@ -12,6 +12,28 @@ struct ShippedFile {
     models: BTreeMap<String, ModelEntry>,
 }
 
+/// Glob patterns in lookup order: the most literal characters first (the narrowest pattern wins), then by name.
+/// Shared by every table keyed by model patterns (windows, prices, routes, fallbacks).
+pub fn sort_globs<T>(globs: &mut [(String, T)]) {
+    let literal = |p: &str| p.chars().filter(|c| !matches!(c, '*' | '?')).count();
+    globs.sort_by(|a, b| {
+        literal(&b.0)
+            .cmp(&literal(&a.0))
+            .then_with(|| a.0.cmp(&b.0))
+    });
+}
+
+/// The names a lower-cased model name is looked up by, in order: as given, then without its provider prefix
+/// (`openai/gpt-4o` → `gpt-4o`) when it has one.
+pub fn lookup_names(full: &str) -> Vec<&str> {
+    let bare = full.rsplit('/').next().unwrap_or_default();
+    if bare.len() < full.len() {
+        vec![full, bare]
+    } else {
+        vec![full]
+    }
+}
+
 /// Whether `name` matches `pattern`, where `*` matches any run of characters and `?` exactly one. Iterative,
 /// backtracking only to the last `*`: O(pattern × name) at worst, no recursion. Case-sensitive (callers lowercase).
 pub fn glob_match(pattern: &str, name: &str) -> bool {
@@ -50,12 +72,7 @@ fn look_up<'a, T>(
     pick: impl Fn(&'a ModelEntry) -> Option<T>,
 ) -> Option<T> {
     let full = model.to_lowercase();
-    let bare = full.rsplit('/').next().unwrap_or_default();
-    let names: Vec<&str> = if bare.len() < full.len() {
-        vec![&full, bare]
-    } else {
-        vec![&full]
-    };
+    let names = lookup_names(&full);
     let exact = names.iter().find_map(|n| {
         entries
             .iter()
@@ -65,17 +82,12 @@ fn look_up<'a, T>(
     if exact.is_some() {
         return exact;
     }
-    let literal = |p: &str| p.chars().filter(|c| !matches!(c, '*' | '?')).count();
     let mut globs: Vec<(String, &'a ModelEntry)> = entries
         .iter()
         .filter(|(p, _)| p.contains(['*', '?']))
         .map(|(p, e)| (p.to_lowercase(), e))
         .collect();
-    globs.sort_by(|a, b| {
-        literal(&b.0)
-            .cmp(&literal(&a.0))
-            .then_with(|| a.0.cmp(&b.0))
-    });
+    sort_globs(&mut globs);
     names.iter().find_map(|n| {
         globs
             .iter()

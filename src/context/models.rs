@@ -47,12 +47,7 @@ impl Layer {
                 layer.exact.insert(name, window);
             }
         }
-        let literal = |p: &str| p.chars().filter(|c| !matches!(c, '*' | '?')).count();
-        layer.globs.sort_by(|a, b| {
-            literal(&b.0)
-                .cmp(&literal(&a.0))
-                .then_with(|| a.0.cmp(&b.0))
-        });
+        sort_globs(&mut layer.globs);
         layer.globs.dedup_by(|a, b| a.0 == b.0);
         layer
     }
@@ -160,12 +155,7 @@ impl ModelTable {
     fn look_up(&self, model: &str, one_million: bool) -> Option<(String, u64)> {
         let (full, suffixed) = strip_1m(model);
         let full = full.to_lowercase();
-        let bare = full.rsplit('/').next().unwrap_or_default();
-        let names: &[&str] = if bare.len() < full.len() {
-            &[&full, bare]
-        } else {
-            &[&full]
-        };
+        let names: &[&str] = &lookup_names(&full);
         let in_order = |user: &Layer, shipped: &Layer| {
             user.exact(names)
                 .or_else(|| shipped.exact(names))
@@ -211,7 +201,7 @@ impl ModelTable {
     }
 }
 
-pub use crate::config::fallbacks::glob_match;
+pub use crate::config::fallbacks::{glob_match, lookup_names, sort_globs};
 
 #[cfg(test)]
 mod tests {

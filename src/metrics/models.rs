@@ -110,31 +110,28 @@ impl ModelLabels {
     }
 }
 
+/// `family`'s series for model `label` in each dialect (`None` for the no-dialect label).
+fn per_dialect<T: prometheus::core::MetricVecBuilder>(
+    family: &prometheus::core::MetricVec<T>,
+    label: &str,
+) -> Vec<Option<T::M>> {
+    DialectLabel::ALL
+        .iter()
+        .map(|d| {
+            (*d != DialectLabel::NoDialect).then(|| family.with_label_values(&[label, d.as_str()]))
+        })
+        .collect()
+}
+
 fn series(f: &TokenFamilies, label: Arc<str>) -> ModelSeries {
-    let per_dialect = |family: &IntCounterVec| {
-        DialectLabel::ALL
-            .iter()
-            .map(|d| {
-                (*d != DialectLabel::NoDialect)
-                    .then(|| family.with_label_values(&[&*label, d.as_str()]))
-            })
-            .collect()
-    };
-    let dollars = |family: &CounterVec| {
-        DialectLabel::ALL
-            .iter()
-            .map(|d| {
-                (*d != DialectLabel::NoDialect)
-                    .then(|| family.with_label_values(&[&*label, d.as_str()]))
-            })
-            .collect()
-    };
+    let ints = |family: &IntCounterVec| per_dialect(family, &label);
+    let dollars = |family: &CounterVec| per_dialect(family, &label);
     ModelSeries {
-        client_prompt: per_dialect(&f.client_prompt),
-        upstream_prompt: per_dialect(&f.upstream_prompt),
-        upstream_cached: per_dialect(&f.upstream_cached),
-        completion: per_dialect(&f.completion),
-        saved: per_dialect(&f.saved),
+        client_prompt: ints(&f.client_prompt),
+        upstream_prompt: ints(&f.upstream_prompt),
+        upstream_cached: ints(&f.upstream_cached),
+        completion: ints(&f.completion),
+        saved: ints(&f.saved),
         spend_dollars: dollars(&f.spend_dollars),
         saved_dollars: dollars(&f.saved_dollars),
         cache_miss: DialectLabel::ALL
