@@ -332,24 +332,15 @@ impl TokenCounter {
         out
     }
 
-    /// Strings `compute` finds in message `m`, remembered by the message's content and `what` (which finding it
-    /// is: 0 the code-like strings it names, `1 + digest_tokens` a cleared result's digest). A request's earlier
-    /// messages come back every turn, and finding the strings scans their whole text.
-    pub fn remembered_strings(
-        &self,
-        m: &Value,
-        what: u64,
-        compute: impl FnOnce() -> Vec<Box<str>>,
-    ) -> Arc<[Box<str>]> {
-        self.remembered_strings_of(Self::content_hash(m), what, compute)
-    }
-
-    /// The hash [`Self::remembered_strings`] keys a message by (one entry of [`Self::prefix_hashes`]' second list).
+    /// The hash [`Self::remembered_strings_of`] keys a message by (one entry of [`Self::prefix_hashes`]' second
+    /// list).
     pub fn content_hash(m: &Value) -> u64 {
         hash_value(Kind::Named, m)
     }
 
-    /// [`Self::remembered_strings`] of the message whose [`Self::content_hash`] is `hash`.
+    /// Strings `compute` finds in the message whose [`Self::content_hash`] is `hash`, remembered by that hash and
+    /// `what` (which finding it is: 0 the code-like strings it names, `1 + digest_tokens` a cleared result's
+    /// digest). A request's earlier messages come back every turn, and finding the strings scans their whole text.
     pub fn remembered_strings_of(
         &self,
         hash: u64,
