@@ -125,14 +125,10 @@ enum Command {
 }
 
 fn parse_dialect(s: &str) -> Result<Dialect, String> {
-    match s {
-        "chat" => Ok(Dialect::Chat),
-        "anthropic" => Ok(Dialect::Anthropic),
-        "responses" => Ok(Dialect::Responses),
-        _ => Err(format!(
-            "unknown dialect {s:?} (chat, anthropic, responses)"
-        )),
-    }
+    Dialect::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = Dialect::ALL.iter().map(|d| d.as_str()).collect();
+        format!("unknown dialect {s:?} ({})", names.join(", "))
+    })
 }
 
 fn parse_settings(s: &str) -> Result<Settings, String> {

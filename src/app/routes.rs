@@ -19,15 +19,19 @@ use std::sync::Arc;
 pub struct Routed {
     /// Where the request goes.
     pub target: Arc<Target>,
-    /// Counters by dialect (`DialectLabel` index: chat, anthropic, responses); `None` for the dialects its API
-    /// does not speak.
-    counts: [Option<UpstreamCounts>; 3],
+    /// Counters by dialect (at its `DialectLabel` index); `None` for the dialects its API does not speak.
+    counts: Vec<Option<UpstreamCounts>>,
 }
 
 impl Routed {
     fn new(target: Arc<Target>, metrics: &Metrics) -> Routed {
-        let counts = [Dialect::Chat, Dialect::Anthropic, Dialect::Responses]
-            .map(|d| (d.api() == target.api()).then(|| metrics.upstream_counts(target.name(), d)));
+        let counts = DialectLabel::ALL
+            .iter()
+            .map(|l| {
+                let d = Dialect::ALL.into_iter().find(|d| d.label() == *l)?;
+                (d.api() == target.api()).then(|| metrics.upstream_counts(target.name(), d))
+            })
+            .collect();
         Routed { target, counts }
     }
 

@@ -17,18 +17,17 @@ pub mod request;
 pub mod responses;
 pub mod rounds;
 pub mod shared;
+pub mod wire;
 
 pub use names::InjectedNames;
 pub use reply::{AssembledReply, MAX_ASSEMBLED_BYTES};
 pub use request::Request;
+pub use wire::{Conversion, Wire};
 
-use crate::context::RewrittenBody;
 use crate::error::GatewayError;
 use crate::sse::SseEvent;
-use crate::upstream::Api;
 use bytes::Bytes;
 use serde_json::{Map, Value};
-use std::sync::Arc;
 
 /// A wire format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -57,224 +56,56 @@ pub trait Assemble: Send {
 }
 
 impl Dialect {
-    /// Its name in metrics labels, the admin API and logs: `chat`, `anthropic`, `responses`.
-    pub fn as_str(self) -> &'static str {
+    /// Every dialect, in the order replay asks them whether a trace is theirs (chat, which takes the rest, last).
+    pub const ALL: [Dialect; 3] = [Dialect::Responses, Dialect::Anthropic, Dialect::Chat];
+
+    /// Its implementation: the one place that names each dialect's.
+    pub fn wire(self) -> &'static dyn Wire {
         match self {
-            Dialect::Chat => "chat",
-            Dialect::Anthropic => "anthropic",
-            Dialect::Responses => "responses",
+            Dialect::Chat => &chat::ChatWire,
+            Dialect::Anthropic => &anthropic::AnthropicWire,
+            Dialect::Responses => &responses::ResponsesWire,
         }
     }
 
-    /// Whether a rewrite keeps strict role order (see `context::roles`): chat completions and Responses, whose
-    /// OpenAI-compatible servers (vLLM, llama.cpp, Ollama with Mistral, Qwen or Gemma templates) refuse a `system`
-    /// message after the conversation began or two user or assistant messages in a row. Anthropic keeps its own
-    /// layout (the note and a summary as user text blocks, which its API accepts).
-    pub fn strict_roles(self) -> bool {
-        !matches!(self, Dialect::Anthropic)
+    /// Its name in metrics labels, the admin API and logs: `chat`, `anthropic`, `responses`.
+    pub fn as_str(self) -> &'static str {
+        self.wire().name()
+    }
+
+    /// The dialect named `name` (as [`Dialect::as_str`] writes it), if any.
+    pub fn from_name(name: &str) -> Option<Dialect> {
+        Dialect::ALL.into_iter().find(|d| d.as_str() == name)
     }
 
     /// The dialect named `name` (as [`Dialect::as_str`] writes it); `chat` for anything else.
     pub fn named(name: &str) -> Dialect {
-        match name {
-            "anthropic" => Dialect::Anthropic,
-            "responses" => Dialect::Responses,
-            _ => Dialect::Chat,
-        }
+        Dialect::from_name(name).unwrap_or(Dialect::Chat)
     }
 
-    /// The messages a reply is kept as in the session: the assembled message itself, or (Responses) each of its
-    /// output items, as the client will send them back.
-    pub fn reply_messages(self, message: Value) -> Vec<Value> {
-        match self {
-            Dialect::Chat | Dialect::Anthropic => vec![message],
-            Dialect::Responses => responses::assemble::output_items(&message).to_vec(),
-        }
-    }
-
-    /// The neutral form of a stored history (the client's own messages, no top-level system or instructions);
-    /// `None` when it is neutral already (chat).
-    pub fn convert_history(self, messages: &[Value]) -> Option<request::Conversion> {
-        match self {
-            Dialect::Chat => None,
-            Dialect::Anthropic => Some(request::Conversion::Anthropic(anthropic::Converted::new(
-                None, messages,
-            ))),
-            Dialect::Responses => Some(request::Conversion::Responses(responses::Converted::new(
-                None, messages,
-            ))),
-        }
+    /// The dialect whose conversation requests are POSTs to `path` (below the root, with `/v1`), if any.
+    pub fn serving(path: &str) -> Option<Dialect> {
+        Dialect::ALL.into_iter().find(|d| d.serves(path))
     }
 
     /// A stored history of dialect `name` as neutral messages, each with its position in the history; `None` for
     /// chat, whose messages are neutral (what `session::Sessions` finds a view's run loops on).
     pub fn history_as_neutral(name: &str, messages: &[Value]) -> Option<(Vec<Value>, Vec<usize>)> {
-        let c = Dialect::named(name).convert_history(messages)?;
+        let c = Dialect::named(name).convert(None, messages)?;
         let native = (0..c.messages().len())
             .map(|i| c.native_index(i).unwrap_or(0))
             .collect();
         Some((c.messages().to_vec(), native))
     }
 
-    /// The body field holding the conversation: `messages` (`input` for the Responses API).
-    pub fn conversation_key(self) -> &'static str {
-        match self {
-            Dialect::Chat | Dialect::Anthropic => "messages",
-            Dialect::Responses => "input",
-        }
-    }
-
-    /// The top-level body field holding the system prompt outside the conversation, if the dialect has one:
-    /// `system` (Anthropic), `instructions` (Responses); chat's system messages are in `messages`.
-    pub fn system_key(self) -> Option<&'static str> {
-        match self {
-            Dialect::Chat => None,
-            Dialect::Anthropic => Some("system"),
-            Dialect::Responses => Some("instructions"),
-        }
-    }
-
-    /// `gen_ai.provider.name` of the dialect's API: `openai` or `anthropic`.
-    pub fn provider(self) -> &'static str {
-        match self.api() {
-            Api::OpenAi => "openai",
-            Api::Anthropic => "anthropic",
-        }
-    }
-
-    /// The API its requests go to.
-    pub fn api(self) -> Api {
-        match self {
-            Dialect::Chat | Dialect::Responses => Api::OpenAi,
-            Dialect::Anthropic => Api::Anthropic,
-        }
-    }
-
-    /// Stored client messages `(position, message)` in the neutral shape (a message may become several, which
-    /// keep its position), for recall and search.
-    pub fn neutral_history(self, stored: Vec<(u32, Arc<Value>)>) -> Vec<(u32, Arc<Value>)> {
-        match self {
-            Dialect::Chat => stored,
-            Dialect::Anthropic => stored
-                .into_iter()
-                .flat_map(|(p, m)| {
-                    anthropic::neutral_of(&m)
-                        .into_iter()
-                        .map(move |n| (p, Arc::new(n)))
-                })
-                .collect(),
-            // rconv: one stored input item → its neutral messages
-            Dialect::Responses => stored
-                .into_iter()
-                .flat_map(|(p, m)| {
-                    responses::neutral_of(&m)
-                        .into_iter()
-                        .map(move |n| (p, Arc::new(n)))
-                })
-                .collect(),
-        }
-    }
-
-    /// Parses and checks a request body (every field kept in its order).
-    pub fn parse(self, raw: Bytes) -> Result<Request, GatewayError> {
-        match self {
-            Dialect::Chat => chat::parse(raw),
-            Dialect::Anthropic => anthropic::parse(raw),
-            // rconv
-            Dialect::Responses => responses::parse(raw),
-        }
-    }
-
-    /// The upstream path of a conversation request, below the dialect's base URL.
-    pub fn upstream_path(self) -> &'static str {
-        match self {
-            Dialect::Chat => "chat/completions",
-            Dialect::Anthropic => "messages",
-            Dialect::Responses => "responses",
-        }
-    }
-
-    /// The path clients call, for logs.
-    pub fn client_path(self) -> &'static str {
-        match self {
-            Dialect::Chat => "/v1/chat/completions",
-            Dialect::Anthropic => "/v1/messages",
-            Dialect::Responses => "/v1/responses",
-        }
-    }
-
-    /// A tool definition in this dialect's shape.
-    pub fn tool_def(self, name: &str, description: &str, parameters: Value) -> Value {
-        match self {
-            Dialect::Chat => serde_json::json!({"type": "function", "function": {
-                "name": name, "description": description, "parameters": parameters}}),
-            Dialect::Anthropic => serde_json::json!({
-                "name": name, "description": description, "input_schema": parameters}),
-            Dialect::Responses => {
-                responses::from_chat::function_tool(name, description, parameters)
-            }
-        }
-    }
-
-    /// Whether ctxgate may add its own tools to a request whose client body is `body`: not when the client forbids
-    /// tools or forces one, when a client tool already has one of their names, or when the client asks for several
-    /// choices (only one choice's calls could be answered within the response).
-    pub fn may_add_tools(
+    /// The id the request gives its conversation in this dialect's own keys, and where (see
+    /// [`Wire::client_key`]).
+    pub fn client_key(
         self,
+        header: impl Fn(&str) -> Option<String>,
         body: &Map<String, Value>,
-        names: &InjectedNames,
-    ) -> Result<(), &'static str> {
-        match self {
-            Dialect::Chat => chat::may_add_tools(body, names),
-            Dialect::Anthropic => anthropic::may_add_tools(body, names),
-            // rconv (or the lead): tool_choice none / a forced tool, name clash (tools' `name` at top level)
-            Dialect::Responses => responses::may_add_tools(body, names),
-        }
-    }
-
-    /// Serialises a rewritten request (`request` is the client's): its bytes and the offset of the `]` closing
-    /// its messages (recall rounds append there).
-    pub fn render(
-        self,
-        request: &Request,
-        body: &RewrittenBody<'_>,
-    ) -> serde_json::Result<(Vec<u8>, usize)> {
-        match self {
-            Dialect::Chat => body.to_vec(),
-            Dialect::Anthropic => anthropic::render(request, body),
-            // rconv
-            Dialect::Responses => responses::render(request, body),
-        }
-    }
-
-    /// A fresh assembler of a streamed reply.
-    pub fn assembler(self) -> Box<dyn Assemble> {
-        match self {
-            Dialect::Chat => Box::<chat::MessageAssembler>::default(),
-            Dialect::Anthropic => Box::<anthropic::Assembler>::default(),
-            // rstream: responses/assemble.rs
-            Dialect::Responses => Box::<responses::assemble::Assembler>::default(),
-        }
-    }
-
-    /// The reply of a whole (non-streaming) answer body.
-    pub fn reply_from_body(self, body: &[u8]) -> AssembledReply {
-        match self {
-            Dialect::Chat => chat::MessageAssembler::from_completion_body(body),
-            Dialect::Anthropic => anthropic::reply_from_body(body),
-            // rstream: responses/assemble.rs
-            Dialect::Responses => responses::assemble::from_body(body),
-        }
-    }
-
-    /// Our own error as this dialect's error body.
-    pub fn error_body(self, e: &GatewayError) -> Value {
-        match self {
-            Dialect::Chat => e.body(),
-            Dialect::Anthropic => anthropic::error_body(e),
-            // rstream: OpenAI's shape, with `input` as the parameter of an unfittable request
-            Dialect::Responses => responses::errors::error_body(e),
-        }
+    ) -> Option<(String, naming::KeyKind)> {
+        self.wire().client_key(&header, body)
     }
 
     /// The SSE event that ends a stream the upstream broke, after a blank line closing the event the upstream
@@ -289,26 +120,18 @@ impl Dialect {
         if mid_event {
             b.extend_from_slice(b"\n\n");
         }
-        match self {
-            Dialect::Chat => {
-                b.extend_from_slice(b"data: ");
-                b.extend(serde_json::to_vec(&e.body()).unwrap_or_default());
-            }
-            Dialect::Anthropic => {
-                b.extend_from_slice(b"event: error\ndata: ");
-                b.extend(serde_json::to_vec(&anthropic::error_body(e)).unwrap_or_default());
-            }
-            Dialect::Responses => {
-                let mut v = responses::errors::error_value(e);
-                if let (Some(n), Some(o)) = (sequence, v.as_object_mut()) {
-                    o.insert("sequence_number".into(), Value::from(n));
-                }
-                b.extend_from_slice(b"event: error\ndata: ");
-                b.extend(serde_json::to_vec(&v).unwrap_or_default());
-            }
-        }
+        b.extend(self.error_event_body(e, sequence));
         b.extend_from_slice(b"\n\n");
         Bytes::from(b)
+    }
+}
+
+/// A dialect is its implementation: the methods of [`Wire`] are called on it directly.
+impl std::ops::Deref for Dialect {
+    type Target = dyn Wire;
+
+    fn deref(&self) -> &Self::Target {
+        self.wire()
     }
 }
 
@@ -326,11 +149,7 @@ impl Assemble for chat::MessageAssembler {
 /// A dialect's `dialect` metric label: its own name (the metrics module knows nothing of dialects).
 impl From<Dialect> for crate::metrics::DialectLabel {
     fn from(d: Dialect) -> Self {
-        match d {
-            Dialect::Chat => crate::metrics::DialectLabel::Chat,
-            Dialect::Anthropic => crate::metrics::DialectLabel::Anthropic,
-            Dialect::Responses => crate::metrics::DialectLabel::Responses,
-        }
+        d.label()
     }
 }
 
@@ -341,7 +160,7 @@ mod tests {
 
     #[test]
     fn every_dialect_is_labelled_by_its_name() {
-        let all = [Dialect::Chat, Dialect::Anthropic, Dialect::Responses];
+        let all = Dialect::ALL;
         for d in all {
             assert_eq!(DialectLabel::from(d).as_str(), d.as_str());
             assert_eq!(Dialect::named(d.as_str()), d);

@@ -2,8 +2,7 @@
 //! body's keys) and a fingerprint of the conversation's opening. `session/` scopes what is found here by tenant
 //! and reads no wire format itself.
 
-use super::anthropic::session_id as anthropic;
-use super::responses::session_id as responses;
+#[cfg(test)]
 use super::Dialect;
 use crate::message::canonical_json;
 use serde_json::{Map, Value};
@@ -13,46 +12,12 @@ use sha2::{Digest, Sha256};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyKind {
     /// A client's own session header: one of [`AGENT_HEADERS`] (chat), `x-claude-code-session-id` (Anthropic) or
-    /// one of [`responses::SESSION_HEADERS`] (Responses: Codex's `session-id`, `thread-id`).
+    /// one of [`crate::dialect::responses::session_id::SESSION_HEADERS`] (Responses: Codex's `session-id`, `thread-id`).
     AgentHeader,
     /// The `session_id` inside an Anthropic request's `metadata.user_id` (Claude Code).
     Metadata,
     /// The body's `prompt_cache_key` (Responses).
     PromptCacheKey,
-}
-
-impl Dialect {
-    /// The id the request gives its conversation in this dialect's own keys, and where: chat: one of
-    /// [`AGENT_HEADERS`]; Anthropic: `x-claude-code-session-id`, then the `session_id` inside `metadata.user_id`;
-    /// Responses: Codex's `session-id`/`thread-id` headers, then `prompt_cache_key`. `header` reads a header's
-    /// value (trimmed, `None` when absent or blank).
-    pub fn client_key(
-        self,
-        header: impl Fn(&str) -> Option<String>,
-        body: &Map<String, Value>,
-    ) -> Option<(String, KeyKind)> {
-        match self {
-            Dialect::Chat => AGENT_HEADERS
-                .iter()
-                .find_map(|h| header(h))
-                .map(|v| (v, KeyKind::AgentHeader)),
-            Dialect::Anthropic => header(anthropic::CLAUDE_CODE_SESSION_HEADER)
-                .map(|v| (v, KeyKind::AgentHeader))
-                .or_else(|| anthropic::metadata_session(body).map(|v| (v, KeyKind::Metadata))),
-            Dialect::Responses => responses::client_key(header, body),
-        }
-    }
-
-    /// Hex SHA-256 of the conversation's opening in this dialect ([`chat_fingerprint`],
-    /// [`anthropic::fingerprint`], [`responses::fingerprint`]); the same opening in two dialects is two
-    /// fingerprints.
-    pub fn fingerprint(self, body: &Map<String, Value>) -> String {
-        match self {
-            Dialect::Chat => chat_fingerprint(body),
-            Dialect::Anthropic => anthropic::fingerprint(body),
-            Dialect::Responses => responses::fingerprint(body),
-        }
-    }
 }
 
 /// Agent headers honoured after `[session] header` in chat requests, in this order.

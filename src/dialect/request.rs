@@ -1,12 +1,11 @@
 //! A parsed conversation request of any dialect: the client's bytes, its body with every field in order, and the
 //! neutral messages the context engine plans on.
 
-use super::Dialect;
-use super::{anthropic, responses};
+use super::{Conversion, Dialect};
 use crate::error::GatewayError;
 use bytes::Bytes;
 use serde_json::{Map, Value};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// The body as a JSON object, or a 400 saying why it is not one. Elements of its conversation seen before are
 /// not parsed again ([`super::parse_memo`]).
@@ -105,7 +104,7 @@ pub struct Request {
     pub model: String,
     /// The neutral form of the messages, for a dialect whose own messages are not already neutral: made when
     /// first asked for (a request clearly under its budget, the common case, never needs it).
-    converted: OnceLock<Box<Conversion>>,
+    converted: OnceLock<Option<Arc<dyn Conversion>>>,
     /// The xxh3 of each `messages` element's bytes, when the parse's scan gave them.
     item_hashes: Option<Vec<u64>>,
 }
@@ -145,22 +144,12 @@ impl Request {
     /// Whether ctxgate manages the conversation: it carries its whole history (not a reference to history the
     /// upstream keeps) and asks for an ordinary answer. An unmanaged request is forwarded as sent.
     pub fn managed(&self) -> bool {
-        match self.dialect {
-            Dialect::Chat | Dialect::Anthropic => true,
-            // a string `input` is a single fresh question: nothing to manage
-            Dialect::Responses => {
-                self.unmanaged_reason().is_none()
-                    && self.body.get("input").is_some_and(Value::is_array)
-            }
-        }
+        self.dialect.managed(&self.body)
     }
 
     /// Why ctxgate does not manage the request, when it does not (see [`Request::managed`]).
     pub fn unmanaged_reason(&self) -> Option<crate::metrics::UnmanagedReason> {
-        match self.dialect {
-            Dialect::Chat | Dialect::Anthropic => None,
-            Dialect::Responses => responses::unmanaged::unmanaged_reason(&self.body),
-        }
+        self.dialect.unmanaged_reason(&self.body)
     }
 
     /// The client's own messages, as sent (what the session keeps).
@@ -181,28 +170,13 @@ impl Request {
     }
 
     /// The conversion of the client's messages, for a dialect that converts (made on first use).
-    pub fn converted(&self) -> Option<&Conversion> {
-        let convert = || match self.dialect {
-            Dialect::Chat => None,
-            Dialect::Anthropic => Some(Conversion::Anthropic(anthropic::Converted::new(
-                self.body.get("system"),
-                self.native(),
-            ))),
-            Dialect::Responses => Some(Conversion::Responses(responses::Converted::new(
-                self.body.get("instructions"),
-                self.native(),
-            ))),
-        };
-        if self.dialect == Dialect::Chat {
-            return None;
-        }
-        let c = self
-            .converted
-            .get_or_init(|| Box::new(convert().unwrap_or(Conversion::None)));
-        match **c {
-            Conversion::None => None,
-            _ => Some(c),
-        }
+    pub fn converted(&self) -> Option<&dyn Conversion> {
+        self.converted
+            .get_or_init(|| {
+                let system = self.dialect.system_key().and_then(|k| self.body.get(k));
+                self.dialect.convert(system, self.native())
+            })
+            .as_deref()
     }
 
     /// Index of the client message the neutral message `i` comes from; `None` for one that comes from elsewhere
@@ -234,46 +208,6 @@ impl Request {
         match self.converted() {
             Some(c) => c.neutral_start(native),
             None => native,
-        }
-    }
-}
-
-/// The neutral form of a dialect's messages (chat's are neutral already).
-#[derive(Debug, Clone)]
-pub enum Conversion {
-    /// Nothing to convert.
-    None,
-    /// Anthropic Messages.
-    Anthropic(anthropic::Converted),
-    /// OpenAI Responses input items.
-    Responses(responses::Converted),
-}
-
-impl Conversion {
-    /// The neutral messages.
-    pub fn messages(&self) -> &[Value] {
-        match self {
-            Conversion::None => &[],
-            Conversion::Anthropic(c) => c.messages(),
-            Conversion::Responses(c) => c.messages(),
-        }
-    }
-
-    /// The client message (first item) of the neutral message `i`; `None` for one from elsewhere in the body.
-    pub fn native_index(&self, i: usize) -> Option<usize> {
-        match self {
-            Conversion::None => Some(i),
-            Conversion::Anthropic(c) => c.native_index(i),
-            Conversion::Responses(c) => c.native_index(i),
-        }
-    }
-
-    /// The first neutral message of client message `native`.
-    pub fn neutral_start(&self, native: usize) -> usize {
-        match self {
-            Conversion::None => native,
-            Conversion::Anthropic(c) => c.neutral_start(native),
-            Conversion::Responses(c) => c.neutral_start(native),
         }
     }
 }

@@ -296,9 +296,6 @@ fn head(
 
 /// `e` as an answer in the dialect's error shape (with `retry-after` when overloaded).
 pub fn error_response(dialect: Dialect, e: GatewayError) -> Response {
-    if dialect == Dialect::Chat {
-        return e.into_response();
-    }
     let body = dialect.error_body(&e);
     let mut resp = e.into_response();
     let (parts, _) = resp.into_parts();

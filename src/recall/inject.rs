@@ -98,7 +98,7 @@ impl Additions for Offer<'_> {
 }
 
 /// Whether the recall tools may be added to `body` (a request of `dialect`): not when disabled, nor when the
-/// dialect says the client's body leaves no room for them (see `Dialect::may_add_tools`).
+/// dialect says the client's body leaves no room for them (see `Wire::may_add_tools`).
 pub fn can_inject(
     dialect: Dialect,
     body: &Map<String, Value>,

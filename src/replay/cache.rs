@@ -36,11 +36,7 @@ fn field_items(dialect: Dialect, body: &Map<String, Value>) -> Vec<&Value> {
     const NULL: &Value = &Value::Null;
     let field = |k: &str| body.get(k).unwrap_or(NULL);
     let mut items = vec![field("tools")];
-    match dialect {
-        Dialect::Chat => {}
-        Dialect::Anthropic => items.push(field("system")),
-        Dialect::Responses => items.push(field("instructions")),
-    }
+    items.extend(dialect.system_key().map(field));
     items
 }
 
@@ -151,7 +147,7 @@ impl Shape {
 
     /// Whether the item with content hash `h` is one of the conversation's (not the tools or system field).
     pub fn conversation_has(&self, dialect: Dialect, h: u64) -> bool {
-        let fields = if dialect == Dialect::Chat { 1 } else { 2 };
+        let fields = 1 + usize::from(dialect.system_key().is_some());
         self.hashes.iter().skip(fields).any(|x| *x == h)
     }
 }

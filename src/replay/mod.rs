@@ -21,12 +21,9 @@ pub use text::{write_summary, write_text};
 use crate::config::{Config, Strategy};
 use crate::context::decide::{self, Decision};
 use crate::context::models::ModelTable;
-use crate::context::roles;
 use crate::context::tokens::{Encoding, TokenCounter};
 use crate::context::units::{check_sequence, system_messages};
 use crate::context::Plan;
-use crate::dialect::anthropic::validate;
-use crate::dialect::responses::validate as responses_validate;
 use crate::dialect::{Dialect, Request};
 use crate::message::message_text;
 use crate::recall::Offer;
@@ -807,28 +804,7 @@ fn step(
 /// What the dialect's API would refuse in the body `sent` upstream for the client's `client` body, or what a
 /// rewrite may not change (chat's rules are checked on the neutral form, by [`step`]).
 fn api_problem(dialect: Dialect, client: &Value, sent: &Value) -> Option<String> {
-    let items = sent
-        .get(dialect.conversation_key())
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    let client_items = client
-        .get(dialect.conversation_key())
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    let checked = match dialect {
-        Dialect::Chat => {
-            check_sequence(items).and_then(|()| roles::check_roles(client_items, items))
-        }
-        Dialect::Anthropic => {
-            validate::check_sequence(items).and_then(|()| validate::check_rewrite(client, sent))
-        }
-        Dialect::Responses => responses_validate::check_sequence(items)
-            .and_then(|()| responses_validate::check_rewrite(client, sent))
-            .and_then(|()| responses_validate::check_roles(client_items, items)),
-    };
-    checked.err()
+    dialect.check_sent(client, sent).err()
 }
 
 /// A rewrite must be a valid sequence that keeps every system message (in order; a summary may come between)

@@ -134,7 +134,7 @@ fn invalid_history_and_non_traces_are_reported() {
     for (v, needle) in [
         (json!([1]), "JSON object"),
         (json!({"id":"x"}), "\"messages\""),
-        (json!({"messages":[1]}), "message 0"),
+        (json!({"messages":[1]}), "item 0 of `messages`"),
     ] {
         let e = replay_trace(&v, &ReplayOptions::default(), &cfg).unwrap_err();
         assert!(e.contains(needle), "{e}");

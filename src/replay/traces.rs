@@ -4,26 +4,8 @@
 //! model answered) are found on the neutral form made by the dialect's own conversion, and each step's request is
 //! the body the client sends in the dialect it is replayed in.
 
-use crate::dialect::anthropic::convert as anthropic_convert;
-use crate::dialect::anthropic::from_chat::{chat_to_anthropic, DEFAULT_MAX_TOKENS};
-use crate::dialect::responses::convert::{self as responses_convert, Kind};
-use crate::dialect::responses::from_chat::chat_to_responses;
 use crate::dialect::Dialect;
-use crate::message::role;
 use serde_json::{Map, Value};
-
-/// Top-level request fields of an Anthropic trace carried into every request (besides `model`, `max_tokens`,
-/// `system`, `messages`).
-const ANTHROPIC_FIELDS: [&str; 4] = ["tools", "tool_choice", "thinking", "temperature"];
-/// Top-level request fields of a Responses trace carried into every request (besides `model`, `instructions`,
-/// `input`; `store` is always `false`: a replayed request carries its whole history).
-const RESPONSES_FIELDS: [&str; 5] = [
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "reasoning",
-    "include",
-];
 
 /// A parsed trace: its format, its items and the steps to replay.
 #[derive(Debug)]
@@ -38,45 +20,14 @@ pub struct Trace<'a> {
     pub steps: Vec<usize>,
 }
 
-/// The dialect of the trace object `obj`: Responses when it has an `input` array and no `messages`; Anthropic when
-/// it has `messages` and Anthropic marks (a top-level `system`, a tool with `input_schema`, a `tool_use` or
-/// `tool_result` block) but no chat ones (a `tool` message, `tool_calls`, a tool with `function`); chat otherwise.
+/// The dialect of the trace object `obj`: the first of [`Dialect::ALL`] that takes it as its own (Responses: an
+/// `input` array and no `messages`; Anthropic: `messages` with Anthropic marks — a top-level `system`, a tool with
+/// `input_schema`, a `tool_use` or `tool_result` block — and no chat ones; chat: any other `messages`).
 pub fn detect(obj: &Map<String, Value>) -> Result<Dialect, String> {
-    let messages = obj.get("messages").and_then(Value::as_array);
-    if messages.is_none() {
-        return match obj.get("input") {
-            Some(Value::Array(_)) => Ok(Dialect::Responses),
-            _ => Err("not a trace: no \"messages\" or \"input\" array".into()),
-        };
-    }
-    let messages = messages.map(Vec::as_slice).unwrap_or_default();
-    let tools = obj
-        .get("tools")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    let chat = messages
-        .iter()
-        .any(|m| role(m) == "tool" || m.get("tool_calls").is_some())
-        || tools.iter().any(|t| t.get("function").is_some());
-    let block = |m: &Value| {
-        m.get("content").and_then(Value::as_array).is_some_and(|b| {
-            b.iter().any(|b| {
-                matches!(
-                    b.get("type").and_then(Value::as_str),
-                    Some("tool_use" | "tool_result")
-                )
-            })
-        })
-    };
-    let anthropic = obj.get("system").is_some_and(|s| !s.is_null())
-        || tools.iter().any(|t| t.get("input_schema").is_some())
-        || messages.iter().any(block);
-    Ok(if anthropic && !chat {
-        Dialect::Anthropic
-    } else {
-        Dialect::Chat
-    })
+    Dialect::ALL
+        .into_iter()
+        .find(|d| d.is_trace(obj))
+        .ok_or_else(|| "not a trace: no \"messages\" or \"input\" array".into())
 }
 
 impl<'a> Trace<'a> {
@@ -92,12 +43,8 @@ impl<'a> Trace<'a> {
             .map(Vec::as_slice)
             .unwrap_or_default();
         if let Some(i) = items.iter().position(|m| !m.is_object()) {
-            let what = if format == Dialect::Responses {
-                "input item"
-            } else {
-                "message"
-            };
-            return Err(format!("not a trace: {what} {i} is not an object"));
+            let key = format.conversation_key();
+            return Err(format!("not a trace: item {i} of `{key}` is not an object"));
         }
         let steps = steps(format, obj, items);
         Ok(Trace {
@@ -138,82 +85,29 @@ impl<'a> Trace<'a> {
         let items = Value::Array(self.items[..k].to_vec());
         let mut body = Map::new();
         body.insert("model".into(), Value::from(model));
-        match (self.format, dialect) {
-            (Dialect::Chat, _) => {
-                body.insert("messages".into(), items);
-                if let Some(t) = self.obj.get("tools").filter(|t| !t.is_null()) {
-                    body.insert("tools".into(), t.clone());
-                }
-                Ok(match dialect {
-                    Dialect::Chat => body,
-                    Dialect::Anthropic => chat_to_anthropic(&body),
-                    Dialect::Responses => chat_to_responses(&body),
-                })
-            }
-            (Dialect::Anthropic, Dialect::Anthropic) => {
-                let max = self.obj.get("max_tokens").filter(|v| v.is_u64());
-                let max = max.cloned().unwrap_or(Value::from(DEFAULT_MAX_TOKENS));
-                body.insert("max_tokens".into(), max);
-                self.copy(&mut body, &["system"]);
-                body.insert("messages".into(), items);
-                self.copy(&mut body, &ANTHROPIC_FIELDS);
-                Ok(body)
-            }
-            (Dialect::Responses, Dialect::Responses) => {
-                self.copy(&mut body, &["instructions"]);
-                body.insert("input".into(), items);
-                self.copy(&mut body, &RESPONSES_FIELDS);
-                body.insert("store".into(), Value::Bool(false));
-                Ok(body)
-            }
-            (format, _) => Err(format!(
-                "the trace is {} conversation: it replays as {} only (the dialect option applies to chat traces)",
-                describe(format),
-                format.as_str()
-            )),
+        if self.format == Dialect::Chat {
+            let body = Dialect::Chat.trace_body(self.obj, items, body);
+            return Ok(if dialect == Dialect::Chat {
+                body
+            } else {
+                dialect.chat_body_as(&body)
+            });
         }
+        if self.format == dialect {
+            return Ok(dialect.trace_body(self.obj, items, body));
+        }
+        Err(format!(
+            "the trace is {} conversation: it replays as {} only (the dialect option applies to chat traces)",
+            self.format.describe(),
+            self.format.as_str()
+        ))
     }
 
     /// The answer of every step (aligned with `steps`): the neutral assistant message(s) the model wrote there —
     /// the chat message itself, the Anthropic message's conversion, the Responses items' group(s) starting there
     /// with each of their call items (answered or not).
     pub fn answers(&self) -> Vec<Vec<Value>> {
-        let neutral: Vec<(usize, Value)> = match self.format {
-            Dialect::Chat => self
-                .steps
-                .iter()
-                .filter_map(|&k| Some((k, self.items.get(k)?.clone())))
-                .collect(),
-            Dialect::Anthropic => {
-                let n = anthropic_convert::to_neutral(self.obj.get("system"), self.items);
-                n.messages
-                    .into_iter()
-                    .zip(n.origins)
-                    .filter(|(m, _)| role(m) == "assistant")
-                    .filter_map(|(m, o)| Some((o.native()?, m)))
-                    .collect()
-            }
-            Dialect::Responses => {
-                // with each call item of the group on its own: an unanswered one has no neutral tool call
-                let n = responses_convert::to_neutral(self.obj.get("instructions"), self.items);
-                let mut out = Vec::new();
-                for (m, o) in n.messages.into_iter().zip(n.origins) {
-                    let Some(range) = o.items().filter(|_| role(&m) == "assistant") else {
-                        continue;
-                    };
-                    let start = range.start;
-                    out.push((start, m));
-                    let calls = self.items.get(range).unwrap_or_default().iter();
-                    let calls = calls.filter(|it| responses_convert::kind(it) == Kind::Call);
-                    out.extend(
-                        calls
-                            .flat_map(responses_convert::neutral_of)
-                            .map(|c| (start, c)),
-                    );
-                }
-                out
-            }
-        };
+        let neutral = self.format.trace_answers(self.obj, self.items);
         let mut by_step: std::collections::BTreeMap<usize, Vec<Value>> = Default::default();
         for (k, m) in neutral {
             by_step.entry(k).or_default().push(m);
@@ -223,54 +117,16 @@ impl<'a> Trace<'a> {
             .map(|k| by_step.remove(k).unwrap_or_default())
             .collect()
     }
-
-    fn copy(&self, body: &mut Map<String, Value>, keys: &[&str]) {
-        for key in keys {
-            if let Some(v) = self.obj.get(*key).filter(|v| !v.is_null()) {
-                body.insert((*key).into(), v.clone());
-            }
-        }
-    }
-}
-
-/// The format in words.
-pub fn describe(format: Dialect) -> &'static str {
-    match format {
-        Dialect::Chat => "a chat-completions",
-        Dialect::Anthropic => "an Anthropic Messages",
-        Dialect::Responses => "a Responses",
-    }
 }
 
 /// Where the model answered: for each neutral assistant message (the dialect's own conversion), the index of the
 /// first client item it comes from; the client sent the items before it. In order, without repeats.
 fn steps(format: Dialect, obj: &Map<String, Value>, items: &[Value]) -> Vec<usize> {
-    let mut out: Vec<usize> = match format {
-        Dialect::Chat => items
-            .iter()
-            .enumerate()
-            .filter(|(_, m)| role(m) == "assistant")
-            .map(|(k, _)| k)
-            .collect(),
-        Dialect::Anthropic => {
-            let n = anthropic_convert::to_neutral(obj.get("system"), items);
-            n.messages
-                .iter()
-                .zip(&n.origins)
-                .filter(|(m, _)| role(m) == "assistant")
-                .filter_map(|(_, o)| o.native())
-                .collect()
-        }
-        Dialect::Responses => {
-            let n = responses_convert::to_neutral(obj.get("instructions"), items);
-            n.messages
-                .iter()
-                .zip(&n.origins)
-                .filter(|(m, _)| role(m) == "assistant")
-                .filter_map(|(_, o)| o.items().map(|r| r.start))
-                .collect()
-        }
-    };
+    let mut out: Vec<usize> = format
+        .trace_answers(obj, items)
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
     out.dedup();
     out
 }
@@ -333,8 +189,11 @@ mod tests {
         for (v, needle) in [
             (json!([1]), "JSON object"),
             (json!({"id":"x"}), "\"messages\""),
-            (json!({"messages":[1]}), "message 0"),
-            (json!({"input":[{"type":"message"}, 2]}), "input item 1"),
+            (json!({"messages":[1]}), "item 0 of `messages`"),
+            (
+                json!({"input":[{"type":"message"}, 2]}),
+                "item 1 of `input`",
+            ),
         ] {
             let e = Trace::read(&v).unwrap_err();
             assert!(e.contains(needle), "{e}");

@@ -58,12 +58,10 @@ impl InFlight {
 
 /// The dialect of a conversation request (the routes the pipeline manages), from its method and path.
 fn conversation(req: &Request) -> Option<Dialect> {
-    match (req.method() == Method::POST, req.uri().path()) {
-        (true, "/v1/chat/completions") => Some(Dialect::Chat),
-        (true, "/v1/messages" | "/v1/messages/count_tokens") => Some(Dialect::Anthropic),
-        (true, "/v1/responses") => Some(Dialect::Responses),
-        _ => None,
+    if req.method() != Method::POST {
+        return None;
     }
+    Dialect::serving(req.uri().path())
 }
 
 /// Middleware: admits a conversation request's body, takes a slot for the request and hands it (and the

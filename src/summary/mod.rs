@@ -445,7 +445,7 @@ pub fn manual_job(
     });
     // The cut is found on the neutral form (a unit keeps calls with their results) and must fall between two
     // stored messages: a summary covers whole messages.
-    let converted = Dialect::named(entry.dialect).convert_history(&messages);
+    let converted = Dialect::named(entry.dialect).convert(None, &messages);
     let neutral: &[Value] = converted.as_ref().map_or(&messages, |c| c.messages());
     let start_of = |native: usize| {
         converted

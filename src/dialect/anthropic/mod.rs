@@ -11,6 +11,7 @@ pub mod rounds;
 pub mod session_id;
 pub mod splice;
 pub mod validate;
+pub mod wire;
 
 #[cfg(test)]
 mod fixtures;
@@ -18,6 +19,7 @@ mod fixtures;
 mod tests;
 
 pub use assemble::Assembler;
+pub use wire::AnthropicWire;
 
 use super::{Assemble, AssembledReply, Dialect, InjectedNames, Request};
 use crate::context::RewrittenBody;
@@ -83,6 +85,21 @@ fn native_of(o: Origin) -> Option<usize> {
     }
 }
 
+impl super::Conversion for Converted {
+    fn messages(&self) -> &[Value] {
+        Converted::messages(self)
+    }
+    fn native_index(&self, i: usize) -> Option<usize> {
+        Converted::native_index(self, i)
+    }
+    fn neutral_start(&self, native: usize) -> usize {
+        Converted::neutral_start(self, native)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 /// Parses and checks a Messages request.
 pub fn parse(raw: Bytes) -> Result<Request, GatewayError> {
     let body = super::request::json_object(&raw)?;
@@ -101,7 +118,7 @@ pub fn neutral_of(message: &Value) -> Vec<Value> {
     convert::to_neutral(None, std::slice::from_ref(message)).messages
 }
 
-/// See `Dialect::may_add_tools`: not with `tool_choice` `none` or forcing one tool, nor when a client tool has
+/// See `Wire::may_add_tools`: not with `tool_choice` `none` or forcing one tool, nor when a client tool has
 /// one of our names.
 pub fn may_add_tools(body: &Map<String, Value>, names: &InjectedNames) -> Result<(), &'static str> {
     match body
@@ -121,7 +138,10 @@ pub fn may_add_tools(body: &Map<String, Value>, names: &InjectedNames) -> Result
 /// The rewritten body: the client's fields in their order (its `system` untouched; its `tools` with ours
 /// appended), its messages rendered back from the rewritten neutral ones (untouched ones borrowed).
 pub fn render(request: &Request, body: &RewrittenBody<'_>) -> serde_json::Result<(Vec<u8>, usize)> {
-    let Some(super::request::Conversion::Anthropic(converted)) = request.converted() else {
+    let Some(converted) = request
+        .converted()
+        .and_then(|c| c.as_any().downcast_ref::<Converted>())
+    else {
         return body.to_vec();
     };
     let messages = convert::from_neutral(

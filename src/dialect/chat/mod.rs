@@ -6,15 +6,17 @@ mod assemble;
 mod request;
 pub mod rounds;
 pub mod splice;
+pub mod wire;
 
 pub use assemble::MessageAssembler;
 pub use request::{parse, MAX_MODEL_LEN};
 pub use splice::{merge_usage, strip_injected, RoundEnd, StreamSplicer};
+pub use wire::ChatWire;
 
 use super::InjectedNames;
 use serde_json::{Map, Value};
 
-/// See [`super::Dialect::may_add_tools`]: not with `n > 1`, `tool_choice: "none"` or a forced function, nor
+/// See [`super::Wire::may_add_tools`]: not with `n > 1`, `tool_choice: "none"` or a forced function, nor
 /// when a client function has one of our names.
 pub fn may_add_tools(body: &Map<String, Value>, names: &InjectedNames) -> Result<(), &'static str> {
     // Several choices would each need their own recall rounds; the rewrite still applies, without the tools.

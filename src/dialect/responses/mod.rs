@@ -13,6 +13,9 @@ pub mod session_id;
 pub mod splice;
 pub mod unmanaged;
 pub mod validate;
+pub mod wire;
+
+pub use wire::ResponsesWire;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -81,6 +84,21 @@ impl Converted {
     }
 }
 
+impl super::Conversion for Converted {
+    fn messages(&self) -> &[Value] {
+        Converted::messages(self)
+    }
+    fn native_index(&self, i: usize) -> Option<usize> {
+        Converted::native_index(self, i)
+    }
+    fn neutral_start(&self, native: usize) -> usize {
+        Converted::neutral_start(self, native)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 /// Parses and checks a Responses request.
 pub fn parse(raw: Bytes) -> Result<Request, GatewayError> {
     let body = super::request::json_object(&raw)?;
@@ -99,7 +117,7 @@ pub fn neutral_of(item: &Value) -> Vec<Value> {
     convert::neutral_of(item)
 }
 
-/// See `Dialect::may_add_tools`: not with `tool_choice` `none` or forcing one tool, nor when a client tool has one
+/// See `Wire::may_add_tools`: not with `tool_choice` `none` or forcing one tool, nor when a client tool has one
 /// of our names.
 pub fn may_add_tools(body: &Map<String, Value>, names: &InjectedNames) -> Result<(), &'static str> {
     match body.get("tool_choice") {
@@ -115,7 +133,10 @@ pub fn may_add_tools(body: &Map<String, Value>, names: &InjectedNames) -> Result
 /// The rewritten body: the client's fields in their order (`instructions` untouched; its `tools` with ours
 /// appended), its input items rendered back from the rewritten neutral messages (untouched items borrowed).
 pub fn render(request: &Request, body: &RewrittenBody<'_>) -> serde_json::Result<(Vec<u8>, usize)> {
-    let Some(super::request::Conversion::Responses(converted)) = request.converted() else {
+    let Some(converted) = request
+        .converted()
+        .and_then(|c| c.as_any().downcast_ref::<Converted>())
+    else {
         return body.to_vec();
     };
     let items = convert::from_neutral(

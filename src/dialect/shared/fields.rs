@@ -40,6 +40,15 @@ pub fn check_fields(
     }
 }
 
+/// Copies the non-null fields `keys` of `from` into `body` (a trace's request fields into a replayed step).
+pub fn copy_fields(from: &Map<String, Value>, body: &mut Map<String, Value>, keys: &[&str]) {
+    for key in keys {
+        if let Some(v) = from.get(*key).filter(|v| !v.is_null()) {
+            body.insert((*key).into(), v.clone());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,7 @@
 //! opaque value, the top-level checks every rewrite of a client's body must pass, the adapter of their stream
 //! splicers to the dialect-neutral `Splice`, and (tests only) the property tests' harness and common generators.
 
-mod fields;
+pub mod fields;
 pub mod splice;
 #[cfg(test)]
 pub mod test_support;
