@@ -123,7 +123,7 @@ impl AppState {
         store: Arc<dyn Store>,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Self>, GatewayError> {
-        let upstream = Upstream::new(&config.upstream, &config.anthropic)?;
+        let upstream = Upstream::new(&config.upstream, &config.anthropic, &config.gemini)?;
         let tenant_key = TenantKey::for_store(&config.store)
             .map_err(|e| GatewayError::Internal(format!("cannot load the tenant secret: {e}")))?;
         let backend = crate::store::metrics_backend(config.store.backend);

@@ -46,6 +46,10 @@ enum Command {
         /// `http://127.0.0.1:8788/v1` for `ctxgate mock-upstream`.
         #[arg(long, value_name = "URL")]
         anthropic_upstream: Option<String>,
+        /// Gemini API base URL, without a version (`/v1beta/models/…`); overrides `[gemini] base_url`, e.g.
+        /// `http://127.0.0.1:8788` for `ctxgate mock-upstream`.
+        #[arg(long, value_name = "URL")]
+        gemini_upstream: Option<String>,
         /// Log format; overrides `[server] log_format`.
         #[arg(long, value_enum, value_name = "FORMAT")]
         log_format: Option<LogFormat>,
@@ -528,6 +532,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             upstream,
             anthropic_upstream,
+            gemini_upstream,
             log_format,
         } => {
             let mut cfg = Config::load(config.as_deref())?;
@@ -541,6 +546,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(u) = anthropic_upstream {
                 cfg.anthropic.base_url = u;
             }
+            if let Some(u) = gemini_upstream {
+                cfg.gemini.base_url = u;
+            }
             if let Some(f) = log_format {
                 cfg.server.log_format = f;
             }
@@ -550,6 +558,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let addr = cfg.listen_addr()?;
             let upstream_url = cfg.upstream.base_url.clone();
             let anthropic_url = cfg.anthropic.base_url.clone();
+            let gemini_url = cfg.gemini.base_url.clone();
             let state = ctxgate::app::AppState::new(cfg)?;
             load_tokenizer_in_background();
             state.reload.set(config.clone(), loaded);
@@ -566,6 +575,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 listen = %bound,
                 upstream = %upstream_url,
                 anthropic_upstream = %anthropic_url,
+                gemini_upstream = %gemini_url,
                 "ctxgate listening"
             );
             tracing::info!("inspector: http://{bound}/ui/");

@@ -2,7 +2,7 @@
 //! offers it): URL mapping, header filtering, timeouts and error mapping; a [`Target`] per place requests go
 //! (`[upstream]`, `[anthropic]`, each `[upstreams.<name>]`).
 
-use crate::config::{AnthropicConfig, NamedUpstream, UpstreamConfig, UpstreamKind};
+use crate::config::{AnthropicConfig, GeminiConfig, NamedUpstream, UpstreamConfig, UpstreamKind};
 use crate::error::GatewayError;
 use axum::body::Body;
 use bytes::Bytes;
@@ -36,14 +36,16 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 /// The client: pooled keep-alive connections, TLS by rustls with the webpki roots.
 type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Body>;
 
-/// The upstream LLM APIs of `[upstream]` and `[anthropic]` (one pooled client, `[upstream]`'s timeouts).
+/// The upstream LLM APIs of `[upstream]`, `[anthropic]` and `[gemini]` (one pooled client, `[upstream]`'s
+/// timeouts).
 #[derive(Clone, Debug)]
 pub struct Upstream {
     openai: Arc<Target>,
     anthropic: Arc<Target>,
+    gemini: Arc<Target>,
 }
 
-/// One place requests go, by name: `default` (`[upstream]`), `anthropic` (`[anthropic]`) or an
+/// One place requests go, by name: `default` (`[upstream]`), `anthropic` (`[anthropic]`), `gemini` (`[gemini]`) or an
 /// `[upstreams.<name>]` — its API, base URL, key, timeout and the pooled client that reaches it.
 #[derive(Debug)]
 pub struct Target {
@@ -65,11 +67,17 @@ pub enum Api {
     OpenAi,
     /// The Anthropic Messages API (`[anthropic]`).
     Anthropic,
+    /// The Gemini API (`[gemini]`).
+    Gemini,
 }
+
+/// The header a Gemini client sends its key in.
+pub const GOOG_API_KEY: &str = "x-goog-api-key";
 
 impl Api {
     /// The API a request to `/v1/<rest>` with `headers` is for: Anthropic for `messages…` and for any request
-    /// carrying an `anthropic-version` header (which only Anthropic clients send).
+    /// carrying an `anthropic-version` header (which only Anthropic clients send); Gemini for a model's method
+    /// (`models/{model}:{method}`) and any request carrying `x-goog-api-key` (which only Gemini clients send).
     pub fn of(rest: &str, headers: &HeaderMap) -> Api {
         let rest = rest.trim_start_matches('/');
         if rest == "messages"
@@ -77,10 +85,51 @@ impl Api {
             || headers.contains_key("anthropic-version")
         {
             Api::Anthropic
+        } else if headers.contains_key(GOOG_API_KEY)
+            || rest
+                .strip_prefix("models/")
+                .is_some_and(|m| m.contains(':'))
+        {
+            Api::Gemini
         } else {
             Api::OpenAi
         }
     }
+
+    /// Its name as an upstream's `kind` (and `gen_ai.provider.name`'s stem): `openai`, `anthropic`, `gemini`.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Api::OpenAi => "openai",
+            Api::Anthropic => "anthropic",
+            Api::Gemini => "gemini",
+        }
+    }
+}
+
+/// `query` without its `key` parameters (a Gemini client's API key).
+fn without_key(query: &str) -> std::borrow::Cow<'_, str> {
+    if !query.split('&').any(is_key_param) {
+        return std::borrow::Cow::Borrowed(query);
+    }
+    let kept: Vec<&str> = query.split('&').filter(|p| !is_key_param(p)).collect();
+    std::borrow::Cow::Owned(kept.join("&"))
+}
+
+/// Whether a query parameter is `key` (a Gemini API key).
+pub fn is_key_param(param: &str) -> bool {
+    param == "key" || param.starts_with("key=")
+}
+
+/// `query` with the value of its `key` parameters replaced by `***`, for logs and traces.
+pub fn redacted_query(query: &str) -> std::borrow::Cow<'_, str> {
+    if !query.split('&').any(is_key_param) {
+        return std::borrow::Cow::Borrowed(query);
+    }
+    let parts: Vec<&str> = query
+        .split('&')
+        .map(|p| if is_key_param(p) { "key=***" } else { p })
+        .collect();
+    std::borrow::Cow::Owned(parts.join("&"))
 }
 
 /// Builds a client: rustls (webpki roots, HTTP/2 offered by ALPN), no decompression, no proxy, no redirects,
@@ -114,8 +163,12 @@ fn client(connect_timeout: Duration) -> Result<HttpClient, GatewayError> {
 }
 
 impl Upstream {
-    /// Builds the client of `[upstream]` and `[anthropic]` (see [`client`]).
-    pub fn new(cfg: &UpstreamConfig, anthropic: &AnthropicConfig) -> Result<Self, GatewayError> {
+    /// Builds the client of `[upstream]`, `[anthropic]` and `[gemini]` (see [`client`]).
+    pub fn new(
+        cfg: &UpstreamConfig,
+        anthropic: &AnthropicConfig,
+        gemini: &GeminiConfig,
+    ) -> Result<Self, GatewayError> {
         let client = client(Duration::from_secs(cfg.connect_timeout_secs))?;
         let api_key = match &cfg.api_key {
             Some(k) => Some(HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| {
@@ -126,6 +179,12 @@ impl Upstream {
         let anthropic_key = match &anthropic.api_key {
             Some(k) => Some(HeaderValue::from_str(k).map_err(|_| {
                 GatewayError::Internal("anthropic.api_key is not a valid header value".into())
+            })?),
+            None => None,
+        };
+        let gemini_key = match &gemini.api_key {
+            Some(k) => Some(HeaderValue::from_str(k).map_err(|_| {
+                GatewayError::Internal("gemini.api_key is not a valid header value".into())
             })?),
             None => None,
         };
@@ -143,20 +202,30 @@ impl Upstream {
             anthropic: Arc::new(Target {
                 name: "anthropic".into(),
                 api: Api::Anthropic,
-                client,
+                client: client.clone(),
                 base: anthropic.base_url.trim_end_matches('/').to_string(),
                 key: anthropic_key,
+                replaces: false,
+                timeout,
+            }),
+            gemini: Arc::new(Target {
+                name: "gemini".into(),
+                api: Api::Gemini,
+                client,
+                base: gemini.base_url.trim_end_matches('/').to_string(),
+                key: gemini_key,
                 replaces: false,
                 timeout,
             }),
         })
     }
 
-    /// Where a request of `api` goes by default: `[upstream]` (named `default`) or `[anthropic]`.
+    /// Where a request of `api` goes by default: `[upstream]` (named `default`), `[anthropic]` or `[gemini]`.
     pub fn target(&self, api: Api) -> &Arc<Target> {
         match api {
             Api::OpenAi => &self.openai,
             Api::Anthropic => &self.anthropic,
+            Api::Gemini => &self.gemini,
         }
     }
 
@@ -226,12 +295,13 @@ impl Target {
         let api = match cfg.kind {
             UpstreamKind::Openai => Api::OpenAi,
             UpstreamKind::Anthropic => Api::Anthropic,
+            UpstreamKind::Gemini => Api::Gemini,
         };
         let key = match &cfg.api_key {
             Some(k) => {
                 let value = match api {
                     Api::OpenAi => format!("Bearer {k}"),
-                    Api::Anthropic => k.clone(),
+                    Api::Anthropic | Api::Gemini => k.clone(),
                 };
                 let mut v = HeaderValue::from_str(&value).map_err(|_| {
                     GatewayError::Internal(format!(
@@ -269,10 +339,18 @@ impl Target {
         self.timeout
     }
 
-    /// `<base_url>/<rest>?<query>` for a request to `/v1/<rest>` (the query forwarded as is).
+    /// `<base_url>/<rest>?<query>` for a request to `/v1/<rest>` (the query forwarded as is, but the client's
+    /// `key` parameter when a Gemini upstream's own key replaces the client's).
     pub fn url(&self, rest: &str, query: Option<&str>) -> String {
         let rest = rest.trim_start_matches('/');
         let base = &self.base;
+        let query = match query {
+            Some(q) if self.api == Api::Gemini && self.replaces && self.key.is_some() => {
+                Some(without_key(q))
+            }
+            Some(q) => Some(std::borrow::Cow::Borrowed(q)),
+            None => None,
+        };
         match query {
             Some(q) if !q.is_empty() => format!("{base}/{rest}?{q}"),
             _ => format!("{base}/{rest}"),
@@ -296,6 +374,7 @@ impl Target {
         if self.replaces {
             out.remove(header::AUTHORIZATION);
             out.remove("x-api-key");
+            out.remove(GOOG_API_KEY);
         }
         match self.api {
             Api::OpenAi => {
@@ -306,6 +385,11 @@ impl Target {
             Api::Anthropic => {
                 if !(out.contains_key(header::AUTHORIZATION) || out.contains_key("x-api-key")) {
                     out.insert("x-api-key", key.clone());
+                }
+            }
+            Api::Gemini => {
+                if !(out.contains_key(header::AUTHORIZATION) || out.contains_key(GOOG_API_KEY)) {
+                    out.insert(GOOG_API_KEY, key.clone());
                 }
             }
         }
@@ -475,6 +559,7 @@ mod tests {
                 ..Default::default()
             },
             &AnthropicConfig::default(),
+            &GeminiConfig::default(),
         )
         .unwrap()
     }

@@ -46,9 +46,10 @@ impl Routed {
 
 /// The routes of one config snapshot.
 pub struct Routes {
-    /// `[upstream]` (`default`) and `[anthropic]`.
+    /// `[upstream]` (`default`), `[anthropic]` and `[gemini]`.
     openai: Arc<Routed>,
     anthropic: Arc<Routed>,
+    gemini: Arc<Routed>,
     /// Each `[upstreams.<name>]` as configured and built (a reload keeps an unchanged one, and its pool).
     named: HashMap<String, (NamedUpstream, Arc<Routed>)>,
     /// Routed model names (lowercased) and patterns, the most literal pattern first.
@@ -109,6 +110,7 @@ impl Routes {
                 upstream.target(Api::Anthropic).clone(),
                 metrics,
             )),
+            gemini: Arc::new(Routed::new(upstream.target(Api::Gemini).clone(), metrics)),
             named,
             exact,
             globs,
@@ -138,6 +140,7 @@ impl Routes {
             None => Ok(match api {
                 Api::OpenAi => self.openai.clone(),
                 Api::Anthropic => self.anthropic.clone(),
+                Api::Gemini => self.gemini.clone(),
             }),
         }
     }
@@ -182,10 +185,7 @@ impl Routes {
 
 /// The `kind` that speaks `api`.
 fn kind(api: Api) -> &'static str {
-    match api {
-        Api::OpenAi => "openai",
-        Api::Anthropic => "anthropic",
-    }
+    api.kind()
 }
 
 #[cfg(test)]
@@ -221,7 +221,7 @@ mod tests {
     }
 
     fn routes(c: &Config, previous: Option<&Routes>) -> Routes {
-        let up = Upstream::new(&c.upstream, &c.anthropic).unwrap();
+        let up = Upstream::new(&c.upstream, &c.anthropic, &c.gemini).unwrap();
         let m = Metrics::new(Box::new(|_: &str| None)).unwrap();
         Routes::build(c, &up, &m, previous).unwrap()
     }

@@ -12,6 +12,7 @@ mod context;
 mod duration;
 mod env;
 pub mod fallbacks;
+mod gemini;
 mod hooks;
 mod kinds;
 mod load;
@@ -35,6 +36,7 @@ pub use anthropic::AnthropicConfig;
 pub use context::{ContextConfig, OnOverflow, Strategy};
 pub use duration::DurationSpec;
 pub use env::ENV_PREFIX;
+pub use gemini::GeminiConfig;
 pub use hooks::HooksConfig;
 pub use kinds::{TokenAmount, ToolSelection};
 pub use metrics::MetricsConfig;
@@ -64,6 +66,8 @@ pub struct Config {
     pub upstream: UpstreamConfig,
     /// The Anthropic Messages API (`/v1/messages` and every request carrying `anthropic-version`).
     pub anthropic: AnthropicConfig,
+    /// The Gemini API (`/v1beta/models/{model}:{method}` and the rest of `/v1beta/…`).
+    pub gemini: GeminiConfig,
     /// How conversations are identified.
     pub session: SessionConfig,
     /// Where conversation history is kept.
@@ -129,6 +133,7 @@ impl Config {
         self.server.problems(&mut e);
         self.upstream.problems(&mut e);
         self.anthropic.problems(&mut e);
+        self.gemini.problems(&mut e);
         self.session.problems(&mut e);
         self.store.problems(&mut e);
         self.admin.problems(&mut e);
@@ -207,6 +212,7 @@ impl Config {
         for secret in [
             &mut c.upstream.api_key,
             &mut c.anthropic.api_key,
+            &mut c.gemini.api_key,
             &mut c.summary.api_key,
             &mut c.admin.token,
             &mut c.hooks.secret,

@@ -17,6 +17,9 @@ pub enum UpstreamKind {
     Openai,
     /// The Anthropic Messages API: Messages requests (and `count_tokens`).
     Anthropic,
+    /// The Gemini API: `generateContent` and `streamGenerateContent` requests (and `countTokens`); its base URL
+    /// without the API version.
+    Gemini,
 }
 
 impl UpstreamKind {
@@ -25,6 +28,7 @@ impl UpstreamKind {
         match self {
             UpstreamKind::Openai => "openai",
             UpstreamKind::Anthropic => "anthropic",
+            UpstreamKind::Gemini => "gemini",
         }
     }
 }
@@ -35,12 +39,14 @@ impl UpstreamKind {
 pub struct NamedUpstream {
     /// Base URL of the API (required); a routed request to `/v1/<rest>` goes to `<base_url>/<rest>`.
     pub base_url: String,
-    /// `openai` (chat completions and Responses requests; the default) or `anthropic` (Messages requests). A
+    /// `openai` (chat completions and Responses requests; the default), `anthropic` (Messages requests) or
+    /// `gemini` (Gemini API requests; the base URL without its version). A
     /// request of another dialect for a model routed here is refused with 400 (ctxgate does not translate between
     /// APIs).
     pub kind: UpstreamKind,
     /// API key sent in place of the client's own credential (its `Authorization` and `x-api-key` are dropped):
-    /// as `Authorization: Bearer …` for `openai`, as `x-api-key` for `anthropic`. Unset: the client's
+    /// as `Authorization: Bearer …` for `openai`, as `x-api-key` for `anthropic`, as `x-goog-api-key` for
+    /// `gemini` (the client's `x-goog-api-key` and `key` query parameter dropped too). Unset: the client's
     /// credentials pass through. A secret: masked in `check-config` and never logged.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub api_key: Option<String>,
@@ -53,9 +59,9 @@ pub struct NamedUpstream {
     pub connect_timeout_secs: Option<u64>,
 }
 
-/// The names the default upstreams are known by (metrics, traces): `[upstream]` and `[anthropic]`. A named
+/// The names the default upstreams are known by (metrics, traces): `[upstream]`, `[anthropic]` and `[gemini]`. A named
 /// upstream may not take them.
-pub const DEFAULT_NAMES: [&str; 2] = ["default", "anthropic"];
+pub const DEFAULT_NAMES: [&str; 3] = ["default", "anthropic", "gemini"];
 
 /// The longest name an upstream may have (it is a metric label value).
 const MAX_NAME_LEN: usize = 64;
@@ -95,7 +101,7 @@ pub fn problems(
         if DEFAULT_NAMES.contains(&name.as_str()) {
             e.push(format!(
                 "{path}: {name:?} is the name of a default upstream ([upstream] is \"default\", [anthropic] is \
-                 \"anthropic\"); choose another name"
+                 \"anthropic\", [gemini] is \"gemini\"); choose another name"
             ));
         }
         if u.base_url.is_empty() {

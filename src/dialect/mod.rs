@@ -7,6 +7,7 @@
 pub mod anthropic;
 pub mod census;
 pub mod chat;
+pub mod gemini;
 mod names;
 pub mod naming;
 mod opening_memo;

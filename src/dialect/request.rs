@@ -5,6 +5,7 @@ use super::{Conversion, Dialect};
 use crate::error::GatewayError;
 use bytes::Bytes;
 use serde_json::{Map, Value};
+use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
 
 /// The body as a JSON object, or a 400 saying why it is not one. Elements of its conversation seen before are
@@ -89,6 +90,17 @@ pub fn tools_leave_room(
     }
 }
 
+/// Where a conversation request was sent: the path the client called (from the root) and its query. Most
+/// dialects read nothing of it (their model and stream flag are in the body); Gemini's model and method are in the
+/// path.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Call<'a> {
+    /// The path the client called (`/v1/chat/completions`, `/v1beta/models/gemini-2.5-pro:generateContent`).
+    pub path: &'a str,
+    /// Its query string, if any (without `?`).
+    pub query: Option<&'a str>,
+}
+
 /// A parsed request. `raw` is what the client sent; it is forwarded as is when no rewrite is needed.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -102,6 +114,9 @@ pub struct Request {
     pub stream: bool,
     /// The requested model (empty when absent).
     pub model: String,
+    /// The upstream path of the request, below its upstream's base URL (the dialect's own, unless the request
+    /// names it: see [`Request::with_path`]).
+    pub path: Cow<'static, str>,
     /// The neutral form of the messages, for a dialect whose own messages are not already neutral: made when
     /// first asked for (a request clearly under its budget, the common case, never needs it).
     converted: OnceLock<Option<Arc<dyn Conversion>>>,
@@ -124,9 +139,16 @@ impl Request {
             body,
             stream,
             model,
+            path: Cow::Borrowed(dialect.upstream_path()),
             converted: OnceLock::new(),
             item_hashes: None,
         }
+    }
+
+    /// The request with its own upstream path (a dialect whose path carries the model and method).
+    pub fn with_path(mut self, path: String) -> Self {
+        self.path = Cow::Owned(path);
+        self
     }
 
     /// The request with the hashes of its `messages` elements' bytes that the parse's scan gave (`None`: none).

@@ -3,6 +3,7 @@
 //! adding a dialect is a folder implementing these two traits and its line in `Dialect::wire`.
 
 use super::naming::KeyKind;
+use super::request::Call;
 use super::rounds::Splice;
 use super::{Assemble, AssembledReply, InjectedNames, Request};
 use crate::context::RewrittenBody;
@@ -10,6 +11,7 @@ use crate::error::GatewayError;
 use crate::metrics::{DialectLabel, UnmanagedReason};
 use crate::upstream::Api;
 use bytes::Bytes;
+use http::HeaderMap;
 use serde_json::{Map, Value};
 use std::any::Any;
 use std::sync::Arc;
@@ -37,11 +39,12 @@ pub trait Wire: Sync {
     fn describe(&self) -> &'static str;
     /// The API its requests go to.
     fn api(&self) -> Api;
-    /// `gen_ai.provider.name` of its API.
+    /// `gen_ai.provider.name` of its API (the OpenTelemetry GenAI conventions' names).
     fn provider(&self) -> &'static str {
         match self.api() {
             Api::OpenAi => "openai",
             Api::Anthropic => "anthropic",
+            Api::Gemini => "gcp.gemini",
         }
     }
     /// Whether a rewrite keeps strict role order (see `context::roles`): no `system` message after the
@@ -57,11 +60,18 @@ pub trait Wire: Sync {
     fn serves(&self, path: &str) -> bool {
         path == self.client_path()
     }
-    /// The upstream path of a conversation request, below its upstream's base URL.
+    /// The path a client of `model` calls (`replay` parses its steps as sent there): [`Wire::client_path`] for
+    /// a dialect whose model is in the body.
+    fn call_path(&self, model: &str) -> String {
+        let _ = model;
+        self.client_path().to_string()
+    }
+    /// The upstream path of a conversation request, below its upstream's base URL (a request may name its own:
+    /// `Request::path`).
     fn upstream_path(&self) -> &'static str;
 
-    /// Parses and checks a request body (every field kept in its order).
-    fn parse(&self, raw: Bytes) -> Result<Request, GatewayError>;
+    /// Parses and checks a request body (every field kept in its order) sent to `call`.
+    fn parse(&self, raw: Bytes, call: &Call<'_>) -> Result<Request, GatewayError>;
     /// The neutral form of a conversation (`system`: the body's top-level system field; `native`: its
     /// conversation); `None` when its messages are neutral already (chat).
     fn convert(&self, system: Option<&Value>, native: &[Value]) -> Option<Arc<dyn Conversion>>;
@@ -155,6 +165,13 @@ pub trait Wire: Sync {
         header: &dyn Fn(&str) -> Option<String>,
         body: &Map<String, Value>,
     ) -> Option<(String, KeyKind)>;
+    /// The request's headers with the credentials it sent elsewhere added as the header each stands for (the
+    /// tenant is named by its credential headers): `None` when it sent them all as headers (every dialect but
+    /// Gemini, whose key may come as the `key` query parameter).
+    fn credential_headers(&self, headers: &HeaderMap, query: Option<&str>) -> Option<HeaderMap> {
+        let _ = (headers, query);
+        None
+    }
     /// Hex SHA-256 of the conversation's opening; the same opening in two dialects is two fingerprints.
     fn fingerprint(&self, body: &Map<String, Value>) -> String;
 

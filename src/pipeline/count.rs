@@ -6,6 +6,7 @@
 
 use super::{plan, plan_request, read_body};
 use crate::app::AppState;
+use crate::dialect::request::Call;
 use crate::dialect::Dialect;
 use crate::error::GatewayError;
 use crate::metrics::{DialectLabel, Route};
@@ -39,7 +40,11 @@ pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
         Ok(b) => b,
         Err(e) => return fail(e, &mut timer),
     };
-    let request = match dialect.parse(raw) {
+    let call = Call {
+        path: parts.uri.path(),
+        query: parts.uri.query(),
+    };
+    let request = match dialect.parse(raw, &call) {
         Ok(r) => r,
         Err(e) => return fail(e, &mut timer),
     };

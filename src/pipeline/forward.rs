@@ -38,7 +38,7 @@ impl Exchange {
     ) -> Result<Sent, GatewayError> {
         let (state, dialect) = (&self.state, self.dialect);
         let target = &self.route.target;
-        let url = target.url(dialect.upstream_path(), parts.uri.query());
+        let url = target.url(&self.request.path, parts.uri.query());
         let mut headers = target.request_headers(&parts.headers, true);
         headers.remove(STRATEGY_HEADER);
         // Traced: the round's span, named in the upstream's `traceparent` (the one header ctxgate then adds).

@@ -30,6 +30,7 @@ use turn::Seen;
 
 use crate::app::{AppState, Live, Routed};
 use crate::config::Strategy;
+use crate::dialect::request::Call;
 use crate::dialect::{Dialect, Request as Parsed};
 use crate::error::GatewayError;
 use crate::metrics::{RequestTimer, Route};
@@ -76,7 +77,11 @@ async fn handle(
     let live = state.live();
     // 1–2. Read the whole body within its limits (it has to be parsed before anything goes upstream); parse it,
     //    keeping every field and its order; refuse what is not a request of the dialect (or names no strategy).
-    let request = match request::receive(&state, &live.config, body, dialect).await {
+    let call = Call {
+        path: parts.uri.path(),
+        query: parts.uri.query(),
+    };
+    let request = match request::receive(&state, &live.config, body, dialect, &call).await {
         Ok(r) => Arc::new(r),
         Err(e) => return own_error(&Logged::unparsed(dialect, started), None, e),
     };
@@ -106,10 +111,14 @@ async fn handle(
         item_hashes: Vec::new(),
         trace: parts.extensions.get::<RequestTrace>().cloned(),
     };
+    // The caller's credentials, for its tenant and its summaries: its headers, with a credential sent elsewhere
+    // (Gemini's `key` query parameter) as the header it stands for.
+    let credentials = dialect.credential_headers(&parts.headers, parts.uri.query());
+    let credentials = credentials.as_ref().unwrap_or(&parts.headers);
     // 3. Identify the conversation and reconcile the request with its stored history.
-    ex.identify(&parts.headers).await;
+    ex.identify(credentials).await;
     // 4. Plan: count the request against its model's window; over budget, rewrite what goes upstream.
-    let outgoing = match ex.plan(&parts.headers).await {
+    let outgoing = match ex.plan(credentials).await {
         Ok(o) => o,
         Err(e) => return ex.fail(e, None),
     };

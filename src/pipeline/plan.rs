@@ -434,10 +434,15 @@ fn ready_summaries(request: &Request, mark: &RequestMark) -> Vec<(usize, Value, 
     ready
 }
 
-/// The client's credential headers (`authorization`, `x-api-key`), for summary requests made on its behalf.
+/// The client's credential headers (`authorization`, `x-api-key`, `x-goog-api-key`), for summary requests made on its
+/// behalf.
 pub fn credentials(headers: &HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::new();
-    for name in [http::header::AUTHORIZATION.as_str(), "x-api-key"] {
+    for name in [
+        http::header::AUTHORIZATION.as_str(),
+        "x-api-key",
+        crate::upstream::GOOG_API_KEY,
+    ] {
         if let Some(v) = headers.get(name) {
             if let Ok(n) = http::HeaderName::from_bytes(name.as_bytes()) {
                 out.insert(n, v.clone());

@@ -3,6 +3,7 @@
 
 use crate::app::AppState;
 use crate::config::Config;
+use crate::dialect::request::Call;
 use crate::dialect::{Dialect, Request};
 use crate::error::GatewayError;
 use crate::metrics::{RejectReason, Route};
@@ -40,6 +41,7 @@ pub(super) async fn receive(
     cfg: &Config,
     body: Body,
     dialect: Dialect,
+    call: &Call<'_>,
 ) -> Result<Request, GatewayError> {
     let timeout = Duration::from_secs(cfg.server.body_read_timeout_secs);
     let raw = match read_body(body, cfg.server.max_body_bytes, timeout).await {
@@ -53,7 +55,7 @@ pub(super) async fn receive(
             return Err(e);
         }
     };
-    let request = dialect.parse(raw)?;
+    let request = dialect.parse(raw, call)?;
     if let Some(reason) = request.unmanaged_reason() {
         state.metrics.unmanaged(dialect, reason);
     }

@@ -268,7 +268,7 @@ mod tests {
             .map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": format!("step {i}")}))
             .collect();
         let body = json!({"model": "gpt-4o-mini", "messages": msgs});
-        match Dialect::Chat.parse(Bytes::from(body.to_string())) {
+        match Dialect::Chat.parse(Bytes::from(body.to_string()), &Default::default()) {
             Ok(r) => r,
             Err(e) => panic!("{e:?}"),
         }

@@ -24,6 +24,7 @@ use crate::context::models::ModelTable;
 use crate::context::tokens::{Encoding, TokenCounter};
 use crate::context::units::{check_sequence, system_messages};
 use crate::context::Plan;
+use crate::dialect::request::Call;
 use crate::dialect::{Dialect, Request};
 use crate::message::message_text;
 use crate::recall::Offer;
@@ -493,8 +494,13 @@ impl<'a> Run<'a> {
         let body = Value::Object(self.t.body(&self.model, k, dialect)?);
         let raw = Bytes::from(serde_json::to_vec(&body).map_err(|e| e.to_string())?);
         // as the gateway parses and plans it
+        let path = dialect.call_path(&self.model);
+        let call = Call {
+            path: &path,
+            query: None,
+        };
         let request = dialect
-            .parse(raw.clone())
+            .parse(raw.clone(), &call)
             .map_err(|e| format!("request {k}: {e}"))?;
         let p = self.plan(k, &request, &raw)?;
         let mut s = p.step;

@@ -288,7 +288,7 @@ fn a_rewrite_that_adds_the_recall_tools_breaks_the_prefix() {
 /// `(request, shape of a sent body)` for `client` and `sent` bodies in `dialect`.
 fn task(dialect: Dialect, client: &Value, sent: &Value) -> bool {
     let raw = bytes::Bytes::from(serde_json::to_vec(client).unwrap());
-    let request = dialect.parse(raw).unwrap();
+    let request = dialect.parse(raw, &Default::default()).unwrap();
     let shape = Weights::new().shape(Encoding::O200k, dialect, sent.as_object().unwrap());
     task_whole(&request, &shape)
 }

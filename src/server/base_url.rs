@@ -51,7 +51,8 @@ pub enum Trap {
     },
     /// `/v1/v1/…`: the base URL ends in `/v1` and the client appends `/v1/…` itself.
     DoubledV1,
-    /// A Gemini API call (`/v1beta/models/gemini-2.5-flash:streamGenerateContent`): an API ctxgate does not serve.
+    /// A Gemini API call at a wrong place (`/models/gemini-2.5-flash:generateContent`, `/api/v1beta/models/…`):
+    /// ctxgate serves the Gemini API at `/v1beta` (and `/v1`, `/v1alpha`) straight under its root.
     Gemini,
 }
 
@@ -115,9 +116,9 @@ impl Trap {
                  provider answers it 404"
             ),
             Trap::Gemini => format!(
-                "point this client at Google's endpoint directly (unset GOOGLE_GEMINI_BASE_URL) — {path} is a \
-                 Gemini API call, and ctxgate does not serve the Gemini API: it manages the OpenAI chat \
-                 completions, OpenAI Responses and Anthropic Messages APIs only"
+                "set the client's Gemini base URL (GOOGLE_GEMINI_BASE_URL, or the SDK's httpOptions.baseUrl) to \
+                 {base}, without a path — the client appends /v1beta/models/… itself, and ctxgate serves the \
+                 Gemini API at {base}/v1beta; {path} is not there"
             ),
         }
     }

@@ -69,6 +69,21 @@ pub fn router(state: Arc<AppState>) -> Router {
         // and logged with the fix.
         .route("/v1/v1/{*rest}", any(doubled))
         .route("/v1/{*rest}", any(passthrough::handle))
+        // The Gemini API: every version but `/v1` is Gemini's alone; `/v1/models/{model}:{method}` too.
+        .route(
+            "/v1/models/{model_method}",
+            post(gemini).fallback(passthrough::handle),
+        )
+        .route(
+            "/v1beta/models/{model_method}",
+            post(gemini).fallback(passthrough::handle),
+        )
+        .route(
+            "/v1alpha/models/{model_method}",
+            post(gemini).fallback(passthrough::handle),
+        )
+        .route("/v1beta/{*rest}", any(passthrough::handle))
+        .route("/v1alpha/{*rest}", any(passthrough::handle))
         .route_layer(axum::middleware::from_fn_with_state(
             (state.clone(), in_flight),
             limits::limit,
@@ -125,6 +140,15 @@ async fn responses(State(state): State<Arc<AppState>>, req: Request) -> Response
 
 async fn messages(State(state): State<Arc<AppState>>, req: Request) -> Response {
     crate::pipeline::conversation(state, req, Dialect::Anthropic).await
+}
+
+/// A POST to `/{version}/models/{model_method}`: a Gemini conversation request when it is one of the methods
+/// ctxgate manages (`Wire::serves`), else the upstream's (OpenAI's `/v1/models/{id}`, Gemini's `embedContent`, …).
+async fn gemini(state: State<Arc<AppState>>, req: Request) -> Response {
+    match Dialect::serving(req.uri().path()) {
+        Some(dialect) => crate::pipeline::conversation(state.0, req, dialect).await,
+        None => passthrough::handle(state, req).await,
+    }
 }
 
 /// A gateway bound to its socket, ready to serve.

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// Forwards any `/v1/<rest>` request to `<upstream.base_url>/<rest>` (`<anthropic.base_url>/<rest>` for an
-/// Anthropic request: see `Api::of`); a path with a `.` or `..` segment (raw or
+/// Anthropic request, `<gemini.base_url>/v1/<rest>` for a Gemini one: see `Api::of`), and any `/v1beta/<rest>` or
+/// `/v1alpha/<rest>` to `<gemini.base_url>/v1beta/<rest>` (`…/v1alpha/…`); a path with a `.` or `..` segment (raw or
 /// percent-encoded) is refused with 400, since the URL parser would resolve it onto another upstream path.
 pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Response {
     let started = Instant::now();
@@ -35,13 +36,8 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
         timer.set_status(e.status().as_u16());
         return e.into_response();
     }
-    let rest = parts
-        .uri
-        .path()
-        .strip_prefix("/v1")
-        .unwrap_or(parts.uri.path());
-    let api = Api::of(rest, &parts.headers);
-    let url = state.upstream.url_for(api, rest, parts.uri.query());
+    let (api, rest) = destination(parts.uri.path(), &parts.headers);
+    let url = state.upstream.url_for(api, &rest, parts.uri.query());
     let mut headers = state
         .upstream
         .request_headers_for(api, &parts.headers, false);
@@ -116,6 +112,25 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request) -> Respons
     builder
         .body(Body::from_stream(stream))
         .unwrap_or_else(|e| GatewayError::Internal(e.to_string()).into_response())
+}
+
+/// The API a request to `path` with `headers` is for, and its path below that API's base URL: under `/v1`, the
+/// API `Api::of` says and the path after `/v1` (the Gemini API's base URL has no version: `v1/…`); under another
+/// Gemini API version (`/v1beta/…`, `/v1alpha/…`), the Gemini API and the whole path.
+fn destination<'p>(path: &'p str, headers: &http::HeaderMap) -> (Api, std::borrow::Cow<'p, str>) {
+    if let Some(rest) = path
+        .strip_prefix("/v1/")
+        .or(path.strip_prefix("/v1").filter(|r| r.is_empty()))
+    {
+        return match Api::of(rest, headers) {
+            Api::Gemini => (Api::Gemini, std::borrow::Cow::Owned(format!("v1/{rest}"))),
+            api => (api, std::borrow::Cow::Borrowed(rest)),
+        };
+    }
+    (
+        Api::Gemini,
+        std::borrow::Cow::Borrowed(path.trim_start_matches('/')),
+    )
 }
 
 /// Whether the request's body took no in-flight slot when it ended (none was free).
@@ -194,7 +209,35 @@ fn log(method: &http::Method, path: &str, status: u16, started: Instant) {
 
 #[cfg(test)]
 mod tests {
-    use super::has_dot_segment;
+    use super::{destination, has_dot_segment};
+    use crate::upstream::Api;
+
+    #[test]
+    fn each_path_goes_to_its_api() {
+        let none = http::HeaderMap::new();
+        let mut goog = http::HeaderMap::new();
+        goog.insert("x-goog-api-key", http::HeaderValue::from_static("k"));
+        let to = |path: &str, h: &http::HeaderMap| {
+            let (api, rest) = destination(path, h);
+            (api, rest.into_owned())
+        };
+        assert_eq!(to("/v1/models", &none), (Api::OpenAi, "models".into()));
+        assert_eq!(to("/v1/files/x", &none), (Api::OpenAi, "files/x".into()));
+        assert_eq!(to("/v1/models", &goog), (Api::Gemini, "v1/models".into()));
+        assert_eq!(
+            to("/v1/models/gemini-2.5-pro:embedContent", &none),
+            (Api::Gemini, "v1/models/gemini-2.5-pro:embedContent".into())
+        );
+        assert_eq!(
+            to("/v1beta/models", &none),
+            (Api::Gemini, "v1beta/models".into())
+        );
+        assert_eq!(
+            to("/v1alpha/cachedContents", &none),
+            (Api::Gemini, "v1alpha/cachedContents".into())
+        );
+        assert_eq!(to("/v1/messages/batches", &none).0, Api::Anthropic);
+    }
 
     #[test]
     fn dot_segments_raw_and_encoded_are_found() {

@@ -8,7 +8,7 @@
 
 pub mod prompt;
 
-use crate::config::{AnthropicConfig, Config, UpstreamConfig};
+use crate::config::{AnthropicConfig, Config, GeminiConfig, UpstreamConfig};
 use crate::context::tokens::{count_text, Encoding};
 use crate::dialect::Dialect;
 use crate::error::GatewayError;
@@ -171,6 +171,13 @@ impl Summarizer {
                     .clone()
                     .unwrap_or_else(|| cfg.anthropic.base_url.clone()),
                 api_key: s.api_key.clone().or_else(|| cfg.anthropic.api_key.clone()),
+            },
+            &GeminiConfig {
+                base_url: s
+                    .base_url
+                    .clone()
+                    .unwrap_or_else(|| cfg.gemini.base_url.clone()),
+                api_key: s.api_key.clone().or_else(|| cfg.gemini.api_key.clone()),
             },
         )?;
         let prompt = prompt::load_prompt(s).map_err(GatewayError::Internal)?;
@@ -365,9 +372,11 @@ impl Summarizer {
             }
         }
         let headers = self.upstream.request_headers_for(self.api, &headers, true);
-        let url = self
-            .upstream
-            .url_for(self.api, prompt::upstream_path(self.api), None);
+        let url = self.upstream.url_for(
+            self.api,
+            &prompt::upstream_path(self.api, &self.model),
+            None,
+        );
         let failed = |e: String| SummaryError::Failed(e);
         let bytes = serde_json::to_vec(&body).map_err(|e| failed(e.to_string()))?;
         let timeout = self.upstream.timeout();

@@ -90,10 +90,13 @@ fn cut(s: &str) -> String {
 /// The `anthropic-version` of summary requests to the Anthropic Messages API.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 
-/// The API of a summary model: Anthropic Messages for a Claude model (`claude-*`), chat completions otherwise.
+/// The API of a summary model: Anthropic Messages for a Claude model (`claude-*`), the Gemini API for a Gemini
+/// model (`gemini-*`), chat completions otherwise.
 pub fn api_of(model: &str) -> Api {
     if model.starts_with("claude") {
         Api::Anthropic
+    } else if model.starts_with("gemini") {
+        Api::Gemini
     } else {
         Api::OpenAi
     }
@@ -108,11 +111,12 @@ pub fn with_length(prompt: &str, tokens: u64) -> String {
     )
 }
 
-/// Where summary requests go, below the API's base URL.
-pub fn upstream_path(api: Api) -> &'static str {
+/// Where summary requests for `model` go, below the API's base URL.
+pub fn upstream_path(api: Api, model: &str) -> String {
     match api {
-        Api::OpenAi => "chat/completions",
-        Api::Anthropic => "messages",
+        Api::OpenAi => "chat/completions".into(),
+        Api::Anthropic => "messages".into(),
+        Api::Gemini => format!("v1beta/models/{model}:generateContent"),
     }
 }
 
@@ -144,11 +148,17 @@ pub fn request_body(
             "temperature": 0,
             "stream": false,
         }),
+        // the model is in the path
+        Api::Gemini => json!({
+            "systemInstruction": {"parts": [{"text": prompt}]},
+            "contents": [{"role": "user", "parts": [{"text": transcript}]}],
+            "generationConfig": {"maxOutputTokens": max_tokens, "temperature": 0},
+        }),
     }
 }
 
 /// The text of the answer to a summary request (`None` when it is not an answer of `api`): a chat completion's
-/// message content, or a Messages answer's text blocks.
+/// message content, a Messages answer's text blocks, or a Gemini answer's text parts (not its thoughts).
 pub fn answer_text(api: Api, answer: &Value) -> Option<String> {
     match api {
         Api::OpenAi => {
@@ -169,6 +179,15 @@ pub fn answer_text(api: Api, answer: &Value) -> Option<String> {
                 .filter_map(|b| b.get("text").and_then(Value::as_str))
                 .collect();
             Some(texts.join("\n"))
+        }
+        Api::Gemini => {
+            let parts = answer.pointer("/candidates/0/content/parts")?.as_array()?;
+            let texts: Vec<&str> = parts
+                .iter()
+                .filter(|p| p.get("thought").and_then(Value::as_bool) != Some(true))
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect();
+            Some(texts.concat())
         }
     }
 }
@@ -272,6 +291,11 @@ mod tests {
         assert_eq!(answer_text(Api::OpenAi, &claude), None);
         assert!(summary_text("  ", 100, |_| 0).is_err());
         assert_eq!(answer_text(Api::OpenAi, &json!({"error":{}})), None);
+        let gemini = json!({"candidates":[{"content":{"role":"model","parts":[
+            {"text":"thinking","thought":true},{"text":"a "},{"text":"summary"}]}}]});
+        assert_eq!(answer_text(Api::Gemini, &gemini).unwrap(), "a summary");
+        assert_eq!(answer_text(Api::Gemini, &chat), None);
+        assert_eq!(api_of("gemini-2.5-flash"), Api::Gemini);
         assert!(summary_text(&ok, 5, |s| s.len() as u64)
             .unwrap_err()
             .contains("max_tokens"));

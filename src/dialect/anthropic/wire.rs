@@ -7,6 +7,7 @@ use super::splice::StreamSplicer;
 use super::{validate, Assembler, Converted};
 use crate::context::RewrittenBody;
 use crate::dialect::naming::KeyKind;
+use crate::dialect::request::Call;
 use crate::dialect::rounds::Splice;
 use crate::dialect::shared::fields::copy_fields;
 use crate::dialect::shared::Spliced;
@@ -59,7 +60,7 @@ impl Wire for AnthropicWire {
         "messages"
     }
 
-    fn parse(&self, raw: Bytes) -> Result<Request, GatewayError> {
+    fn parse(&self, raw: Bytes, _: &Call<'_>) -> Result<Request, GatewayError> {
         super::parse(raw)
     }
     fn convert(&self, system: Option<&Value>, native: &[Value]) -> Option<Arc<dyn Conversion>> {

@@ -7,6 +7,7 @@ use crate::context::roles;
 use crate::context::units::check_sequence;
 use crate::context::RewrittenBody;
 use crate::dialect::naming::{chat_fingerprint, KeyKind, AGENT_HEADERS};
+use crate::dialect::request::Call;
 use crate::dialect::rounds::Splice;
 use crate::dialect::wire::{items_of, Conversion, Wire};
 use crate::dialect::{Assemble, AssembledReply, InjectedNames, Request};
@@ -62,7 +63,7 @@ impl Wire for ChatWire {
         "chat/completions"
     }
 
-    fn parse(&self, raw: Bytes) -> Result<Request, GatewayError> {
+    fn parse(&self, raw: Bytes, _: &Call<'_>) -> Result<Request, GatewayError> {
         super::parse(raw)
     }
     fn convert(&self, _: Option<&Value>, _: &[Value]) -> Option<Arc<dyn Conversion>> {

@@ -8,6 +8,7 @@ use super::splice::StreamSplicer;
 use super::{assemble, errors, session_id, validate, Converted};
 use crate::context::RewrittenBody;
 use crate::dialect::naming::KeyKind;
+use crate::dialect::request::Call;
 use crate::dialect::rounds::Splice;
 use crate::dialect::shared::fields::copy_fields;
 use crate::dialect::shared::Spliced;
@@ -64,7 +65,7 @@ impl Wire for ResponsesWire {
         "responses"
     }
 
-    fn parse(&self, raw: Bytes) -> Result<Request, GatewayError> {
+    fn parse(&self, raw: Bytes, _: &Call<'_>) -> Result<Request, GatewayError> {
         super::parse(raw)
     }
     fn convert(&self, system: Option<&Value>, native: &[Value]) -> Option<Arc<dyn Conversion>> {
