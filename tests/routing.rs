@@ -374,8 +374,12 @@ fn check_config_names_an_unknown_upstream_a_bad_kind_and_a_bad_base_url() {
             && all.contains("local"),
         "{all}"
     );
-    let all = cfg("[upstreams.g]\nbase_url = \"https://g.example\"\nkind = \"gemini\"\n");
+    let all = cfg("[upstreams.g]\nbase_url = \"https://g.example\"\nkind = \"palm\"\n");
     assert!(all.contains("upstreams.g.kind"), "{all}");
+    let gemini = Config::from_toml_str(
+        "[upstreams.g]\nbase_url = \"https://g.example\"\nkind = \"gemini\"\n",
+    );
+    assert_eq!(gemini.unwrap().upstreams["g"].kind, UpstreamKind::Gemini);
     let all = cfg("[upstreams.default]\nbase_url = \"https://g.example\"\n");
     assert!(all.contains("upstreams.default"), "{all}");
     let all = cfg("[upstreams.x]\nkind = \"anthropic\"\n");
