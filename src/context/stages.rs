@@ -206,8 +206,8 @@ impl<'a, 'c> Model<'a, 'c> {
         recall_tool: Option<&'a str>,
         agent: bool,
     ) -> Self {
-        let tok = counter.messages_tokens(enc, msgs);
         let hashes = Usage::prefix_hashes(msgs, counter);
+        let tok = counter.messages_tokens_hashed(enc, msgs, &hashes.1);
         let rl = run_loops_with(msgs, None, agent);
         let mut loop_of = vec![None; msgs.len()];
         let mut tool_names = HashMap::default();

@@ -250,7 +250,13 @@ impl TokenCounter {
     /// Tokens of one chat message, cookbook style: 3 + every string field (+1 for `name`), text parts of a
     /// content array, 85 per image part, each tool call's name and arguments plus a small overhead.
     pub fn message_tokens(&self, enc: Encoding, m: &Value) -> u64 {
-        self.cached(enc, Kind::Message, m, || message_uncached(enc, m))
+        let key = (enc, message_key(Self::content_hash(m)));
+        if let Some(n) = self.cache.get(&key) {
+            return n;
+        }
+        let n = message_uncached(enc, m);
+        self.cache.insert(key, n);
+        n
     }
 
     /// Tokens of a request's `tools`: the JSON text of each schema plus a small overhead; 0 when null or empty.
@@ -286,10 +292,26 @@ impl TokenCounter {
     /// Tokens of each message of `msgs`. When many are not cached yet (a long history seen for the first time),
     /// they are counted on every core (scoped threads): that is mostly tokenizing, which splits well.
     pub fn messages_tokens<M: Borrow<Value> + Sync>(&self, enc: Encoding, msgs: &[M]) -> Vec<u64> {
+        let hashes: Vec<u64> = msgs
+            .iter()
+            .map(|m| Self::content_hash(m.borrow()))
+            .collect();
+        self.messages_tokens_hashed(enc, msgs, &hashes)
+    }
+
+    /// [`Self::messages_tokens`] of messages whose [`Self::content_hash`]es the caller has already (the planner
+    /// hashes each message once, for its counts and its memos alike).
+    pub fn messages_tokens_hashed<M: Borrow<Value> + Sync>(
+        &self,
+        enc: Encoding,
+        msgs: &[M],
+        content_hashes: &[u64],
+    ) -> Vec<u64> {
+        debug_assert_eq!(msgs.len(), content_hashes.len());
         let mut out = Vec::with_capacity(msgs.len());
         let mut misses = Vec::new();
-        for (i, m) in msgs.iter().enumerate() {
-            let key = (enc, hash_value(Kind::Message, m.borrow()));
+        for (i, h) in content_hashes.iter().enumerate().take(msgs.len()) {
+            let key = (enc, message_key(*h));
             match self.cache.get(&key) {
                 Some(n) => out.push(n),
                 None => {
@@ -475,6 +497,15 @@ impl TokenCounter {
         self.cache.insert(key, n);
         n
     }
+}
+
+/// The count memo's key of a message, from its [`TokenCounter::content_hash`] (one walk of the message serves
+/// both).
+fn message_key(content_hash: u64) -> u64 {
+    let mut buf = [0u8; 9];
+    buf[0] = Kind::Message as u8;
+    buf[1..].copy_from_slice(&content_hash.to_le_bytes());
+    xxh3_64(&buf)
 }
 
 fn message_uncached(enc: Encoding, m: &Value) -> u64 {
