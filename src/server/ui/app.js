@@ -128,8 +128,25 @@ function contentText(c) {
   return blockText(c);
 }
 
+// A part of a Gemini content (`{role: "user" | "model", parts: [...]}`).
+function partText(p) {
+  if (!p || typeof p !== "object") return JSON.stringify(p);
+  const id = (c) => (c.id ? `  [${c.id}]` : "");
+  if (typeof p.text === "string") return (p.thought ? "[thought] " : "") + p.text;
+  if (p.functionCall) return `→ ${p.functionCall.name}(${JSON.stringify(p.functionCall.args || {})})${id(p.functionCall)}`;
+  if (p.functionResponse) {
+    const r = p.functionResponse;
+    const out = r.response && typeof r.response.output === "string" ? r.response.output : JSON.stringify(r.response);
+    return `← response of ${r.name}${id(r)}: ${out}`;
+  }
+  if (p.inlineData) return `[inline ${p.inlineData.mimeType || "data"}]`;
+  if (p.fileData) return `[file ${p.fileData.fileUri || ""}]`;
+  return JSON.stringify(p);
+}
+
 function messageText(m) {
   if (!m || typeof m !== "object") return JSON.stringify(m);
+  if (Array.isArray(m.parts)) return m.parts.map(partText).join("\n"); // a Gemini content
   if (!m.role) return blockText(m); // a Responses item
   const parts = [contentText(m.content)];
   for (const c of m.tool_calls || []) {
