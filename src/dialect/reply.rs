@@ -73,11 +73,11 @@ pub struct AssembledReply {
     pub round_usage: Vec<Value>,
 }
 
-/// The prompt tokens a `usage` object reports: `prompt_tokens` (chat), else `input_tokens` plus Anthropic's
-/// `cache_read_input_tokens` and `cache_creation_input_tokens` (Responses' `input_tokens` already holds its cached
-/// tokens).
+/// The prompt tokens a `usage` object reports: `prompt_tokens` (chat) or Gemini's `promptTokenCount`, else
+/// `input_tokens` plus Anthropic's `cache_read_input_tokens` and `cache_creation_input_tokens` (Responses'
+/// `input_tokens` already holds its cached tokens).
 pub fn usage_prompt_tokens(u: &Value) -> Option<u64> {
-    if let Some(n) = u.get("prompt_tokens") {
+    if let Some(n) = u.get("prompt_tokens").or_else(|| u.get("promptTokenCount")) {
         return n.as_u64();
     }
     let parts = [
@@ -94,7 +94,7 @@ pub fn usage_prompt_tokens(u: &Value) -> Option<u64> {
 
 /// The prompt tokens a `usage` object reports as read from the provider's prompt cache: chat
 /// `prompt_tokens_details.cached_tokens`, Responses `input_tokens_details.cached_tokens`, Anthropic
-/// `cache_read_input_tokens`.
+/// `cache_read_input_tokens`, Gemini `cachedContentTokenCount`.
 pub fn usage_cached_tokens(u: &Value) -> Option<u64> {
     // `get` twice rather than `Value::pointer`, which allocates two strings per path segment (~1,700
     // instructions a call, 3 % of a small chat's under callgrind).
@@ -102,6 +102,7 @@ pub fn usage_cached_tokens(u: &Value) -> Option<u64> {
     details("prompt_tokens_details")
         .or_else(|| details("input_tokens_details"))
         .or_else(|| u.get("cache_read_input_tokens"))
+        .or_else(|| u.get("cachedContentTokenCount"))
         .and_then(Value::as_u64)
 }
 
@@ -109,6 +110,23 @@ pub fn usage_cached_tokens(u: &Value) -> Option<u64> {
 /// `cache_creation_input_tokens` (OpenAI's APIs report none).
 pub fn usage_cache_write_tokens(u: &Value) -> Option<u64> {
     u.get("cache_creation_input_tokens").and_then(Value::as_u64)
+}
+
+/// The output tokens a `usage` object reports: `completion_tokens` (chat), `output_tokens` (Anthropic, Responses),
+/// or Gemini's `candidatesTokenCount` plus `thoughtsTokenCount` (thoughts are billed as output).
+pub fn usage_output_tokens(u: &Value) -> Option<u64> {
+    if let Some(n) = u
+        .get("completion_tokens")
+        .or_else(|| u.get("output_tokens"))
+    {
+        return n.as_u64();
+    }
+    let parts =
+        ["candidatesTokenCount", "thoughtsTokenCount"].map(|k| u.get(k).and_then(Value::as_u64));
+    parts
+        .iter()
+        .any(Option::is_some)
+        .then(|| parts.iter().flatten().sum())
 }
 
 /// What one `usage` object reports, read in one pass over its fields (each `Value::get` hashes its key; a usage
@@ -134,8 +152,14 @@ impl UsageFigures {
         };
         let (mut prompt, mut input, mut read, mut write) = (None, None, None, None);
         let (mut details, mut input_details, mut completion, mut output) = (None, None, None, None);
+        // Gemini's `usageMetadata`: its prompt count holds the cached tokens; thoughts are billed as output.
+        let (mut gemini_cached, mut candidates, mut thoughts) = (None, None, None);
         for (k, v) in fields {
             match k.as_str() {
+                "promptTokenCount" => prompt = Some(v.as_u64()),
+                "cachedContentTokenCount" => gemini_cached = v.as_u64(),
+                "candidatesTokenCount" => candidates = v.as_u64(),
+                "thoughtsTokenCount" => thoughts = v.as_u64(),
                 "prompt_tokens" => prompt = Some(v.as_u64()),
                 "input_tokens" => input = v.as_u64(),
                 "cache_read_input_tokens" => read = v.as_u64(),
@@ -161,11 +185,14 @@ impl UsageFigures {
                     if details.or(input_details).is_some() {
                         None
                     } else {
-                        read
+                        read.or(gemini_cached)
                     }
                 }),
             cache_write: write,
-            output: completion.or(output).and_then(Value::as_u64),
+            output: completion.or(output).and_then(Value::as_u64).or_else(|| {
+                (candidates.is_some() || thoughts.is_some())
+                    .then(|| candidates.unwrap_or(0) + thoughts.unwrap_or(0))
+            }),
         }
     }
 
@@ -195,11 +222,7 @@ impl AssembledReply {
             id: self.id.as_deref(),
             finish_reason: self.finish_reason.as_deref(),
             input_tokens: usage.and_then(usage_prompt_tokens),
-            output_tokens: usage.and_then(|u| {
-                u.get("completion_tokens")
-                    .or_else(|| u.get("output_tokens"))
-                    .and_then(Value::as_u64)
-            }),
+            output_tokens: usage.and_then(usage_output_tokens),
             cached_tokens: usage.and_then(usage_cached_tokens),
             message: (!self.is_empty()).then_some(&self.message),
             error: self.error.as_ref().map(|e| {
@@ -250,11 +273,7 @@ impl AssembledReply {
     /// The output tokens of every upstream answer behind the reply (each recall round's); `None` when the
     /// upstream reported none.
     pub fn upstream_completion_tokens(&self) -> Option<u64> {
-        self.upstream_sum(|u| {
-            u.get("completion_tokens")
-                .or_else(|| u.get("output_tokens"))
-                .and_then(Value::as_u64)
-        })
+        self.upstream_sum(usage_output_tokens)
     }
 
     fn upstream_sum(&self, of: fn(&Value) -> Option<u64>) -> Option<u64> {
@@ -288,12 +307,9 @@ impl AssembledReply {
         .any(said)
     }
 
-    /// `usage.completion_tokens`, when reported; else Anthropic's `output_tokens`.
+    /// The reply's output tokens, when reported ([`usage_output_tokens`]).
     pub fn completion_tokens(&self) -> Option<u64> {
-        let u = self.usage.as_ref()?;
-        u.get("completion_tokens")
-            .or_else(|| u.get("output_tokens"))?
-            .as_u64()
+        usage_output_tokens(self.usage.as_ref()?)
     }
 }
 
@@ -316,6 +332,9 @@ mod tests {
             json!({"prompt_tokens_details": {}, "cache_read_input_tokens": 6}),
             json!({"prompt_tokens_details": {"cached_tokens": "x"}, "cache_read_input_tokens": 6}),
             json!({"completion_tokens": "x", "output_tokens": 5}),
+            json!({"promptTokenCount": 12, "candidatesTokenCount": 4, "thoughtsTokenCount": 6, "totalTokenCount": 22}),
+            json!({"promptTokenCount": 12, "cachedContentTokenCount": 8, "candidatesTokenCount": 1}),
+            json!({"promptTokenCount": 3}),
             json!({}),
             json!([1, 2]),
             json!(null),
@@ -325,10 +344,7 @@ mod tests {
                 prompt: usage_prompt_tokens(u),
                 cached: usage_cached_tokens(u),
                 cache_write: usage_cache_write_tokens(u),
-                output: u
-                    .get("completion_tokens")
-                    .or_else(|| u.get("output_tokens"))
-                    .and_then(Value::as_u64),
+                output: usage_output_tokens(u),
             };
             assert_eq!(UsageFigures::of(u), alone, "{u}");
         }
