@@ -369,3 +369,62 @@ fn bad_specs_are_refused() {
         "INTERNAL"
     );
 }
+
+#[tokio::test]
+async fn the_mock_serves_gemini_calls_over_http() {
+    let mock = crate::mock::MockUpstream::start().await.unwrap();
+    let root = format!("http://{}", mock.addr);
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    mock.script(
+        Scripted::from_spec(&json!({"gemini": {"parts": "scripted"}, "model": "gemini-2.5-flash"}))
+            .unwrap(),
+    );
+    let post = |path: &str, key: Option<&str>| {
+        let mut r = http.post(format!("{root}{path}")).json(&request());
+        if let Some(k) = key {
+            r = r.header("x-goog-api-key", k);
+        }
+        r.send()
+    };
+    // without a key: refused, and the scripted reply stays queued
+    let refused = post(SSE, None).await.unwrap();
+    assert_eq!(refused.status(), 403);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["status"], "PERMISSION_DENIED");
+    // a side call to another model does not take it
+    let lite = post(
+        "/v1beta/models/gemini-2.5-flash-lite:generateContent?key=k",
+        None,
+    )
+    .await
+    .unwrap();
+    let body: Value = lite.json().await.unwrap();
+    assert_eq!(
+        body["candidates"][0]["content"]["parts"][0]["text"],
+        "mock reply"
+    );
+    let sse = post(SSE, Some("k")).await.unwrap();
+    assert_eq!(sse.headers()["content-type"], "text/event-stream");
+    let text = sse.text().await.unwrap();
+    assert!(text.starts_with("data: {") && text.ends_with("}\r\n\r\n") && !text.contains("[DONE]"));
+    let chunks: Vec<Value> = text
+        .split("\r\n\r\n")
+        .filter(|c| !c.is_empty())
+        .map(|c| serde_json::from_str(c.strip_prefix("data: ").unwrap()).unwrap())
+        .collect();
+    assert_eq!(text_of(&chunks), "scripted");
+    let array = post(ARRAY, Some("k")).await.unwrap();
+    assert!(array.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("application/json"));
+    let items: Vec<Value> = array.json().await.unwrap();
+    assert_eq!(text_of(&items), "mock reply");
+    let count = post("/v1/models/gemini-2.5-flash:countTokens", Some("k"))
+        .await
+        .unwrap();
+    let body: Value = count.json().await.unwrap();
+    assert_eq!(body["totalTokens"], estimate_tokens(&request()));
+    let uris: Vec<String> = mock.requests().iter().map(|r| r.uri.clone()).collect();
+    assert_eq!(uris.len(), 5, "every call is recorded: {uris:?}");
+}
