@@ -70,7 +70,8 @@ enum Command {
     /// Print the configuration reference (Markdown, from the config structs' doc comments):
     /// `ctxgate config-reference > docs/configuration.md`.
     ConfigReference,
-    /// Run the in-repo mock OpenAI upstream (for trying ctxgate and for client tests; never calls a provider).
+    /// Run the in-repo mock upstream: OpenAI, Anthropic and Gemini APIs (for trying ctxgate and for client tests;
+    /// never calls a provider).
     MockUpstream {
         /// Listen address.
         #[arg(long, default_value = "127.0.0.1:8788", value_name = "ADDR")]

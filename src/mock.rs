@@ -1,7 +1,8 @@
 //! An in-process mock of an OpenAI-compatible and Anthropic-compatible upstream: records every request's raw bytes
 //! and answers from a script (JSON, SSE with per-chunk delays, HTTP errors, mid-stream errors, stalls; Anthropic
 //! Messages answers rendered as JSON or as Anthropic's event stream, see [`anthropic`]; OpenAI Responses answers
-//! rendered as JSON or as the Responses event stream, see [`responses`]). Used by the tests, the
+//! rendered as JSON or as the Responses event stream, see [`responses`]; Gemini `generateContent`,
+//! `streamGenerateContent` and `countTokens` calls answered in Google's shapes, see [`gemini`]). Used by the tests, the
 //! benchmarks and `ctxgate mock-upstream`; it never calls a real provider.
 //!
 //! Tests outside Rust (the client-library suites in `tests/clients/`) script it over HTTP through a small
@@ -22,6 +23,9 @@
 //! replies meant for its main loop).
 //!
 //! With nothing fitting queued, the mock answers by default: the model list for `…/models`; 200 for `HEAD`;
+//! a Gemini call (`POST /{v1beta|v1|v1alpha}/models/{model}:{method}`) without an API key gets Google's 403
+//! before any scripted reply, and with nothing fitting, `mock reply` (one response, SSE with `alt=sse`, else a
+//! JSON array) or `{"totalTokens": N}` for `:countTokens`;
 //! `{"input_tokens": N}` for `…/messages/count_tokens` (N from [`estimate_tokens`]); for `…/messages` an Anthropic
 //! message saying `mock reply` whose `usage.input_tokens` is the same estimate (JSON, or the event stream when the
 //! request says `"stream": true`); for `POST …/responses` a Responses answer saying `mock reply` (usage from
@@ -36,10 +40,12 @@
 //! Multi-turn tool-using runs are scripted turn by turn.
 
 mod anthropic;
+pub mod gemini;
 pub mod responses;
 mod script;
 
 pub use anthropic::{estimate_tokens, AnthropicError, AnthropicReply};
+pub use gemini::{GeminiCall, GeminiError, GeminiReply};
 pub use responses::{ResponsesError, ResponsesReply};
 pub use script::Scripted;
 
@@ -111,6 +117,13 @@ pub enum MockReply {
         chunks: Vec<(Duration, Bytes)>,
         /// After the last chunk, keep the connection open without sending anything.
         stall_after: bool,
+    },
+    /// A 200 streamed body that is not SSE (Gemini's JSON-array stream), each chunk sent after its delay.
+    Stream {
+        /// The response's `content-type`.
+        content_type: String,
+        /// Raw chunks with the delay before each.
+        chunks: Vec<(Duration, Bytes)>,
     },
     /// A 200 whose body breaks: the chunks are sent, then the connection is reset (no end of body).
     Broken {
@@ -190,7 +203,9 @@ impl MockReply {
     pub fn delayed(mut self, d: Duration) -> Self {
         match &mut self {
             MockReply::Json { delay, .. } => *delay = d,
-            MockReply::Sse { chunks, .. } | MockReply::Broken { chunks, .. } => {
+            MockReply::Sse { chunks, .. }
+            | MockReply::Stream { chunks, .. }
+            | MockReply::Broken { chunks, .. } => {
                 if let Some(first) = chunks.first_mut() {
                     first.0 = d;
                 }
@@ -291,7 +306,7 @@ impl MockReply {
             MockReply::Json { status, body, .. } => {
                 json!({"status": status, "body": String::from_utf8_lossy(body)})
             }
-            MockReply::Sse { chunks, .. } => {
+            MockReply::Sse { chunks, .. } | MockReply::Stream { chunks, .. } => {
                 let text: String = chunks
                     .iter()
                     .map(|(_, b)| String::from_utf8_lossy(b))
@@ -442,6 +457,12 @@ impl MockUpstream {
         self.script(Scripted::anthropic(reply));
     }
 
+    /// Queues a Gemini reply (rendered as one response, SSE or a JSON-array stream as the call asks), answered in
+    /// order; it fits only `POST /{version}/models/{model}:generateContent` and `:streamGenerateContent`.
+    pub fn push_gemini(&self, reply: GeminiReply) {
+        self.script(Scripted::gemini(reply));
+    }
+
     /// Queues a Responses reply (rendered as JSON or SSE as the request asks), answered in order; it fits only
     /// `POST …/responses`.
     pub fn push_responses(&self, reply: ResponsesReply) {
@@ -494,6 +515,7 @@ async fn handle(State(state): State<Arc<MockState>>, req: Request) -> Response {
     let responder = state.responder.lock().clone();
     let reply = responder
         .and_then(|f| f(&rec))
+        .or_else(|| gemini::refusal(&rec))
         .or_else(|| {
             let mut script = state.script.lock();
             let i = script.iter().position(|s| s.fits(&rec))?;
@@ -522,6 +544,9 @@ fn default_reply(rec: &RecordedRequest) -> MockReply {
     }
     if rec.is_websocket() || (rec.method == Method::GET && rec.path().ends_with("/responses")) {
         return responses::no_websocket();
+    }
+    if let Some(call) = GeminiCall::of(rec) {
+        return gemini::default_reply(rec, &call);
     }
     if let Some(missing) = missing_model(rec, &v) {
         return missing;
@@ -641,39 +666,14 @@ async fn render(reply: MockReply, state: Arc<MockState>) -> Response {
             b.body(Body::from(body))
                 .unwrap_or_else(|_| Response::new(Body::empty()))
         }
+        MockReply::Stream {
+            content_type,
+            chunks,
+        } => stream_body(chunks, false, &content_type, state),
         MockReply::Sse {
             chunks,
             stall_after,
-        } => {
-            let flag = DropFlag(state, false);
-            let stream = futures_util::stream::unfold(
-                (chunks.into_iter(), flag),
-                move |(mut it, mut flag)| async move {
-                    match it.next() {
-                        Some((d, b)) => {
-                            if !d.is_zero() {
-                                tokio::time::sleep(d).await;
-                            }
-                            Some((Ok::<Bytes, std::io::Error>(b), (it, flag)))
-                        }
-                        None if stall_after => {
-                            std::future::pending::<()>().await;
-                            None
-                        }
-                        None => {
-                            flag.complete();
-                            None
-                        }
-                    }
-                },
-            );
-            Response::builder()
-                .status(StatusCode::OK)
-                .header("content-type", "text/event-stream")
-                .header("cache-control", "no-cache")
-                .body(Body::from_stream(stream))
-                .unwrap_or_else(|_| Response::new(Body::empty()))
-        }
+        } => stream_body(chunks, stall_after, "text/event-stream", state),
         MockReply::Broken {
             content_type,
             chunks,
@@ -699,4 +699,42 @@ async fn render(reply: MockReply, state: Arc<MockState>) -> Response {
                 .unwrap_or_else(|_| Response::new(Body::empty()))
         }
     }
+}
+
+/// A 200 whose body is `chunks`, each sent after its delay (then, with `stall_after`, nothing more and no end);
+/// a stream the peer drops before its end is counted in `streams_dropped`.
+fn stream_body(
+    chunks: Vec<(Duration, Bytes)>,
+    stall_after: bool,
+    content_type: &str,
+    state: Arc<MockState>,
+) -> Response {
+    let flag = DropFlag(state, false);
+    let stream = futures_util::stream::unfold(
+        (chunks.into_iter(), flag),
+        move |(mut it, mut flag)| async move {
+            match it.next() {
+                Some((d, b)) => {
+                    if !d.is_zero() {
+                        tokio::time::sleep(d).await;
+                    }
+                    Some((Ok::<Bytes, std::io::Error>(b), (it, flag)))
+                }
+                None if stall_after => {
+                    std::future::pending::<()>().await;
+                    None
+                }
+                None => {
+                    flag.complete();
+                    None
+                }
+            }
+        },
+    );
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", content_type)
+        .header("cache-control", "no-cache")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| Response::new(Body::empty()))
 }

@@ -1,8 +1,8 @@
 //! The mock's script: a queued reply, which requests it fits, and its JSON spec as `POST /_mock/script` takes it.
 
 use super::{
-    responses, AnthropicError, AnthropicReply, MockReply, RecordedRequest, ResponsesError,
-    ResponsesReply,
+    responses, AnthropicError, AnthropicReply, GeminiCall, GeminiError, GeminiReply, MockReply,
+    RecordedRequest, ResponsesError, ResponsesReply,
 };
 use axum::http::Method;
 use serde_json::Value;
@@ -24,6 +24,8 @@ enum Answer {
     Anthropic(AnthropicReply),
     /// Rendered as JSON or SSE as the request asks.
     Responses(ResponsesReply),
+    /// Rendered as one response, SSE or a JSON-array stream as the call asks.
+    Gemini(GeminiReply),
 }
 
 impl Scripted {
@@ -51,7 +53,15 @@ impl Scripted {
         }
     }
 
-    /// The same reply, kept for requests whose body names `model`.
+    /// A Gemini reply, for `POST /{version}/models/{model}:generateContent` and `:streamGenerateContent` only.
+    pub fn gemini(reply: GeminiReply) -> Scripted {
+        Scripted {
+            answer: Answer::Gemini(reply),
+            model: None,
+        }
+    }
+
+    /// The same reply, kept for requests whose body names `model` (or, for a Gemini call, whose path does).
     pub fn for_model(mut self, model: &str) -> Scripted {
         self.model = Some(model.to_string());
         self
@@ -59,12 +69,22 @@ impl Scripted {
 
     /// Whether `rec` may take this reply: the model matches (when one is set); an Anthropic reply only answers
     /// `POST …/messages`, a Responses reply only `POST …/responses` (and a request ending with a
-    /// `compaction_trigger` only when it has a `compaction` item), any other every request but `HEAD`,
-    /// `…/count_tokens`, `…/input_tokens`, a WebSocket upgrade and `GET …/responses` (Codex's upgrade attempts,
-    /// whose `Upgrade` header a proxy may drop).
+    /// `compaction_trigger` only when it has a `compaction` item), a Gemini reply only a Gemini
+    /// `generateContent` or `streamGenerateContent` call, any other every request but `HEAD`, `…/count_tokens`,
+    /// `…/input_tokens`, a Gemini call to another method (`:countTokens`), a WebSocket upgrade and
+    /// `GET …/responses` (Codex's upgrade attempts, whose `Upgrade` header a proxy may drop).
     pub fn fits(&self, rec: &RecordedRequest) -> bool {
+        let gemini = GeminiCall::of(rec);
         if let Some(model) = &self.model {
-            if rec.json().get("model").and_then(Value::as_str) != Some(model) {
+            let named = match &gemini {
+                Some(call) => Some(call.model.clone()),
+                None => rec
+                    .json()
+                    .get("model")
+                    .and_then(Value::as_str)
+                    .map(String::from),
+            };
+            if named.as_deref() != Some(model.as_str()) {
                 return false;
             }
         }
@@ -75,7 +95,11 @@ impl Scripted {
                     && rec.path().ends_with("/responses")
                     && (r.compacts() || !responses::asks_compaction(&rec.json()))
             }
+            Answer::Gemini(_) => gemini.is_some_and(|c| c.generates()),
             Answer::Reply(_) => {
+                if gemini.is_some_and(|c| !c.generates()) {
+                    return false;
+                }
                 let path = rec.path();
                 let upgrade = rec.is_websocket()
                     || (rec.method == Method::GET && path.ends_with("/responses"));
@@ -93,6 +117,7 @@ impl Scripted {
             Answer::Reply(reply) => reply,
             Answer::Anthropic(reply) => reply.render(&rec.json()),
             Answer::Responses(reply) => reply.render(&rec.json()),
+            Answer::Gemini(reply) => reply.render(rec),
         }
     }
 
@@ -106,6 +131,10 @@ impl Scripted {
     ///   the event stream as the request asks;
     /// - `{"responses_error": {"code"?, "type"?, "message", "status"?}}`: an error answer in OpenAI's shape (the
     ///   status defaults from the code or type, e.g. 429 for `rate_limit_exceeded`);
+    /// - `{"gemini": {…}}`: a Gemini answer (see [`GeminiReply::from_spec`]), sent as one response, as SSE or as
+    ///   a JSON-array stream as the call asks;
+    /// - `{"gemini_error": {"status"?, "code"?, "message"}}`: an error answer in Google's shape (the code
+    ///   defaults from the status name, e.g. 429 for `RESOURCE_EXHAUSTED`, and the other way round);
     /// - any spec [`MockReply::from_spec`] takes (chat completions, raw JSON bodies, raw SSE).
     ///
     /// Each takes an optional `"model"` (fits only requests for that model) and `"delay_ms"` (before the answer,
@@ -123,6 +152,14 @@ impl Scripted {
             let mut reply = ResponsesReply::from_spec(r)?;
             reply.delay = delay;
             Scripted::responses(reply)
+        } else if let Some(g) = o.get("gemini") {
+            let mut reply = GeminiReply::from_spec(g)?;
+            reply.delay = delay;
+            Scripted::gemini(reply)
+        } else if let Some(e) = o.get("gemini_error") {
+            let mut reply = GeminiError::from_spec(e)?.reply().delayed(delay);
+            reply.add_headers(o.get("headers"))?;
+            Scripted::reply(reply)
         } else if let Some(e) = o.get("responses_error") {
             let mut reply = ResponsesError::from_spec(e)?.reply().delayed(delay);
             reply.add_headers(o.get("headers"))?;

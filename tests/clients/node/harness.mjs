@@ -38,7 +38,7 @@ function start(args, pattern) {
   });
 }
 
-/** The mock upstream and ctxgate in front of it (both OpenAI APIs and Anthropic Messages go to the mock); `extra`
+/** The mock upstream and ctxgate in front of it (both OpenAI APIs, Anthropic Messages and the Gemini API go to the mock); `extra`
  * is TOML appended to the gateway's config. */
 export async function startStack(extra = "") {
   const dir = mkdtempSync(join(tmpdir(), "ctxgate-node-"));
@@ -47,7 +47,7 @@ export async function startStack(extra = "") {
   writeFileSync(
     config,
     `[server]\nlisten = "127.0.0.1:0"\n[upstream]\nbase_url = "${mock.value}"\ntimeout_secs = 30\n` +
-      `[anthropic]\nbase_url = "${mock.value}"\n[store]\npath = "${join(dir, "ctxgate.db")}"\n${extra}\n`,
+      `[anthropic]\nbase_url = "${mock.value}"\n[gemini]\nbase_url = "${mock.value.replace(/\/v1$/, "")}"\n[store]\npath = "${join(dir, "ctxgate.db")}"\n${extra}\n`,
   );
   const gw = await start(["serve", "--config", config, "--log-format", "json"], /"listen":"(127\.0\.0\.1:\d+)"/);
   const mockRoot = mock.value.replace(/\/v1$/, "");

@@ -60,7 +60,7 @@ def _stop(*procs: subprocess.Popen) -> None:
 
 
 def start_gateway(binary: str, tmp: Path, mock_url: str, extra: str = "", name: str = "ctxgate") -> tuple:
-    """Starts `ctxgate serve` in front of the mock (both APIs), with `extra` TOML appended to the config; returns
+    """Starts `ctxgate serve` in front of the mock (OpenAI, Anthropic and Gemini APIs), with `extra` TOML appended to the config; returns
     the process and its listen address."""
     config = tmp / f"{name}.toml"
     config.write_text(
@@ -72,6 +72,8 @@ base_url = "{mock_url}"
 timeout_secs = 30
 [anthropic]
 base_url = "{mock_url}"
+[gemini]
+base_url = "{mock_url.removesuffix('/v1')}"
 [store]
 path = "{tmp / f'{name}.db'}"
 {extra}
