@@ -350,6 +350,7 @@ fn items(dialect: Dialect, body: &Value) -> Vec<Value> {
         Dialect::Chat => {}
         Dialect::Anthropic => out.push(field("system")),
         Dialect::Responses => out.push(field("instructions")),
+        Dialect::Gemini => out.push(field("systemInstruction")),
     }
     out.extend(
         body[dialect.conversation_key()]
@@ -397,6 +398,11 @@ fn first_task(dialect: Dialect, client: &Value) -> Option<Value> {
                         .is_some_and(|b| b.iter().any(|b| b["type"] == "tool_result"))
                 }
                 Dialect::Responses => user && (m["type"] == "message" || m.get("type").is_none()),
+                Dialect::Gemini => {
+                    user && !m["parts"]
+                        .as_array()
+                        .is_some_and(|ps| ps.iter().any(|p| p.get("functionResponse").is_some()))
+                }
             }
         })
         .cloned()

@@ -39,6 +39,8 @@ pub enum Dialect {
     Anthropic,
     /// OpenAI Responses (`POST /v1/responses`).
     Responses,
+    /// The Gemini API (`POST /v1beta/models/{model}:generateContent`, `:streamGenerateContent`).
+    Gemini,
 }
 
 /// Assembles the reply of one upstream answer from its SSE events.
@@ -58,7 +60,12 @@ pub trait Assemble: Send {
 
 impl Dialect {
     /// Every dialect, in the order replay asks them whether a trace is theirs (chat, which takes the rest, last).
-    pub const ALL: [Dialect; 3] = [Dialect::Responses, Dialect::Anthropic, Dialect::Chat];
+    pub const ALL: [Dialect; 4] = [
+        Dialect::Responses,
+        Dialect::Gemini,
+        Dialect::Anthropic,
+        Dialect::Chat,
+    ];
 
     /// Its implementation: the one place that names each dialect's.
     pub fn wire(self) -> &'static dyn Wire {
@@ -66,10 +73,11 @@ impl Dialect {
             Dialect::Chat => &chat::ChatWire,
             Dialect::Anthropic => &anthropic::AnthropicWire,
             Dialect::Responses => &responses::ResponsesWire,
+            Dialect::Gemini => &gemini::GeminiWire,
         }
     }
 
-    /// Its name in metrics labels, the admin API and logs: `chat`, `anthropic`, `responses`.
+    /// Its name in metrics labels, the admin API and logs: `chat`, `anthropic`, `responses`, `gemini`.
     pub fn as_str(self) -> &'static str {
         self.wire().name()
     }

@@ -284,7 +284,7 @@ impl AssembledReply {
         (!counts.is_empty()).then(|| counts.iter().sum())
     }
 
-    /// The message says nothing: no text, no tool or function call, no refusal (e.g. a bare `[DONE]`).
+    /// The message says nothing: no text, no tool or function call, no refusal, no Gemini part (e.g. a bare `[DONE]`).
     pub fn is_empty(&self) -> bool {
         let Some(m) = self.message.as_object() else {
             return true;
@@ -302,6 +302,7 @@ impl AssembledReply {
             "refusal",
             "audio",
             "output",
+            "parts",
         ]
         .into_iter()
         .any(said)

@@ -52,6 +52,8 @@ label_enum! {
         Anthropic => "anthropic",
         /// OpenAI Responses.
         Responses => "responses",
+        /// The Gemini API.
+        Gemini => "gemini",
         /// No dialect: the request was not handled as a conversation.
         NoDialect => "none",
     }

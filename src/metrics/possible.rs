@@ -15,7 +15,7 @@ pub(crate) enum When {
     Never,
 }
 
-const CONVERSATION: [&str; 3] = ["chat", "anthropic", "responses"];
+const CONVERSATION: [&str; 4] = ["chat", "anthropic", "responses", "gemini"];
 
 fn conversation(dialect: &str) -> bool {
     CONVERSATION.contains(&dialect)

@@ -91,7 +91,8 @@ impl Trap {
     fn dialect(&self) -> Option<Dialect> {
         match self {
             Trap::BareHost { dialect } | Trap::Prefixed { dialect, .. } => *dialect,
-            Trap::DoubledV1 | Trap::Gemini => None,
+            Trap::Gemini => Some(Dialect::Gemini),
+            Trap::DoubledV1 => None,
         }
     }
 

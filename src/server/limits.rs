@@ -74,10 +74,15 @@ pub async fn limit(
     let dialect = conversation(&req);
     // The error shape of the API the client speaks.
     let shape = dialect.unwrap_or_else(|| {
-        let rest = req.uri().path().strip_prefix("/v1").unwrap_or_default();
+        let path = req.uri().path();
+        if path.starts_with("/v1beta/") || path.starts_with("/v1alpha/") {
+            return Dialect::Gemini;
+        }
+        let rest = path.strip_prefix("/v1").unwrap_or_default();
         match Api::of(rest, req.headers()) {
             Api::Anthropic => Dialect::Anthropic,
-            _ => Dialect::Chat,
+            Api::Gemini => Dialect::Gemini,
+            Api::OpenAi => Dialect::Chat,
         }
     });
     let refuse = |reason, e: GatewayError| refuse(&state, dialect, shape, reason, e);
