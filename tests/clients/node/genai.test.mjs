@@ -131,7 +131,8 @@ test("generateContentStream: a function call round", { skip }, async () => {
   );
   const beforeIds = await sessionIds();
   const config = { tools: [{ functionDeclarations: [READ_FILE] }] };
-  const history = [user("What is in src/main.rs?")];
+  // another opening than the test before (the same one would continue its session: the fingerprint)
+  const history = [user("Streaming, please: what is in src/main.rs?")];
   const collect = async (stream) => {
     const chunks = [];
     for await (const c of stream) chunks.push(c);
