@@ -72,6 +72,22 @@ pub trait Wire: Sync {
 
     /// Parses and checks a request body (every field kept in its order) sent to `call`.
     fn parse(&self, raw: Bytes, call: &Call<'_>) -> Result<Request, GatewayError>;
+    /// Parses a count request (`count_tokens`, `countTokens`) as the turn it counts, to be planned like one.
+    fn parse_count(&self, raw: Bytes, call: &Call<'_>) -> Result<Request, GatewayError> {
+        self.parse(raw, call)
+    }
+    /// The upstream path of a count request for `request` (below the base URL).
+    fn count_path(&self, request: &Request) -> String {
+        let _ = request;
+        format!("{}/count_tokens", self.upstream_path())
+    }
+    /// The body of the count request sent upstream for the client's `client` body, whose turn would send
+    /// `planned` (`rewritten`: the turn would be rewritten).
+    fn count_body(&self, client: Bytes, planned: Bytes, rewritten: bool) -> Bytes {
+        let _ = client;
+        let _ = rewritten;
+        planned
+    }
     /// The neutral form of a conversation (`system`: the body's top-level system field; `native`: its
     /// conversation); `None` when its messages are neutral already (chat).
     fn convert(&self, system: Option<&Value>, native: &[Value]) -> Option<Arc<dyn Conversion>>;

@@ -1,4 +1,4 @@
-//! `POST /v1/messages/count_tokens`: the count a client sees agrees with the usage ctxgate relays. Usage is the
+//! `POST /v1/messages/count_tokens` and Gemini's `:countTokens`: the count a client sees agrees with the usage ctxgate relays. Usage is the
 //! upstream's count of what ctxgate sent (the rewritten request), so the request is planned like a real turn
 //! (read-only: nothing is recorded, no summary started) and the upstream counts the body that turn would send.
 //! Claude Code sizes its own compaction from these numbers; the client's full size would make it compact what
@@ -21,9 +21,8 @@ use http::Method;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Handles `POST /v1/messages/count_tokens`.
-pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
-    let dialect = Dialect::Anthropic;
+/// Handles a count request of `dialect`: `POST /v1/messages/count_tokens`, `POST /{version}/models/{model}:countTokens`.
+pub async fn count_tokens(state: Arc<AppState>, req: Request, dialect: Dialect) -> Response {
     let started = Instant::now();
     let mut timer = state
         .metrics
@@ -44,7 +43,7 @@ pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
         path: parts.uri.path(),
         query: parts.uri.query(),
     };
-    let request = match dialect.parse(raw, &call) {
+    let request = match dialect.parse_count(raw.clone(), &call) {
         Ok(r) => r,
         Err(e) => return fail(e, &mut timer),
     };
@@ -58,8 +57,10 @@ pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
         Err(e) => return fail(e, &mut timer),
     };
     // A strategy an operator pinned on the session counts as it does for its turns.
+    let credentials = dialect.credential_headers(&parts.headers, parts.uri.query());
+    let credentials = credentials.as_ref().unwrap_or(&parts.headers);
     let session = super::identity::identify(
-        &parts.headers,
+        credentials,
         &cfg.session,
         &state.tenant_key,
         dialect,
@@ -79,7 +80,7 @@ pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
         strategy,
         &request,
         None,
-        &parts.headers,
+        credentials,
         super::PlanAt {
             now: now_secs(),
             trace: None,
@@ -99,7 +100,9 @@ pub async fn count_tokens(state: Arc<AppState>, req: Request) -> Response {
         },
         Err(_) => (request.raw.clone(), target),
     };
-    let url = target.url("messages/count_tokens", parts.uri.query());
+    let rewritten = body != request.raw;
+    let body = dialect.count_body(raw, body, rewritten);
+    let url = target.url(&dialect.count_path(&request), parts.uri.query());
     let mut headers = target.request_headers(&parts.headers, true);
     headers.remove(plan::STRATEGY_HEADER);
     timer.upstream_sent();

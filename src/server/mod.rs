@@ -131,7 +131,7 @@ async fn chat(State(state): State<Arc<AppState>>, req: Request) -> Response {
 }
 
 async fn count_tokens(State(state): State<Arc<AppState>>, req: Request) -> Response {
-    crate::pipeline::count_tokens(state, req).await
+    crate::pipeline::count_tokens(state, req, Dialect::Anthropic).await
 }
 
 async fn responses(State(state): State<Arc<AppState>>, req: Request) -> Response {
@@ -145,7 +145,10 @@ async fn messages(State(state): State<Arc<AppState>>, req: Request) -> Response 
 /// A POST to `/{version}/models/{model_method}`: a Gemini conversation request when it is one of the methods
 /// ctxgate manages (`Wire::serves`), else the upstream's (OpenAI's `/v1/models/{id}`, Gemini's `embedContent`, …).
 async fn gemini(state: State<Arc<AppState>>, req: Request) -> Response {
+    use crate::dialect::gemini::endpoint::{Endpoint, Method};
+    let count = Endpoint::of(req.uri().path()).is_some_and(|e| e.method == Method::CountTokens);
     match Dialect::serving(req.uri().path()) {
+        Some(dialect) if count => crate::pipeline::count_tokens(state.0, req, dialect).await,
         Some(dialect) => crate::pipeline::conversation(state.0, req, dialect).await,
         None => passthrough::handle(state, req).await,
     }

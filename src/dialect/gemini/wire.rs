@@ -76,6 +76,46 @@ impl Wire for GeminiWire {
         let path = endpoint.upstream_path();
         Ok(Request::new(crate::dialect::Dialect::Gemini, raw, body, stream, model).with_path(path))
     }
+    /// `{contents}` (what `@google/genai` sends) counts as a request of those contents; `{generateContentRequest:
+    /// {…}}` as that request.
+    fn parse_count(&self, raw: Bytes, call: &Call<'_>) -> Result<Request, GatewayError> {
+        let body = json_object(&raw)?;
+        match body.get("generateContentRequest") {
+            Some(Value::Object(inner)) => {
+                let mut inner = inner.clone();
+                inner.remove("model");
+                let raw = Bytes::from(
+                    serde_json::to_vec(&inner)
+                        .map_err(|e| GatewayError::Internal(e.to_string()))?,
+                );
+                self.parse(raw, call)
+            }
+            Some(_) => Err(crate::dialect::request::bad(
+                "`generateContentRequest` must be an object".into(),
+                "generateContentRequest",
+            )),
+            None => self.parse(raw, call),
+        }
+    }
+    fn count_path(&self, request: &Request) -> String {
+        request.path.to_string()
+    }
+    /// The client's body when the turn would go as sent; else the planned request as `generateContentRequest`
+    /// (which, unlike a bare `contents`, may carry the system instruction and the tools ctxgate adds).
+    fn count_body(&self, client: Bytes, planned: Bytes, rewritten: bool) -> Bytes {
+        if !rewritten {
+            return client;
+        }
+        let Ok(Value::Object(mut inner)) = serde_json::from_slice::<Value>(&planned) else {
+            return client;
+        };
+        inner.remove("model");
+        let mut out = Map::new();
+        out.insert("generateContentRequest".into(), Value::Object(inner));
+        serde_json::to_vec(&Value::Object(out))
+            .map(Bytes::from)
+            .unwrap_or(client)
+    }
     fn convert(&self, system: Option<&Value>, native: &[Value]) -> Option<Arc<dyn Conversion>> {
         Some(Arc::new(Converted::new(system, native)))
     }

@@ -159,11 +159,25 @@ test("countTokens", { skip }, async () => {
   const r = await ai.models.countTokens({ model: MODEL, contents });
   assert.ok(Number.isInteger(r.totalTokens) && r.totalTokens > 0, JSON.stringify(r));
   const ups = await stack.mock.requests();
-  if (ups.length > 0) {
-    // forwarded: the mock's count of the SDK's own body
-    assert.equal(ups[0].uri, `/v1beta/models/${MODEL}:countTokens`);
-    assert.deepEqual(ups[0].body, { contents });
-  }
+  // a count that needs no rewrite: the SDK's own body, byte for byte, and no session
+  assert.equal(ups.length, 1);
+  assert.equal(ups[0].uri, `/v1beta/models/${MODEL}:countTokens`);
+  assert.deepEqual(ups[0].body, { contents });
+});
+
+test("countTokens of a long history counts what ctxgate would send", { skip }, async () => {
+  const contents = agentHistory();
+  const beforeIds = await sessionIds();
+  const r = await ai.models.countTokens({ model: SMALL, contents });
+  const [up, ...rest] = await stack.mock.requests();
+  assert.equal(rest.length, 0);
+  assert.equal(up.uri, `/v1beta/models/${SMALL}:countTokens`);
+  // planned like a turn: the rewritten request, as a generateContentRequest (it carries ctxgate's tools)
+  const inner = up.body.generateContentRequest;
+  assert.ok(inner && Array.isArray(inner.contents), JSON.stringify(up.body).slice(0, 200));
+  assert.ok(!up.raw.includes("MARKER-0 line0"), "the oldest output is cleared in what is counted");
+  assert.ok(r.totalTokens < JSON.stringify(contents).length / 4, `counted ${r.totalTokens}`);
+  assert.deepEqual(await sessionIds(), beforeIds, "a count records nothing");
 });
 
 test("an upstream error reaches the SDK in Google's shape", { skip }, async () => {
