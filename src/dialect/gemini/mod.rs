@@ -16,6 +16,9 @@ pub mod splice;
 pub mod validate;
 pub mod wire;
 
+#[cfg(test)]
+mod tests;
+
 pub use wire::GeminiWire;
 
 use super::{InjectedNames, Request};
