@@ -17,6 +17,8 @@ pub mod validate;
 pub mod wire;
 
 #[cfg(test)]
+mod props;
+#[cfg(test)]
 mod tests;
 
 pub use wire::GeminiWire;
