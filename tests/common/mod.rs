@@ -26,6 +26,8 @@ pub fn test_config(base_url: &str) -> Config {
     let mut c = Config::default();
     c.upstream.base_url = base_url.to_string();
     c.anthropic.base_url = base_url.to_string();
+    // the Gemini API's base URL has no version
+    c.gemini.base_url = base_url.trim_end_matches("/v1").to_string();
     c.server.listen = "127.0.0.1:0".into();
     c.store.backend = StoreBackend::Memory;
     c
