@@ -108,10 +108,11 @@ enum Command {
         /// Print the reports (or the `--compare` table) as JSON.
         #[arg(long)]
         json: bool,
-        /// The client's dialect (default: the trace's own): a chat trace replays as `chat`, or as `anthropic` or
-        /// `responses` (each request converted to the Anthropic Messages / Responses request it stands for and
-        /// planned as the gateway plans one); an Anthropic or Responses trace only in its own dialect.
-        #[arg(long, value_parser = parse_dialect, value_name = "chat|anthropic|responses")]
+        /// The client's dialect (default: the trace's own): a chat trace replays as `chat`, or as `anthropic`,
+        /// `responses` or `gemini` (each request converted to the Anthropic Messages / Responses / Gemini request it
+        /// stands for and planned as the gateway plans one); an Anthropic, Responses or Gemini trace only in its
+        /// own dialect.
+        #[arg(long, value_parser = parse_dialect, value_name = "chat|anthropic|responses|gemini")]
         dialect: Option<Dialect>,
         /// Replay the traces once per row and print one table: `off` (sending everything), then `prune`, `hybrid`
         /// and `summarize` (summaries simulated for both), each with the config as loaded and with each `--with`.

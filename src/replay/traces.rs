@@ -162,6 +162,29 @@ mod tests {
             {"type":"message","role":"assistant","content":[{"type":"output_text","text":"done"}]}]});
         // the reasoning item and its call are one answer
         assert_eq!(read(&responses), (Dialect::Responses, vec![1, 4]));
+        let gemini = json!({"model":"gemini-2.5-flash","systemInstruction":{"parts":[{"text":"s"}]},"contents":[
+            {"role":"user","parts":[{"text":"u"}]},
+            {"role":"model","parts":[{"functionCall":{"id":"c","name":"f","args":{}},"thoughtSignature":"S"}]},
+            {"role":"user","parts":[{"functionResponse":{"id":"c","name":"f","response":{"output":"r"}}}]},
+            {"role":"model","parts":[{"text":"done"}]}],
+            "tools":[{"functionDeclarations":[{"name":"f"}]}]});
+        assert_eq!(read(&gemini), (Dialect::Gemini, vec![1, 3]));
+        let t = Trace::read(&gemini).unwrap();
+        let body = t.body("gemini-2.5-flash", 3, Dialect::Gemini).unwrap();
+        // the model goes in the path; the system instruction and tools come with every step
+        assert!(body.get("model").is_none());
+        assert_eq!(body["contents"].as_array().unwrap().len(), 3);
+        assert_eq!(body["systemInstruction"], gemini["systemInstruction"]);
+        assert_eq!(body["tools"], gemini["tools"]);
+        assert_eq!(t.answers()[0][0]["tool_calls"][0]["id"], "c");
+        let from_chat = Trace::read(&chat)
+            .unwrap()
+            .body("m", 4, Dialect::Gemini)
+            .unwrap();
+        assert_eq!(
+            from_chat["contents"][1]["parts"][0]["functionCall"]["id"],
+            "c"
+        );
         // each step's answer, neutral
         let answers = |v: &Value| Trace::read(v).unwrap().answers();
         let calls = |a: &[Vec<Value>]| a.iter().map(|m| m.len()).collect::<Vec<_>>();

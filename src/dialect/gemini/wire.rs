@@ -57,7 +57,19 @@ impl Wire for GeminiWire {
     fn serves(&self, path: &str) -> bool {
         Endpoint::of(path).is_some()
     }
+    /// A model name Gemini's paths cannot carry (a `provider/model` of a recorded trace) with `-` for each
+    /// character they cannot.
     fn call_path(&self, model: &str) -> String {
+        let model: String = model
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .collect();
         format!("/v1beta/models/{model}:generateContent")
     }
     fn upstream_path(&self) -> &'static str {
