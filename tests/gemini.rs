@@ -134,6 +134,13 @@ async fn a_long_history_is_rewritten_validly_and_a_recall_is_answered_in_a_strea
     );
     let reqs = h.mock.requests();
     assert_eq!(reqs.len(), 2);
+    // the usage of both rounds, summed; the first round's id
+    let prompts: u64 = reqs
+        .iter()
+        .map(|r| ctxgate::mock::gemini::estimate_tokens(&serde_json::from_slice(&r.body).unwrap()))
+        .sum();
+    assert_eq!(arr[0]["usageMetadata"]["promptTokenCount"], prompts);
+    assert!(arr[0]["responseId"].is_string(), "{}", arr[0]["responseId"]);
     let first: Value = serde_json::from_slice(&reqs[0].body).unwrap();
     let sent = first["contents"].as_array().unwrap();
     check_sequence(sent).unwrap();

@@ -152,6 +152,14 @@ pub trait Wire: Sync {
     fn splicer(&self, names: InjectedNames, body: &Map<String, Value>) -> Box<dyn Splice>;
     /// The assistant message of a whole JSON answer, when it is one.
     fn answer_message(&self, answer: &Value) -> Option<Value>;
+    /// The usage a whole JSON answer reports (`usage`), when it reports one.
+    fn answer_usage(&self, answer: &Value) -> Option<Value> {
+        answer.get("usage").filter(|u| u.is_object()).cloned()
+    }
+    /// The id of a whole JSON answer (`id`; `null` when it has none).
+    fn answer_id(&self, answer: &Value) -> Value {
+        answer.get("id").cloned().unwrap_or(Value::Null)
+    }
     /// The injected calls of an assistant message (its shape), as neutral tool calls.
     fn injected_calls(&self, message: &Value, names: &InjectedNames) -> Vec<Value>;
     /// The messages that carry one round into the next request: the assistant's turn (only what led to ctxgate's

@@ -1,8 +1,8 @@
 //! Which label combinations can occur, per family layout: only those get series (see `series`). The rules follow
 //! the callers: conversation requests (route `chat`) always have a dialect; passthrough and admin requests have
-//! none, except `POST /v1/messages/count_tokens`, a passthrough in the Anthropic dialect; admin requests never
-//! go upstream nor stream; rewrites never happen with strategy `off`, and strategy `prune` never summarises;
-//! only Responses requests can be unmanaged.
+//! none, except the count requests (`POST /v1/messages/count_tokens`, Gemini's `:countTokens`), passthroughs in
+//! their dialect; admin requests never go upstream nor stream; rewrites never happen with strategy `off`, and
+//! strategy `prune` never summarises; only Responses requests can be unmanaged.
 
 /// When a combination's series is created.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,8 +25,8 @@ fn conversation(dialect: &str) -> bool {
 pub(crate) fn route_dialect(route: &str, dialect: &str) -> bool {
     match route {
         "chat" => conversation(dialect),
-        // Everything relayed untouched, and Anthropic's count_tokens.
-        "passthrough" => dialect == "none" || dialect == "anthropic",
+        // Everything relayed untouched, and the count requests: Anthropic's count_tokens, Gemini's countTokens.
+        "passthrough" => matches!(dialect, "none" | "anthropic" | "gemini"),
         _ => dialect == "none",
     }
 }

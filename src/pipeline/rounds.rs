@@ -195,11 +195,11 @@ impl Rounds {
                     }
                 }
             };
-            if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-                dialect.add_usage(&mut usage, u);
-                round_usage.push(u.clone());
+            if let Some(u) = dialect.answer_usage(&v) {
+                dialect.add_usage(&mut usage, &u);
+                round_usage.push(u);
             }
-            first_id.get_or_insert_with(|| v.get("id").cloned().unwrap_or(Value::Null));
+            first_id.get_or_insert_with(|| dialect.answer_id(&v));
             let message = dialect.answer_message(&v).unwrap_or(Value::Null);
             let calls = dialect.injected_calls(&message, &names);
             if calls.is_empty() || round >= max_rounds {

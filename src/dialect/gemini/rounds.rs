@@ -112,7 +112,7 @@ pub fn finalize(
         if let Some(u) = usage {
             o.insert("usageMetadata".into(), u);
         }
-        if let Some(id) = first_id {
+        if let Some(id) = first_id.filter(|id| !id.is_null()) {
             o.insert("responseId".into(), id);
         }
     }

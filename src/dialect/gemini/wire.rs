@@ -177,6 +177,25 @@ impl Wire for GeminiWire {
     fn answer_message(&self, answer: &Value) -> Option<Value> {
         rounds::answer_message(answer)
     }
+    /// `usageMetadata` (of the last chunk, for a streamed JSON array).
+    fn answer_usage(&self, answer: &Value) -> Option<Value> {
+        let last = match answer {
+            Value::Array(chunks) => chunks
+                .iter()
+                .rev()
+                .find(|c| c.get("usageMetadata").is_some())?,
+            one => one,
+        };
+        last.get("usageMetadata").filter(|u| u.is_object()).cloned()
+    }
+    /// `responseId` (the first chunk's, for a streamed JSON array).
+    fn answer_id(&self, answer: &Value) -> Value {
+        let first = match answer {
+            Value::Array(chunks) => chunks.first().unwrap_or(&Value::Null),
+            one => one,
+        };
+        first.get("responseId").cloned().unwrap_or(Value::Null)
+    }
     fn injected_calls(&self, message: &Value, names: &InjectedNames) -> Vec<Value> {
         rounds::injected_calls(message, names)
     }
