@@ -334,6 +334,56 @@ def test_a_turn_ctxgate_did_not_count_says_so(open_inspector):
         browser.close()
 
 
+def gemini_history(turns: int, words: int) -> list[dict]:
+    c = [{"role": "user", "parts": [{"text": "<session_context>linux</session_context>"}, {"text": "Fix the build."}]}]
+    for i in range(turns):
+        c.append({"role": "model", "parts": [
+            {"text": "thinking it over", "thought": True},
+            {"functionCall": {"id": f"fc_{i}", "name": "run_shell_command", "args": {"command": f"make step{i}"}},
+             "thoughtSignature": f"CiQBsig{i}=="},
+        ]})
+        output = " ".join(f"line{i}-{w}" for w in range(words))
+        c.append({"role": "user", "parts": [
+            {"functionResponse": {"id": f"fc_{i}", "name": "run_shell_command", "response": {"output": output}}}]})
+    return c
+
+
+def test_a_gemini_session_is_shown_in_its_own_shape(open_inspector):
+    base, _ = open_inspector
+    with httpx.Client(trust_env=False, timeout=30) as c:
+        for contents in (gemini_history(1, 20), gemini_history(8, 200)):
+            r = c.post(
+                f"{base}/v1beta/models/mock-model:generateContent",
+                json={"contents": contents, "systemInstruction": {"parts": [{"text": "You are Gemini CLI."}]}},
+                headers={"x-goog-api-key": "AIza-ui"},
+            )
+            assert r.status_code == 200, r.text
+    sid = r.headers["x-ctxgate-session"]
+    quoted = quote(sid, safe="")
+    session = open_admin(base, f"/admin/sessions/{quoted}")
+    assert session["dialect"] == "gemini"
+    turns = open_admin(base, f"/admin/sessions/{quoted}/turns?messages=false")["turns"]
+    assert [t["rewritten"] for t in turns] == [False, True]
+
+    with playwright_api.sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{base}/ui/#/s/{quoted}")
+        page.wait_for_selector("#turn-view:not([hidden])")
+        history = page.text_content("#turn-history")
+        # parts read as what they are, not as raw JSON
+        assert "→ run_shell_command(" in history and "[fc_0]" in history, history[:500]
+        assert "← response of run_shell_command  [fc_0]: line0-0" in history, history[:500]
+        assert "[thought] thinking it over" in history
+        assert '"functionCall"' not in history
+        sent = page.text_content("#turn-sent")
+        assert "← response of run_shell_command" in sent
+        assert errors == [], errors
+        browser.close()
+
+
 class _AttackerSite(http.server.BaseHTTPRequestHandler):
     """Serves `page` (set on the class) at every path: the attacker's site, on another loopback origin."""
 
