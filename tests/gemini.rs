@@ -207,3 +207,76 @@ async fn errors_take_googles_shape_and_other_paths_go_to_their_api() {
         ]
     );
 }
+
+/// The session store's list of dialect names (`session/` does not import `dialect/`) is every dialect's: a session
+/// read back from the store keeps its dialect, and an export of it imports.
+#[test]
+fn the_store_knows_every_dialect_by_name() {
+    let names: Vec<&str> = ctxgate::dialect::Dialect::ALL
+        .iter()
+        .map(|d| d.as_str())
+        .collect();
+    let mut stored = ctxgate::session::manager::DIALECT_NAMES.to_vec();
+    let mut all = names.clone();
+    stored.sort_unstable();
+    all.sort_unstable();
+    assert_eq!(stored, all);
+}
+
+#[tokio::test]
+async fn a_gemini_session_survives_a_restart_and_an_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ctx.db");
+    let sqlite = |db: std::path::PathBuf| {
+        move |c: &mut ctxgate::config::Config| {
+            c.store.backend = ctxgate::config::StoreBackend::Sqlite;
+            c.store.path = db;
+        }
+    };
+    let mut h = Harness::start_with(sqlite(db.clone())).await;
+    h.mock.push_gemini(GeminiReply::text("first"));
+    let contents = history(2, 10);
+    let resp = post(&h, &path("generateContent"), Some("k"), &body(&contents)).await;
+    let sid = session_header(&resp);
+    let _ = resp.bytes().await.unwrap();
+    h.state.drain().await;
+    h.stop().await;
+
+    // A new gateway on the same store: the conversation goes on in the same session, read back as Gemini's.
+    let h = Harness::start_with(sqlite(db)).await;
+    h.mock.push_gemini(GeminiReply::text("second"));
+    let mut more = contents.clone();
+    more.push(json!({"role":"model","parts":[{"text":"first"}]}));
+    more.push(json!({"role":"user","parts":[{"text":"Go on."}]}));
+    let resp = post(&h, &path("generateContent"), Some("k"), &body(&more)).await;
+    assert_eq!(session_header(&resp), sid);
+    let _ = resp.bytes().await.unwrap();
+    let view = h.get_json(&format!("/admin/sessions/{sid}")).await;
+    assert_eq!(view["dialect"], "gemini");
+    assert_eq!(view["total"], more.len() + 1);
+
+    // Its export imports (replacing it) as it was.
+    let export = h
+        .client
+        .get(h.url(&format!("/admin/sessions/{sid}/export")))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert!(String::from_utf8_lossy(&export).contains("\"dialect\":\"gemini\""));
+    let r = h
+        .client
+        .post(h.url("/admin/sessions/import?replace=true"))
+        .header("content-type", "application/x-ndjson")
+        .body(export.to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    assert_eq!(
+        h.get_json(&format!("/admin/sessions/{sid}")).await["dialect"],
+        "gemini"
+    );
+}

@@ -124,7 +124,7 @@ pub(super) fn requests(r: &Registry, l: &Lists) -> prometheus::Result<Series<Int
         r,
         (
             REQUESTS_TOTAL,
-            "Finished requests by route class (chat, passthrough, admin), dialect (chat, anthropic, responses; none outside a conversation), status class and stream flag.",
+            "Finished requests by route class (chat, passthrough, admin), dialect (chat, anthropic, responses, gemini; none outside a conversation), status class and stream flag.",
             &["route", "dialect", "status", "stream"],
         ),
         &[&l.routes, &l.dialects, &classes, stream_flags],

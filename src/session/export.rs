@@ -453,9 +453,10 @@ fn header_meta(s: &Value) -> Result<SessionMeta, String> {
         return Err(problem);
     }
     let dialect = text("dialect")?;
-    if !matches!(dialect.as_str(), "chat" | "anthropic" | "responses") {
+    if !super::manager::DIALECT_NAMES.contains(&dialect.as_str()) {
         return Err(format!(
-            "session.dialect {dialect:?} is none of chat, anthropic, responses"
+            "session.dialect {dialect:?} is none of {}",
+            super::manager::DIALECT_NAMES.join(", ")
         ));
     }
     Ok(SessionMeta {

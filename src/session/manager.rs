@@ -256,13 +256,16 @@ fn apply_tail(entry: &SessionEntry, t: Tail) -> bool {
     grew
 }
 
+/// The names of the dialects a session's messages can be in, as requests carry them (`dialect::Dialect::as_str`;
+/// `session/` does not import `dialect/`, and tests/gemini.rs holds the two lists equal).
+pub const DIALECT_NAMES: [&str; 4] = ["chat", "anthropic", "responses", "gemini"];
+
 /// A stored session's dialect as one of the names requests carry (`chat` for any it does not know).
 fn dialect_name(stored: &str) -> &'static str {
-    match stored {
-        "anthropic" => "anthropic",
-        "responses" => "responses",
-        _ => "chat",
-    }
+    DIALECT_NAMES
+        .into_iter()
+        .find(|d| *d == stored)
+        .unwrap_or("chat")
 }
 
 /// How many dialect-scoped ids (`<id>.<dialect>`) a request tries before it is proxied without history: a request

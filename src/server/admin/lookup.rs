@@ -60,7 +60,7 @@ fn names(full: &str, part: &str) -> bool {
         || (prefix.len() == 16 && prefix.bytes().all(|b| b.is_ascii_hexdigit()));
     let scoped = rest.strip_prefix(part).is_some_and(|s| {
         s.is_empty()
-            || ["chat", "anthropic", "responses"]
+            || crate::session::manager::DIALECT_NAMES
                 .iter()
                 .any(|d| s.strip_prefix('.') == Some(d))
     });
