@@ -21,14 +21,7 @@ fn decimals(line: &str, field: &str) -> Option<usize> {
 
 #[tokio::test]
 async fn durations_are_logged_rounded_to_a_hundredth_of_a_millisecond() {
-    let logged = Logged::default();
-    // The test runtime has one thread: the server's tasks log here too.
-    let _log = tracing::subscriber::set_default(
-        tracing_subscriber::fmt()
-            .json()
-            .with_writer(logged.clone())
-            .finish(),
-    );
+    let (logged, _log) = Logged::json();
     let h = Harness::start().await;
     let chat = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
     for stream in [false, true] {

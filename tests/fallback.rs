@@ -7,51 +7,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-use common::Logged;
 
 use common::{session_header, Harness};
-use ctxgate::config::{Config, ModelEntry, NamedUpstream, OnOverflow, Price, UpstreamKind};
-use ctxgate::mock::{MockUpstream, RecordedRequest};
+use ctxgate::config::{Config, NamedUpstream, OnOverflow, Price, UpstreamKind};
+use ctxgate::mock::MockUpstream;
 use serde_json::{json, Value};
 
-const AUTH: (&str, &str) = ("authorization", "Bearer sk-fallback");
-
-fn model(window: u64, fallback: Option<&str>, upstream: Option<&str>) -> ModelEntry {
-    ModelEntry {
-        context_window: Some(window),
-        fallback: fallback.map(str::to_string),
-        upstream: upstream.map(str::to_string),
-        ..ModelEntry::default()
-    }
-}
-
-/// About `tokens` tokens of plain text (one per word).
-fn text(tag: &str, tokens: usize) -> String {
-    format!("{tag}: {}", "abc ".repeat(tokens))
-}
-
-/// A conversation whose second-newest user message carries a file of about `file` tokens (as aider adds files to
-/// the chat), then the newest question: over the window, only dropping that message brings it under.
-fn chat(model: &str, file: usize) -> Value {
-    json!({"model": model, "messages": [
-        {"role": "system", "content": "You are a careful assistant."},
-        {"role": "user", "content": "Add a --verbose flag to main()."},
-        {"role": "assistant", "content": "Which file holds main()?"},
-        {"role": "user", "content": text("src/app.py", file)},
-        {"role": "assistant", "content": "Ok."},
-        {"role": "user", "content": "Now document the flag in the README."},
-    ]})
-}
-
-/// A request: its path, headers and body.
-type Call = (&'static str, Vec<(&'static str, &'static str)>, Value);
-
-fn posts(m: &MockUpstream) -> Vec<RecordedRequest> {
-    m.requests()
-        .into_iter()
-        .filter(|r| r.method == http::Method::POST)
-        .collect()
-}
+use common::fallback::{chat, model, posts, AUTH};
 
 /// `small` (4,000 tokens) falls back to `medium` (8,000, upstream `mid`), which falls back to `large` (64,000,
 /// upstream `big`); `solo` (4,000) has none.
@@ -212,75 +174,6 @@ async fn a_chain_is_followed_while_the_request_does_not_fit() {
     assert!(rewrite.contains("truncated"), "{rewrite}");
     r.text().await.unwrap();
     assert_eq!(posts(&h.mock)[0].json()["model"], "solo");
-}
-
-#[tokio::test]
-async fn every_dialect_falls_back_with_its_header_and_log_lines() {
-    let logged = Logged::default();
-    // The test runtime has one thread: the server's tasks log here too.
-    let _log = tracing::subscriber::set_default(
-        tracing_subscriber::fmt()
-            .json()
-            .with_writer(logged.clone())
-            .finish(),
-    );
-    let h = Harness::start_with(|c| {
-        c.context.on_overflow = OnOverflow::Fallback;
-        c.context.default_context_window = 4_000;
-        c.models
-            .insert("small".into(), model(4_000, Some("large"), None));
-        c.models.insert("large".into(), model(64_000, None, None));
-    })
-    .await;
-    let chat_body = chat("small", 6_000);
-    let messages = chat_body["messages"].as_array().unwrap()[1..].to_vec();
-    let calls: Vec<Call> = vec![
-        ("/v1/chat/completions", vec![AUTH], chat_body.clone()),
-        (
-            "/v1/messages",
-            vec![
-                ("x-api-key", "sk-ant-fallback"),
-                ("anthropic-version", "2023-06-01"),
-            ],
-            json!({"model": "small", "max_tokens": 64, "system": "You are a careful assistant.", "messages": messages}),
-        ),
-        (
-            "/v1/responses",
-            vec![AUTH],
-            json!({"model": "small", "instructions": "You are a careful assistant.", "input": messages}),
-        ),
-    ];
-    for (i, (path, headers, body)) in calls.into_iter().enumerate() {
-        let r = h.post_json(path, &headers, &body).await;
-        assert_eq!(r.status(), 200, "{path}");
-        assert_eq!(r.headers()["x-ctxgate-fallback"], "large", "{path}");
-        r.text().await.unwrap();
-        let sent = &posts(&h.mock)[i];
-        assert_eq!(sent.json()["model"], "large", "{path}");
-    }
-    h.state.drain().await;
-    let text = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();
-    let lines: Vec<Value> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .collect();
-    let of = |target: &str| -> Vec<&Value> {
-        lines
-            .iter()
-            .filter(|v| v["target"] == target && v["fields"]["fallback"] == "large")
-            .collect()
-    };
-    // the operator's line and the access-log line of each request, both naming the two models
-    for target in ["ctxgate::context", "ctxgate::access"] {
-        let found = of(target);
-        assert_eq!(found.len(), 3, "{target}: {text}");
-        assert!(
-            found.iter().all(|v| v["fields"]["model"] == "small"),
-            "{text}"
-        );
-    }
-    // never the content
-    assert!(!text.contains("abc abc"));
 }
 
 #[test]

@@ -155,14 +155,7 @@ async fn refuse_answers_context_length_exceeded_in_each_dialects_shape_and_sends
 
 #[tokio::test]
 async fn truncate_says_so_in_the_header_the_log_and_the_turn_record_in_every_dialect() {
-    let logged = Logged::default();
-    // The test runtime has one thread: the server's tasks log here too.
-    let _log = tracing::subscriber::set_default(
-        tracing_subscriber::fmt()
-            .json()
-            .with_writer(logged.clone())
-            .finish(),
-    );
+    let (logged, _log) = Logged::json();
     let h = gateway(OnOverflow::Truncate).await;
     let mut sessions = Vec::new();
     for (i, (path, headers, body)) in dialects().into_iter().enumerate() {

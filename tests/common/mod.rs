@@ -1,6 +1,7 @@
 //! Test harness: the real gateway on port 0 in front of the in-process mock upstream.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod fallback;
 pub mod redis;
 
 use ctxgate::app::{AppState, TurnEvent};
@@ -270,6 +271,21 @@ impl std::io::Write for Logged {
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+impl Logged {
+    /// Captures what is logged on this thread, as JSON lines, while the guard lives (a test runtime has one
+    /// thread: the server's tasks log there too).
+    pub fn json() -> (Logged, tracing::subscriber::DefaultGuard) {
+        let logged = Logged::default();
+        let guard = tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .json()
+                .with_writer(logged.clone())
+                .finish(),
+        );
+        (logged, guard)
     }
 }
 
