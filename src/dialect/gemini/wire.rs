@@ -72,6 +72,8 @@ impl Wire for GeminiWire {
             .collect();
         format!("/v1beta/models/{model}:generateContent")
     }
+    /// Only the stem: every Gemini request names its own path, `{version}/models/{model}:{method}`
+    /// (`Request::with_path` in `parse`), and so does a count (`count_path`).
     fn upstream_path(&self) -> &'static str {
         "v1beta/models"
     }
