@@ -64,7 +64,11 @@ impl Assembler {
     }
 
     fn push(&mut self, p: &Value) {
-        let size = p.to_string().len();
+        // A text part weighs its text; others (calls, data) their JSON.
+        let size = p
+            .get("text")
+            .and_then(Value::as_str)
+            .map_or_else(|| p.to_string().len(), str::len);
         if self.bytes + size > crate::dialect::MAX_ASSEMBLED_BYTES {
             return;
         }

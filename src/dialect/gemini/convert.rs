@@ -255,46 +255,15 @@ pub fn from_neutral<'a>(
     out: &[Cow<'_, Value>],
     sources: &[Source],
 ) -> Vec<Cow<'a, Value>> {
-    let mut parts_of_native = vec![0usize; native.len()];
-    for i in neutral.origins.iter().filter_map(|o| o.native()) {
-        if let Some(c) = parts_of_native.get_mut(i) {
-            *c += 1;
-        }
-    }
-    let mut rendered: Vec<Cow<'a, Value>> = Vec::with_capacity(out.len());
-    let mut group: Option<(usize, Vec<(usize, &Value)>)> = None;
-    let flush = |group: &mut Option<(usize, Vec<(usize, &Value)>)>, rendered: &mut Vec<_>| {
-        if let Some((i, parts)) = group.take() {
-            rendered.extend(render_one(native, neutral, i, &parts, parts_of_native[i]));
-        }
-    };
-    for (k, m) in out.iter().enumerate() {
-        let j = match sources.get(k) {
-            Some(Source::Client(j)) => Some(*j),
-            Some(Source::Added) | None => None,
-        };
-        let origin = j.and_then(|j| neutral.origins.get(j).copied());
-        match (j, origin) {
-            (_, Some(Origin::System)) => {}
-            (Some(j), Some(o)) => {
-                let Some(i) = o.native().filter(|&i| i < native.len()) else {
-                    continue;
-                };
-                if group.as_ref().is_some_and(|(g, _)| *g != i) {
-                    flush(&mut group, &mut rendered);
-                }
-                group
-                    .get_or_insert_with(|| (i, Vec::new()))
-                    .1
-                    .push((j, m.as_ref()));
-            }
-            _ => {
-                flush(&mut group, &mut rendered);
-                rendered.extend(added(m.as_ref()).map(Cow::Owned));
-            }
-        }
-    }
-    flush(&mut group, &mut rendered);
+    let mut rendered = crate::dialect::shared::render::by_client_message(
+        native,
+        neutral.messages.len(),
+        |j| neutral.origins.get(j).map(|o| o.native()),
+        out,
+        sources,
+        |i, parts, total| render_one(native, neutral, i, parts, total),
+        added,
+    );
     merge_model_runs(&mut rendered);
     if rendered.first().is_some_and(|c| role(c) == "model") {
         rendered.insert(0, Cow::Owned(turn_note()));

@@ -3,18 +3,15 @@
 //! the real planner with a window small enough to make it rewrite.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use super::convert::{from_neutral, parts_of, to_neutral, Neutral};
+use super::convert::{parts_of, to_neutral};
+use super::tests::Gemini;
 use super::validate::{check_rewrite, check_sequence};
-use crate::context::plan::Rewrite;
 use crate::context::tokens::TokenCounter;
 use crate::dialect::shared::test_support::{
     new_arguments, rewritten_with, unchanged_renders_the_client_bytes, words, Harness,
 };
-use crate::dialect::Dialect;
-use crate::message::{is_system, Source};
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
-use std::borrow::Cow;
 
 // ---- property tests ----
 
@@ -161,48 +158,6 @@ fn build(c: &Conv) -> Value {
         json!([{"functionDeclarations":[{"name":"tool0","parametersJsonSchema":{"type":"object"}},{"name":"tool1"}]}]),
     );
     Value::Object(body)
-}
-
-/// The Gemini API as the property tests drive it.
-struct Gemini;
-
-impl Harness for Gemini {
-    const DIALECT: Dialect = Dialect::Gemini;
-    const SYSTEM: &'static str = "systemInstruction";
-    type Neutral = Neutral;
-
-    fn to_neutral(system: Option<&Value>, native: &[Value]) -> Neutral {
-        to_neutral(system, native)
-    }
-
-    fn messages(neutral: &Neutral) -> &[Value] {
-        &neutral.messages
-    }
-
-    fn from_neutral<'a>(
-        native: &'a [Value],
-        neutral: &Neutral,
-        out: &[Cow<'_, Value>],
-        sources: &[Source],
-    ) -> Vec<Cow<'a, Value>> {
-        from_neutral(native, neutral, out, sources)
-    }
-
-    fn summary(upto: usize) -> Value {
-        json!({"role":"system","content":format!("Summary of the first {upto} messages.")})
-    }
-
-    fn summarized(rewrite: &Rewrite<'_>) -> bool {
-        rewrite.sources.contains(&Source::Added)
-    }
-
-    /// The recall note after the leading system messages (a user content once rendered).
-    fn add_note(_: &Rewrite<'_>, out: &mut Vec<Cow<'_, Value>>, sources: &mut Vec<Source>) {
-        let at = out.iter().position(|m| !is_system(m)).unwrap_or(out.len());
-        let note = json!({"role":"system","content":"Results of earlier tool calls were left out; recall them."});
-        out.insert(at, Cow::Owned(note));
-        sources.insert(at, Source::Added);
-    }
 }
 
 /// The body sent upstream for `client` after planning (with `args` given to the rewrite's calls), its contents

@@ -151,8 +151,8 @@ fn build(c: &Conv) -> Value {
     body
 }
 
-/// The Gemini API as the property tests drive it.
-struct Gemini;
+/// The Gemini API as the property tests drive it (`props.rs` too).
+pub(super) struct Gemini;
 
 impl Harness for Gemini {
     const DIALECT: Dialect = Dialect::Gemini;
