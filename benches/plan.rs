@@ -1,7 +1,10 @@
 //! Cost of planning the rewrite of a long agent conversation: ~400 messages, ~128k tokens, window 128k (above the
 //! 0.8 threshold). "cold": a fresh token counter each time (every message counted for the first time); "warm": a
 //! counter that has seen the history, for a request with one new message (a tool result of ~2,500 tokens, counted
-//! each time); "warm_repeat": the same request again (every count cached: the planner's own work). Cold and warm
+//! each time); "warm_repeat": the same request again (every count cached: the planner's own work). These three plan
+//! a chat request as the gateway does, keyed by the hashes of each message's bytes its parse computes (for the
+//! session tree; computed here outside the timing); "warm_converted" is "warm" for a dialect the planner sees
+//! converted (Anthropic, Responses, Gemini), whose messages it hashes by walking their JSON. Cold and warm
 //! also forget the pieces of text the counter remembers per thread, so each text is tokenized as if never seen
 //! (the worst case: in real traffic most words and indentation of a new tool result were seen before).
 //! Run: `cargo bench --bench plan`.
@@ -124,9 +127,17 @@ fn conversation(messages: usize) -> Vec<Value> {
     out
 }
 
-fn input<'a>(messages: &'a [Value], tools: &'a Value) -> PlanInput<'a> {
+/// The hashes of each message's bytes that the gateway's parse of a chat request computes anyway (for the
+/// session tree), which the planner keys its memos by: computed outside the timing, as the parse is not planning.
+fn raw_hashes(messages: &[Value]) -> Vec<u64> {
+    let body = serde_json::to_vec(&json!({ "messages": messages })).unwrap();
+    ctxgate::session::tree::raw_message_hashes(&body)
+}
+
+fn input<'a>(messages: &'a [Value], tools: &'a Value, hashes: Option<&'a [u64]>) -> PlanInput<'a> {
     PlanInput {
         messages,
+        hashes,
         tools: Some(tools),
         first_seen: None,
         now: 1_700_000_000,
@@ -148,9 +159,15 @@ fn bench(c: &mut Criterion) {
         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}]);
     let history = conversation(400);
     let (before, request) = (&history[..history.len() - 1], &history[..]);
+    let (request_hashes, before_hashes) = (raw_hashes(request), raw_hashes(before));
     let counter = TokenCounter::new();
     let tokens = counter.request_tokens(Encoding::O200k, request, Some(&tools));
-    let decision = plan(&input(request, &tools), &ctx, &prune, &counter);
+    let decision = plan(
+        &input(request, &tools, Some(&request_hashes)),
+        &ctx,
+        &prune,
+        &counter,
+    );
     let Plan::Rewrite(rw) = &decision else {
         panic!("expected a rewrite of {tokens} tokens, got {decision:?}");
     };
@@ -176,7 +193,12 @@ fn bench(c: &mut Criterion) {
                 TokenCounter::new()
             },
             |fresh| {
-                let p = plan(&input(request, &tools), &ctx, &prune, &fresh);
+                let p = plan(
+                    &input(request, &tools, Some(&request_hashes)),
+                    &ctx,
+                    &prune,
+                    &fresh,
+                );
                 (p, fresh) // both dropped outside the timing
             },
             BatchSize::PerIteration,
@@ -185,9 +207,41 @@ fn bench(c: &mut Criterion) {
     // Warm: the counter has seen everything but the newest tool result; each iteration's request ends with a
     // variant of it that the counter has never seen (as every real request brings one new message).
     let warm = TokenCounter::new();
-    plan(&input(before, &tools), &ctx, &prune, &warm);
+    plan(
+        &input(before, &tools, Some(&before_hashes)),
+        &ctx,
+        &prune,
+        &warm,
+    );
     let mut variant = 0u64;
     g.bench_function("warm", |b| {
+        b.iter_batched_ref(
+            || {
+                variant += 1;
+                let mut m = newest.clone();
+                m["content"] = json!(format!(
+                    "{} (run {variant})",
+                    newest["content"].as_str().unwrap()
+                ));
+                let mut r = before.to_vec();
+                r.push(m);
+                let h = raw_hashes(&r);
+                forget_pieces();
+                (r, h)
+            },
+            // The plan borrows the request, so it is dropped inside the timing (the request is not).
+            |(r, h)| {
+                let p = plan(&input(r, &tools, Some(h)), &ctx, &prune, &warm);
+                std::hint::black_box(&p);
+            },
+            BatchSize::PerIteration,
+        );
+    });
+    // Warm, for a dialect the planner sees converted (Anthropic, Responses, Gemini): no parse hashes of the
+    // planned messages, so each is hashed by walking its JSON.
+    let converted = TokenCounter::new();
+    plan(&input(before, &tools, None), &ctx, &prune, &converted);
+    g.bench_function("warm_converted", |b| {
         b.iter_batched_ref(
             || {
                 variant += 1;
@@ -201,9 +255,8 @@ fn bench(c: &mut Criterion) {
                 forget_pieces();
                 r
             },
-            // The plan borrows the request, so it is dropped inside the timing (the request is not).
             |r| {
-                let p = plan(&input(r, &tools), &ctx, &prune, &warm);
+                let p = plan(&input(r, &tools, None), &ctx, &prune, &converted);
                 std::hint::black_box(&p);
             },
             BatchSize::PerIteration,
@@ -211,7 +264,14 @@ fn bench(c: &mut Criterion) {
     });
     // The same request again: every count cached, so only the planner's own work is left.
     g.bench_function("warm_repeat", |b| {
-        b.iter(|| plan(&input(request, &tools), &ctx, &prune, &warm));
+        b.iter(|| {
+            plan(
+                &input(request, &tools, Some(&request_hashes)),
+                &ctx,
+                &prune,
+                &warm,
+            )
+        });
     });
     // Of the planner's own work: finding when each tool result was last used (clearing by use).
     g.bench_function("usage", |b| {

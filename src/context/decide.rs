@@ -28,6 +28,9 @@ pub struct Request<'a> {
     pub body: &'a Map<String, Value>,
     /// Its messages (neutral).
     pub messages: &'a [Value],
+    /// The xxh3 of each message's bytes as sent, when `messages` are the client's own elements (see
+    /// `PlanInput::hashes`).
+    pub hashes: Option<&'a [u64]>,
     /// The body field holding the conversation (`messages`; `input` for the Responses API).
     pub key: &'static str,
     /// Length of the client's body in bytes.
@@ -142,6 +145,7 @@ pub fn plan_cuts<'a>(
         .count();
     let input = PlanInput {
         messages: req.messages,
+        hashes: req.hashes,
         tools: req.body.get("tools"),
         first_seen: req.first_seen,
         now: req.now,

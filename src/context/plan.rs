@@ -4,7 +4,7 @@
 use super::roles;
 use super::shape::digest;
 pub use super::stages::Summaries;
-use super::stages::{Cuts, Limits, Mode, Model};
+use super::stages::{Cuts, Limits, Mode, Model, Seen};
 use super::tokens::{Encoding, TokenCounter};
 use crate::config::{ContextConfig, PruneConfig, Strategy};
 use crate::message::Source;
@@ -17,6 +17,10 @@ use std::borrow::Cow;
 pub struct PlanInput<'a> {
     /// The request's messages.
     pub messages: &'a [Value],
+    /// The xxh3 of each message's bytes as the client sent them, when `messages` are the client's own elements
+    /// (chat completions: the parse's `dialect::Request::item_hashes`); the planner then keys what it remembers of
+    /// each message by them instead of hashing its JSON again. `None`: hashed here.
+    pub hashes: Option<&'a [u64]>,
     /// The request's `tools`, counted in the budget.
     pub tools: Option<&'a Value>,
     /// Unix seconds each message was first seen (aligned with `messages`); `now` when unknown.
@@ -192,9 +196,13 @@ pub fn plan<'a>(
         Some(t) if t.len() == input.messages.len() => t.to_vec(),
         _ => vec![input.now; input.messages.len()],
     };
+    let seen = Seen {
+        times,
+        raw_hashes: input.hashes,
+    };
     let mut model = Model::new(
         input.messages,
-        times,
+        seen,
         counter,
         input.encoding,
         prune,

@@ -60,6 +60,16 @@ pub fn placeholder_naming(
     recall_tool: Option<&str>,
     words: &[Box<str>],
 ) -> Value {
+    with_content(m, placeholder_text(m, tool_name, recall_tool, words))
+}
+
+/// The text of [`placeholder_naming`]'s placeholder (see [`with_text`] to put it in place).
+pub fn placeholder_text(
+    m: &Value,
+    tool_name: &str,
+    recall_tool: Option<&str>,
+    words: &[Box<str>],
+) -> String {
     let id = field(m, "tool_call_id")
         .and_then(Value::as_str)
         .unwrap_or("");
@@ -73,9 +83,13 @@ pub fn placeholder_naming(
         Some(t) => format!(" Call `{t}` with call_id \"{id}\" to see it again."),
         None => " ctxgate keeps it in the conversation's full history.".to_string(),
     };
-    let text = format!(
+    format!(
         "{PLACEHOLDER_PREFIX} to save context: call {id} ({tool_name}), {chars} characters{naming}.{how}"
-    );
+    )
+}
+
+/// `m` with `text` as its content (same key order; the old content is never copied).
+pub fn with_text(m: &Value, text: String) -> Value {
     with_content(m, text)
 }
 

@@ -8,8 +8,8 @@ use super::cost::{self, Choice};
 use super::fold::{fold_block, fold_line_naming, foldable_units, with_block};
 use super::runloop::{run_loops_with, RunLoop, ToolCallRef};
 use super::shape::{
-    clear_inputs, digest_words, is_cleared_input, is_placeholder, pinned, placeholder_naming,
-    truncated,
+    clear_inputs, digest_words, is_cleared_input, is_placeholder, pinned, placeholder_text,
+    truncated, with_text,
 };
 use super::tokens::{Encoding, TokenCounter};
 use super::units::{units, Unit};
@@ -124,6 +124,22 @@ pub struct Summaries<'a> {
     pub ready: &'a [(usize, Value)],
 }
 
+/// What a request says of its messages besides their JSON.
+pub struct Seen<'h> {
+    /// Unix seconds each message was first seen, aligned with the messages.
+    pub times: Vec<i64>,
+    /// The xxh3 of each message's bytes as sent, when the caller has them (`PlanInput::hashes`).
+    pub raw_hashes: Option<&'h [u64]>,
+}
+
+/// The counter's `remembered_strings_of` finding that is a cleared result's placeholder text (keyed by
+/// [`Model::alt_key`]; the other findings are 0, a message's named strings, `1 + digest_tokens`, its digest as a
+/// placeholder names it, and [`FOLD_DIGEST`]).
+const PLACEHOLDER_TEXT: u64 = u64::MAX;
+/// The findings that are a folded result's digest (`FOLD_DIGEST + digest_tokens`: of its text as
+/// `message::message_text` reads it, where a placeholder's digest reads string content as it is).
+const FOLD_DIGEST: u64 = 1 << 62;
+
 /// The messages with everything the cuts need, computed once per request. `'a`: the request's messages; `'c`:
 /// the counter and the settings.
 pub struct Model<'a, 'c> {
@@ -195,18 +211,20 @@ struct Path {
 }
 
 impl<'a, 'c> Model<'a, 'c> {
-    /// Counts and indexes `msgs`. `times` are first-seen unix seconds aligned with `msgs`; `agent`: the request
+    /// Counts and indexes `msgs`. `seen` says when each was first seen and, when the caller has them, the hashes of
+    /// their bytes as sent (see `PlanInput::hashes`); `agent`: the request
     /// offers tools (nudges then continue their run loop).
     pub fn new(
         msgs: &'a [Value],
-        times: Vec<i64>,
+        seen: Seen<'_>,
         counter: &'c TokenCounter,
         enc: Encoding,
         prune: &'c PruneConfig,
         recall_tool: Option<&'a str>,
         agent: bool,
     ) -> Self {
-        let hashes = Usage::prefix_hashes(msgs, counter);
+        let Seen { times, raw_hashes } = seen;
+        let hashes = Usage::prefix_hashes(msgs, raw_hashes, counter);
         let tok = counter.messages_tokens_hashed(enc, msgs, &hashes.1);
         let rl = run_loops_with(msgs, None, agent);
         let mut loop_of = vec![None; msgs.len()];
@@ -443,12 +461,23 @@ impl<'a, 'c> Model<'a, 'c> {
     /// The line a folded call leaves: its id, tool and arguments' gist, and what its result names
     /// (`prune.digest_tokens`).
     fn line_of(&self, call: &ToolCallRef<'a>) -> String {
-        let output = call
-            .result
-            .and_then(|r| self.msgs.get(r))
-            .map(crate::message::message_text)
-            .unwrap_or_default();
-        let words = super::digest::distinctive(&output, self.prune.digest_tokens);
+        let tokens = self.prune.digest_tokens;
+        let scan = |m: &Value| -> Vec<Box<str>> {
+            super::digest::distinctive(&crate::message::message_text(m), tokens)
+                .into_iter()
+                .map(Box::from)
+                .collect()
+        };
+        // the digest is a scan of the whole result: remembered from one request to the next
+        let words = match call.result.filter(|&r| r < self.msgs.len()) {
+            Some(r) => self.counter.remembered_strings_of(
+                self.content_hashes[r],
+                FOLD_DIGEST.saturating_add(tokens),
+                || scan(&self.msgs[r]),
+            ),
+            None => Vec::new().into(),
+        };
+        let words: Vec<&str> = words.iter().map(AsRef::as_ref).collect();
         fold_line_naming(call.id, call.name, call.arguments, &words)
     }
 
@@ -465,7 +494,7 @@ impl<'a, 'c> Model<'a, 'c> {
         if folded.is_empty() {
             // no block: the carrier is the base message
             return if cleared {
-                self.alt(i, Mode::Cleared).1
+                self.alt_tokens(i, Mode::Cleared)
             } else {
                 self.tok[i]
             };
@@ -560,36 +589,104 @@ impl<'a, 'c> Model<'a, 'c> {
         self.carried.len()
     }
 
+    /// Message `i` rewritten under `mode`, with its tokens. A cleared result's placeholder text and every
+    /// remembered form's count come from the counter's memos when an earlier request had the message rewritten
+    /// the same way (see [`Self::alt_key`]): a long history's placeholders are not made again every turn.
     fn alt(&mut self, i: usize, mode: Mode) -> &(Value, u64) {
-        let (msgs, names, prune, recall) =
-            (self.msgs, &self.tool_names, self.prune, self.recall_tool);
-        let (counter, enc, inputs, tok) = (self.counter, self.enc, &self.inputs, &self.tok);
-        let hashes = &self.content_hashes;
-        self.alt.entry(i).or_insert_with(|| {
+        if !self.alt.contains_key(&i) {
+            let key = self.alt_key(i, mode);
+            let (counter, enc, prune, recall) =
+                (self.counter, self.enc, self.prune, self.recall_tool);
+            let m = &self.msgs[i];
             let v = match mode {
-                Mode::Cleared => match inputs.get(&i) {
-                    Some((calls, _)) => clear_inputs(&msgs[i], calls, recall),
+                Mode::Cleared => match self.inputs.get(&i) {
+                    Some((calls, _)) => clear_inputs(m, calls, recall),
                     None => {
-                        let name = names.get(&i).copied().unwrap_or("unknown tool");
-                        // the digest is a scan of the whole result: remembered from one request to the next
-                        let words = counter.remembered_strings_of(
-                            hashes[i],
-                            1 + prune.digest_tokens,
-                            || digest_words(&msgs[i], prune.digest_tokens),
-                        );
-                        placeholder_naming(&msgs[i], name, recall, &words)
+                        let name = self.tool_names.get(&i).copied().unwrap_or("unknown tool");
+                        let hash = self.content_hashes[i];
+                        let make = || {
+                            // the digest is a scan of the whole result: remembered too
+                            let words = counter.remembered_strings_of(
+                                hash,
+                                1 + prune.digest_tokens,
+                                || digest_words(m, prune.digest_tokens),
+                            );
+                            placeholder_text(m, name, recall, &words)
+                        };
+                        let text = match key {
+                            Some(k) => counter.remembered_strings_of(k, PLACEHOLDER_TEXT, || {
+                                vec![make().into_boxed_str()]
+                            })[0]
+                                .to_string(),
+                            None => make(),
+                        };
+                        with_text(m, text)
                     }
                 },
                 Mode::Pinned => {
-                    let chars = crate::message::message_text(&msgs[i]).chars().count() as u64;
-                    let keep = chars * prune.max_pinned_tokens / tok[i].max(1);
-                    pinned(&msgs[i], keep as usize)
+                    let chars = crate::message::message_text(m).chars().count() as u64;
+                    let keep = chars * prune.max_pinned_tokens / self.tok[i].max(1);
+                    pinned(m, keep as usize)
                 }
-                _ => truncated(&msgs[i], prune.max_message_length),
+                _ => truncated(m, prune.max_message_length),
             };
-            let t = counter.message_tokens(enc, &v);
-            (v, t)
-        })
+            let t = match key {
+                Some(k) => counter.derived_tokens(enc, k, || counter.message_tokens(enc, &v)),
+                None => counter.message_tokens(enc, &v),
+            };
+            self.alt.insert(i, (v, t));
+        }
+        // inserted just above when missing
+        &self.alt[&i]
+    }
+
+    /// Tokens of message `i` rewritten under `mode` (as [`Self::alt`] makes it), from the counter's memo of derived
+    /// forms when an earlier request had the same message rewritten so: a plan then builds only the forms it
+    /// sends (a long history's placeholders are counted once, not rebuilt and hashed every turn).
+    fn alt_tokens(&mut self, i: usize, mode: Mode) -> u64 {
+        if let Some((_, t)) = self.alt.get(&i) {
+            return *t;
+        }
+        let Some(key) = self.alt_key(i, mode) else {
+            return self.alt(i, mode).1;
+        };
+        let (counter, enc) = (self.counter, self.enc);
+        counter.derived_tokens(enc, key, || self.alt(i, mode).1)
+    }
+
+    /// What the form [`Self::alt`] makes of message `i` under `mode` depends on, hashed: the message's content
+    /// hash, the mode, and the settings and names the form is made of. `None` for the forms not remembered (a
+    /// call message's cleared arguments, which depend on which of its calls are clearable).
+    fn alt_key(&self, i: usize, mode: Mode) -> Option<u64> {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(&self.content_hashes[i].to_le_bytes());
+        match mode {
+            Mode::Cleared if !self.inputs.contains_key(&i) => {
+                let name = self.tool_names.get(&i).copied().unwrap_or("unknown tool");
+                h.update(b"cleared\0");
+                h.update(&(name.len() as u64).to_le_bytes());
+                h.update(name.as_bytes());
+                match self.recall_tool {
+                    Some(t) => {
+                        h.update(&(t.len() as u64).to_le_bytes());
+                        h.update(t.as_bytes());
+                    }
+                    None => h.update(&u64::MAX.to_le_bytes()),
+                }
+                h.update(&self.prune.digest_tokens.to_le_bytes());
+            }
+            Mode::Truncated => {
+                h.update(b"truncated\0");
+                h.update(&(self.prune.max_message_length as u64).to_le_bytes());
+            }
+            Mode::Pinned => {
+                h.update(b"pinned\0");
+                h.update(&self.prune.max_pinned_tokens.to_le_bytes());
+                h.update(&self.tok[i].to_le_bytes());
+            }
+            _ => return None,
+        }
+        Some(h.digest())
     }
 
     fn tokens(&mut self, i: usize, c: &Cuts) -> u64 {
@@ -597,7 +694,7 @@ impl<'a, 'c> Model<'a, 'c> {
             Mode::Keep => self.tok[i],
             Mode::Omitted | Mode::Dropped | Mode::Folded => 0,
             Mode::Carrier { cleared } => self.carrier_tokens(i, cleared, c),
-            m => self.alt(i, m).1,
+            m => self.alt_tokens(i, m),
         }
     }
 

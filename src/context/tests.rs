@@ -100,6 +100,7 @@ fn chat_loops(loops: usize, words: usize) -> Vec<Value> {
 fn input<'a>(messages: &'a [Value], window: u64) -> PlanInput<'a> {
     PlanInput {
         messages,
+        hashes: None,
         tools: None,
         first_seen: None,
         now: 1_000_000,

@@ -171,6 +171,8 @@ enum Kind {
     Tool = 2,
     Text = 3,
     Named = 4,
+    Derived = 5,
+    Raw = 6,
 }
 
 /// The most bytes the prefix memo keeps (see [`TokenCounter::prefix_hashes`]); 64 bytes per count the counter
@@ -354,6 +356,23 @@ impl TokenCounter {
         out
     }
 
+    /// Tokens of a message the planner derives from one it has counted (a cleared result's placeholder, a long
+    /// message cut short), remembered by `key` — a hash of the original's [`Self::content_hash`] and of everything
+    /// else the derived form depends on — so that later requests carrying the same original count it without
+    /// building the derived form again. `count` builds and counts it when the memo has forgotten it.
+    pub fn derived_tokens(&self, enc: Encoding, key: u64, count: impl FnOnce() -> u64) -> u64 {
+        let mut buf = [0u8; 9];
+        buf[0] = Kind::Derived as u8;
+        buf[1..].copy_from_slice(&key.to_le_bytes());
+        let key = (enc, xxh3_64(&buf));
+        if let Some(n) = self.cache.get(&key) {
+            return n;
+        }
+        let n = count();
+        self.cache.insert(key, n);
+        n
+    }
+
     /// The hash [`Self::remembered_strings_of`] keys a message by (one entry of [`Self::prefix_hashes`]' second
     /// list).
     pub fn content_hash(m: &Value) -> u64 {
@@ -382,12 +401,30 @@ impl TokenCounter {
     /// `what` (which finding it keys) mixed in: keys for [`Self::remembered_prefix`].
     /// The second list: each message's [`Self::content_hash`].
     pub fn prefix_hashes(&self, what: u64, msgs: &[Value]) -> (Vec<u64>, Vec<u64>) {
-        let mut out = Vec::with_capacity(msgs.len() + 1);
-        let mut each = Vec::with_capacity(msgs.len());
+        Self::chain(what, msgs.iter().map(Self::content_hash), msgs.len())
+    }
+
+    /// [`Self::prefix_hashes`] of messages given the xxh3 of each one's bytes as the client sent them (`raw`: the
+    /// parse's `dialect::Request::item_hashes`, computed anyway), instead of walking each message's JSON again.
+    /// Each becomes that message's content hash, tagged so that it never stands for a walked hash: the same bytes
+    /// give the same message, so a memo keyed by either finds what the message's content gives (re-serialised
+    /// bytes of the same message only miss the memo).
+    pub fn prefix_hashes_raw(&self, what: u64, raw: &[u64]) -> (Vec<u64>, Vec<u64>) {
+        let own = raw.iter().map(|r| {
+            let mut buf = [0u8; 9];
+            buf[0] = Kind::Raw as u8;
+            buf[1..].copy_from_slice(&r.to_le_bytes());
+            xxh3_64(&buf)
+        });
+        Self::chain(what, own, raw.len())
+    }
+
+    fn chain(what: u64, own: impl Iterator<Item = u64>, len: usize) -> (Vec<u64>, Vec<u64>) {
+        let mut out = Vec::with_capacity(len + 1);
+        let mut each = Vec::with_capacity(len);
         let mut h = xxh3_64(&what.to_le_bytes());
         out.push(h);
-        for m in msgs {
-            let own = Self::content_hash(m);
+        for own in own {
             each.push(own);
             let mut buf = [0u8; 16];
             buf[..8].copy_from_slice(&h.to_le_bytes());

@@ -232,8 +232,17 @@ impl Usage {
 
     /// The keys [`Usage::with_hashes`] takes: the prefix hashes of `msgs` and each message's content hash (which
     /// the caller may use for [`TokenCounter::remembered_strings_of`]).
-    pub fn prefix_hashes(msgs: &[Value], counter: &TokenCounter) -> (Vec<u64>, Vec<u64>) {
-        counter.prefix_hashes(PREFIX_KIND, msgs)
+    /// With `raw`, the xxh3 of each message's bytes as sent, when the caller has them (see
+    /// [`TokenCounter::prefix_hashes_raw`]).
+    pub fn prefix_hashes(
+        msgs: &[Value],
+        raw: Option<&[u64]>,
+        counter: &TokenCounter,
+    ) -> (Vec<u64>, Vec<u64>) {
+        match raw {
+            Some(raw) if raw.len() == msgs.len() => counter.prefix_hashes_raw(PREFIX_KIND, raw),
+            _ => counter.prefix_hashes(PREFIX_KIND, msgs),
+        }
     }
 
     /// The uses `scan` found, in a request of `len` messages.

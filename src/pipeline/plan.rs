@@ -119,6 +119,10 @@ pub async fn plan_request(
     let req = decide::Request {
         body: &request.body,
         messages,
+        // the parse's hashes of the client's elements, when the planner plans on those very elements
+        hashes: request
+            .item_hashes()
+            .filter(|_| request.converted().is_none()),
         key: request.dialect.conversation_key(),
         raw_len: request.raw.len(),
         encoding: Encoding::for_model(&request.model),

@@ -35,6 +35,7 @@ proptest! {
         let m = run(&steps);
         let input = PlanInput {
             messages: &m,
+            hashes: None,
             tools: None,
             first_seen: None,
             now: 0,

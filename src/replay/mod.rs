@@ -543,6 +543,10 @@ impl<'a> Run<'a> {
         let req = decide::Request {
             body: &request.body,
             messages: sent,
+            // as the gateway plans (`pipeline::plan`): the parse's hashes when they are the planned elements'
+            hashes: request
+                .item_hashes()
+                .filter(|_| request.converted().is_none()),
             key: dialect.conversation_key(),
             raw_len: raw.len(),
             encoding: self.encoding,

@@ -433,7 +433,10 @@ fn search_every_fold_depth(
 ) {
     let mut model = crate::context::stages::Model::new(
         msgs,
-        vec![0; msgs.len()],
+        crate::context::stages::Seen {
+            times: vec![0; msgs.len()],
+            raw_hashes: None,
+        },
         counter,
         enc,
         prune,

@@ -24,6 +24,7 @@ fn sent(
     let req = decide::Request {
         body: body.as_object().unwrap(),
         messages,
+        hashes: None,
         key: "messages",
         raw_len: body.to_string().len(),
         encoding: Encoding::O200k,
@@ -198,6 +199,7 @@ fn the_message_count_fires_whatever_clear_at_least_says() {
     let req = decide::Request {
         body: body.as_object().unwrap(),
         messages: &m,
+        hashes: None,
         key: "messages",
         raw_len: body.to_string().len(),
         encoding: Encoding::O200k,

@@ -134,3 +134,79 @@ proptest! {
         }
     }
 }
+
+/// A turn-by-turn run of `m` (every other message) planned on one counter, as `(messages sent, record)` per turn.
+fn turns(
+    m: &[Value],
+    window: u64,
+    prune: &PruneConfig,
+    counter: &TokenCounter,
+    raw: bool,
+    recall: Option<&str>,
+) -> Vec<Option<(Vec<Value>, CompressionRecord)>> {
+    (4..=m.len())
+        .step_by(2)
+        .map(|n| {
+            let body = serde_json::to_vec(&json!({ "messages": &m[..n] })).unwrap();
+            let hashes = crate::session::tree::raw_message_hashes(&body);
+            let mut i = input(&m[..n], window);
+            i.recall_tool = recall;
+            if raw {
+                i.hashes = Some(&hashes);
+            }
+            match plan(&i, &ContextConfig::default(), prune, counter) {
+                Plan::Rewrite(r) => Some((r.owned_messages(), r.record.clone())),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn what_the_planner_remembers_gives_the_plan_it_would_make_afresh() {
+    let m = reading(&[0, 1, 2, 3, 4, 5, 6, 1, 8, 9, 10, 11, 3, 12, 13, 14]);
+    let prune = PruneConfig::default();
+    let afresh = |raw: bool, prune: &PruneConfig, recall: Option<&str>| {
+        turns(&m, 6_000, prune, &TokenCounter::new(), raw, recall)
+    };
+    let expected = afresh(false, &prune, Some("recall_tool_call"));
+    assert!(
+        expected.iter().flatten().count() >= 3,
+        "the run is rewritten"
+    );
+    // keyed by the client's bytes (the parse's hashes) instead of the messages' JSON: the same plans, cold and
+    // with every placeholder, count and scan remembered from the turns before
+    let counter = TokenCounter::new();
+    assert_eq!(
+        turns(&m, 6_000, &prune, &counter, true, Some("recall_tool_call")),
+        expected
+    );
+    assert_eq!(
+        turns(&m, 6_000, &prune, &counter, true, Some("recall_tool_call")),
+        expected
+    );
+    // hashes that are not one per message are not used
+    let mut i = input(&m, 6_000);
+    let short = [1u64, 2, 3];
+    i.hashes = Some(&short);
+    let with_short = rewrite(plan(&i, &ContextConfig::default(), &prune, &counter));
+    assert_eq!(
+        Some(&with_short.messages),
+        expected.last().unwrap().as_ref().map(|r| &r.0)
+    );
+    // what is remembered of a placeholder is keyed by what makes it: another digest size or no recall tool on the
+    // same counter gives what a fresh counter gives
+    let small = PruneConfig {
+        digest_tokens: 0,
+        ..PruneConfig::default()
+    };
+    assert_eq!(
+        turns(&m, 6_000, &small, &counter, true, Some("recall_tool_call")),
+        afresh(false, &small, Some("recall_tool_call"))
+    );
+    assert_eq!(
+        turns(&m, 6_000, &prune, &counter, true, None),
+        afresh(false, &prune, None)
+    );
+    assert_ne!(afresh(false, &small, Some("recall_tool_call")), expected);
+}

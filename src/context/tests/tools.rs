@@ -23,6 +23,7 @@ fn upstream(messages: &[Value], window: u64, cfg: &Config) -> Option<Value> {
     let req = decide::Request {
         body: map,
         messages,
+        hashes: None,
         key: "messages",
         raw_len: body.to_string().len(),
         encoding: Encoding::O200k,

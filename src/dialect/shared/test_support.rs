@@ -88,6 +88,7 @@ pub fn rewritten_with<H: Harness>(
     let ready: Vec<(usize, Value)> = (1..=messages.len()).map(|u| (u, H::summary(u))).collect();
     let input = PlanInput {
         messages,
+        hashes: None,
         tools: client.get("tools"),
         first_seen: None,
         now: 1_000_000,
