@@ -225,7 +225,7 @@ impl<'a, 'c> Model<'a, 'c> {
     ) -> Self {
         let Seen { times, raw_hashes } = seen;
         let hashes = Usage::prefix_hashes(msgs, raw_hashes, counter);
-        let tok = counter.messages_tokens_hashed(enc, msgs, &hashes.1);
+        let tok = counter.messages_tokens_prefixed(enc, msgs, (&hashes.0, &hashes.1));
         let rl = run_loops_with(msgs, None, agent);
         let mut loop_of = vec![None; msgs.len()];
         let mut tool_names = HashMap::default();

@@ -164,6 +164,10 @@ pub const MAX_ENTRIES: u64 = 500_000;
 /// The fewest counts a counter sized by a small history cache keeps.
 pub const MIN_ENTRIES: u64 = 4_096;
 
+/// The longest requests back [`TokenCounter::messages_tokens_prefixed`] looks for an earlier one this one starts with
+/// (a client that drops a few messages, or a recall round, stays within it).
+const MAX_COUNT_PROBES: usize = 64;
+
 /// What a cached count is of: the kind seeds the hash so a message and a tool never share an entry.
 #[derive(Clone, Copy)]
 enum Kind {
@@ -433,6 +437,42 @@ impl TokenCounter {
             out.push(h);
         }
         (out, each)
+    }
+
+    /// [`Self::messages_tokens_hashed`] of a request's messages given their [`Self::prefix_hashes`] (`keys`, and
+    /// `each` message's content hash): the counts of the longest earlier request this one starts with (the previous
+    /// turn's, as a rule) are remembered as one list, so only the messages after it are looked up one by one. The
+    /// same counts (test: `context::tests::round4::what_the_planner_remembers_gives_the_plan_it_would_make_afresh`).
+    pub fn messages_tokens_prefixed(
+        &self,
+        enc: Encoding,
+        msgs: &[Value],
+        (keys, each): (&[u64], &[u64]),
+    ) -> Vec<u64> {
+        let key = |k: usize| {
+            let mut buf = [0u8; 10];
+            buf[0] = Kind::Message as u8;
+            buf[1] = enc as u8;
+            buf[2..].copy_from_slice(&keys[k].to_le_bytes());
+            xxh3_64(&buf)
+        };
+        let oldest = msgs.len().saturating_sub(MAX_COUNT_PROBES);
+        let found = (oldest..=msgs.len()).rev().find_map(|k| {
+            let v = self.remembered_prefix(key(k))?;
+            v.downcast::<Vec<u64>>().ok().filter(|c| c.len() == k)
+        });
+        if let Some(all) = found.as_ref().filter(|c| c.len() == msgs.len()) {
+            return all.to_vec();
+        }
+        let mut counts = found.map(|c| c.to_vec()).unwrap_or_default();
+        let from = counts.len();
+        counts.extend(self.messages_tokens_hashed(enc, &msgs[from..], &each[from..]));
+        self.remember_prefix(
+            key(msgs.len()),
+            Arc::new(counts.clone()),
+            counts.len() * std::mem::size_of::<u64>(),
+        );
+        counts
     }
 
     /// What was remembered for the prefix whose [`Self::prefix_hashes`] entry is `key`, if anything.
