@@ -1339,6 +1339,10 @@ async fn query(client: &reqwest::Client, base: &str, q: &str) -> Vec<f64> {
     else {
         return Vec::new();
     };
+    // While it starts, Prometheus answers 503 "Service Unavailable" in plain text (seen once in a full run).
+    if resp.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+        return Vec::new();
+    }
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["status"], "success", "{q}: {v}");
     v["data"]["result"]
