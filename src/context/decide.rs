@@ -231,9 +231,10 @@ pub fn plan_cuts<'a>(
     }
 }
 
-/// Whether a rewrite drops whole messages (the hard limit's stage `truncated`).
+/// Whether a rewrite drops whole messages or cuts the task to its head and tail at the hard limit (its stage
+/// `truncated`).
 fn drops(rw: &Rewrite<'_>) -> bool {
-    rw.record.dropped_messages > 0
+    rw.record.stages.contains(&"truncated")
 }
 
 /// Tokens a summary of the first `upto` messages may take so that the rewrite using it reaches `context.target`:

@@ -320,6 +320,8 @@ fn build<'a>(
     let mut changed = false;
     let mut gone = Vec::new();
     let (mut cleared, mut dropped, mut folded) = (0, 0, 0);
+    // The hard limit reached the task and cut it to its head and tail (no other stage did).
+    let mut task_cut = false;
     let summary = model
         .ready_summary(cuts.summary)
         .filter(|_| cuts.summary > 0);
@@ -341,6 +343,7 @@ fn build<'a>(
             }
         }
         let mode = model.mode(i, cuts);
+        task_cut |= mode == Mode::Pinned && model.unit_start(i) < cuts.drop;
         match model.take_rendered(i, mode, cuts) {
             Some(v) => {
                 changed |= mode != Mode::Keep && *v != *original;
@@ -427,7 +430,7 @@ fn build<'a>(
     if summary.is_some() {
         stages.push("summarized");
     }
-    if dropped > 0 {
+    if dropped > 0 || task_cut {
         stages.push("truncated");
     }
     let record = CompressionRecord {

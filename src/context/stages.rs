@@ -736,6 +736,11 @@ impl<'a, 'c> Model<'a, 'c> {
         self.units[self.unit_of[at]].start
     }
 
+    /// The first message of the unit holding message `i`.
+    pub fn unit_start(&self, i: usize) -> usize {
+        self.units[self.unit_of[i]].start
+    }
+
     /// One past the last message of the unit holding message `i`.
     pub fn unit_end(&self, i: usize) -> usize {
         self.units[self.unit_of[i]].end
@@ -923,8 +928,8 @@ impl<'a, 'c> Model<'a, 'c> {
             path.options.push((*c, cost, path.first));
             (*c, cost) = self.cheapest(j, &from, from_cost, base, lim, &path);
         }
-        // 3. Hard limit: drop the oldest whole units, keeping system messages, the newest user message and the
-        //    newest message's unit. (Clearing the newest results first instead was measured: it keeps fewer of the
+        // 3. Hard limit: drop the oldest whole units, keeping system messages, the task (pinned when long), the
+        //    newest user message and the newest message's unit. (Clearing the newest results first instead was measured: it keeps fewer of the
         //    facts the next step uses whole, and re-cuts sooner.)
         if cost > lim.hard || too_many {
             c.keep_user = self.newest_user_before(j);
@@ -937,7 +942,10 @@ impl<'a, 'c> Model<'a, 'c> {
                 }
                 let Unit { start, end } = self.units[ui];
                 let holds = |k: Option<usize>| k.is_some_and(|k| k >= start && k < end);
-                let protected = self.system[start] || holds(c.keep_user) || holds(self.first_user);
+                // The task's unit is cut like the others: the task itself stays (`mode`), whole, or its head and
+                // tail when it is over `prune.max_pinned_tokens` — so a long task (SWE-agent's demonstration)
+                // is pinned here rather than making the request unsendable.
+                let protected = self.system[start] || holds(c.keep_user);
                 if protected {
                     continue;
                 }

@@ -50,7 +50,7 @@ impl Exchange {
         }
         if let Some(rw) = &outgoing.rewrite {
             measure::rewrite(state, self.dialect, self.strategy, model, &rw.record);
-            if rw.record.dropped_messages > 0 {
+            if rw.record.stages.contains(&"truncated") {
                 self.log_truncated(rw);
             }
             if let Some(mark) = &self.mark {
@@ -78,8 +78,8 @@ impl Exchange {
             tokens_sent = r.tokens_after,
             window = r.context_window,
             recall_offered = rw.injected,
-            "the hard limit dropped whole messages from what was sent upstream (stage truncated; the history \
-             keeps them): set context.on_overflow = \"refuse\" to answer context_length_exceeded instead, or \
+            "the hard limit dropped whole messages, or cut the task to its head and tail, from what was sent \
+             upstream (stage truncated; the history keeps them): set context.on_overflow = \"refuse\" to answer context_length_exceeded instead, or \
              use a model with a larger window"
         );
     }

@@ -390,3 +390,73 @@ proptest! {
         prop_assert_eq!(&a.messages[0], &b.messages[0], "the system prompt is never touched");
     }
 }
+
+/// SWE-agent's opening: a system prompt, a long demonstration sent as the first user message (the pinned task,
+/// by its shape), the real issue as a second user message, then one step.
+fn demonstrated(demo_words: usize) -> Vec<Value> {
+    vec![
+        sys("You are a coding agent."),
+        user(&format!(
+            "DEMO START {} DEMO END",
+            "demonstration ".repeat(demo_words)
+        )),
+        user("The issue: fix the parser."),
+        calls(&["call_1".to_string()]),
+        result("call_1", 50),
+    ]
+}
+
+#[test]
+fn a_long_task_alone_over_the_hard_limit_is_pinned_not_refused() {
+    let m = demonstrated(3_000);
+    let prune = PruneConfig {
+        max_pinned_tokens: 1_000,
+        ..Default::default()
+    };
+    // over the hard limit with the demonstration whole, under it with the demonstration's head and tail
+    let window = count(&m) * 2 / 3;
+    let r = rewrite(run_with(
+        &input(&m, window),
+        &ContextConfig::default(),
+        &prune,
+    ));
+    assert_eq!(r.record.stages, ["truncated"], "{:?}", r.record);
+    assert_eq!(r.record.dropped_messages, 0);
+    let sent = r.messages[1]["content"].as_str().unwrap();
+    assert!(sent.starts_with("DEMO START") && sent.ends_with("DEMO END"));
+    assert!(sent.contains(shape::PINNED_MARKER));
+    assert_eq!(&r.messages[2..], &m[2..], "the issue and the step whole");
+    check_sequence(&r.messages).unwrap();
+
+    // under context.on_overflow = "refuse" it is refused, as a request losing whole messages is
+    let body = json!({"model": "gpt-4o", "messages": &m});
+    let mut cfg = crate::config::Config::default();
+    cfg.context.strategy = Rewriting::Prune;
+    cfg.context.on_overflow = crate::config::OnOverflow::Refuse;
+    cfg.prune = prune;
+    let offer = crate::recall::Offer::new(
+        crate::dialect::Dialect::Chat,
+        body.as_object().unwrap(),
+        &cfg.recall,
+    );
+    let req = decide::Request {
+        body: body.as_object().unwrap(),
+        messages: &m,
+        hashes: None,
+        key: "messages",
+        raw_len: body.to_string().len(),
+        encoding: Encoding::O200k,
+        window,
+        ratio: 1.0,
+        strategy: Rewriting::Prune,
+        first_seen: None,
+        now: 1_000_000,
+        summarizer: false,
+        strict_roles: true,
+    };
+    let plan = decide::plan_cuts(&req, None, &cfg, &offer, &TokenCounter::new());
+    assert!(
+        matches!(plan, Plan::Reject { refused: true, .. }),
+        "{plan:?}"
+    );
+}
