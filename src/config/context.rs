@@ -29,8 +29,8 @@ pub struct ContextConfig {
     /// Rewrite a request holding more messages than this, as for the token threshold (unset: no limit); the
     /// rewrite then brings the count down to `max_messages × target / threshold`.
     pub max_messages: Option<usize>,
-    /// What to do with a request that fits under `hard_limit` only by dropping whole old messages (stage
-    /// `truncated`): `truncate` drops them (the default: the conversation goes on, the task and the newest turn
+    /// What to do with a request that fits under `hard_limit` only by dropping whole old messages, or by cutting a
+    /// task over `prune.max_pinned_tokens` to its head and tail (stage `truncated`): `truncate` drops them (the default: the conversation goes on, the task and the newest turn
     /// kept; the drop is named in `x-ctxgate-rewrite`, a warning log line and the turn's record, and the model is
     /// told and offered the recall tools to search what left), `refuse` answers `400 context_length_exceeded` in
     /// the API's own error shape and sends nothing upstream, as the provider would have (for clients that manage
