@@ -485,7 +485,17 @@ fn offer<'b>(
             .map(std::borrow::Cow::Borrowed)
             .collect(),
         sources: (0..req.messages.len()).map(Source::Client).collect(),
-        estimate: counter.request_tokens(req.encoding, req.messages, req.body.get("tools")),
+        estimate: {
+            // keyed as the plan keys them: the counts it remembered for this request are one lookup
+            let (keys, each) =
+                crate::context::usage::Usage::prefix_hashes(req.messages, req.hashes, counter);
+            counter.request_tokens_keyed(
+                req.encoding,
+                req.messages,
+                (&keys, &each),
+                req.body.get("tools"),
+            )
+        },
         record: CompressionRecord {
             strategy: req.strategy.as_str(),
             stages: vec!["offered"],

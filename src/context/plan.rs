@@ -147,7 +147,8 @@ pub enum Plan<'a> {
     /// Send `Rewrite::messages` instead.
     Rewrite(Box<Rewrite<'a>>),
     /// Even the smallest valid rewrite does not fit under the hard limit, or (`refused`) it would fit only by
-    /// dropping whole messages and `context.on_overflow` is `refuse`: refuse without calling upstream.
+    /// dropping whole messages or cutting the task to its head and tail (stage `truncated`) and
+    /// `context.on_overflow` is `refuse`: refuse without calling upstream.
     Reject {
         /// Estimated tokens of the smallest rewrite; when `refused`, of the client's request.
         tokens: u64,
@@ -155,7 +156,8 @@ pub enum Plan<'a> {
         limit: u64,
         /// The model's context window.
         window: u64,
-        /// It would fit by dropping whole messages, which `context.on_overflow = "refuse"` forbids.
+        /// It would fit by dropping whole messages or cutting the task (stage `truncated`), which
+        /// `context.on_overflow = "refuse"` forbids.
         refused: bool,
     },
 }

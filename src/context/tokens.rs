@@ -502,6 +502,24 @@ impl TokenCounter {
         msgs + tools.map_or(0, |t| self.tools_tokens(enc, t)) + REPLY_PRIMING
     }
 
+    /// [`Self::request_tokens`] of a request the planner plans (or planned), with its messages keyed as the planner
+    /// keys them (`keys`: `context::usage::Usage::prefix_hashes`, which take the parse's hashes of a chat
+    /// request's bytes), so that the count and the plan share their memos — the counts of this very request, once
+    /// remembered, are one lookup.
+    pub fn request_tokens_keyed(
+        &self,
+        enc: Encoding,
+        messages: &[Value],
+        keys: (&[u64], &[u64]),
+        tools: Option<&Value>,
+    ) -> u64 {
+        let msgs: u64 = self
+            .messages_tokens_prefixed(enc, messages, keys)
+            .iter()
+            .sum();
+        msgs + tools.map_or(0, |t| self.tools_tokens(enc, t)) + REPLY_PRIMING
+    }
+
     /// Records the upstream's `usage.prompt_tokens` (`actual`) against our `estimated` count for `model`. A sample
     /// outside [0.5, 2] is not a tokenizer difference but a miscount (a proxy, a mock, a provider that reports
     /// something else): it is ignored rather than allowed to skew every later estimate. A sample weighs in proportion

@@ -268,7 +268,7 @@ pub async fn plan_request(
                 format!(
                     "this conversation needs about {tokens} tokens; the limit is {limit} tokens ({} of the \
                      model's {window}-token window, context.hard_limit), and it would fit only by dropping whole \
-                     earlier messages, which this gateway refuses to do (context.on_overflow = \"refuse\"): \
+                     earlier messages or cutting the task to its head and tail, which this gateway refuses to do (context.on_overflow = \"refuse\"): \
                      shorten the conversation or remove large content",
                     cfg.context.hard_limit
                 )

@@ -559,7 +559,12 @@ impl<'a> Run<'a> {
             strict_roles: dialect.strict_roles(),
         };
         let offer = Offer::new(dialect, &request.body, &cfg.recall);
-        let client = counter.request_tokens(self.encoding, sent, tools);
+        let client = {
+            // keyed as the planner keys the messages, so that both share one memo (as in the gateway)
+            let (keys, each) =
+                crate::context::usage::Usage::prefix_hashes(sent, req.hashes, counter);
+            counter.request_tokens_keyed(self.encoding, sent, (&keys, &each), tools)
+        };
         let ready = self.summarizing.then_some(self.ready.as_slice());
         let plan = decide::plan_cuts(&req, ready, cfg, &offer, counter);
         // a summary covers whole client messages, as in the gateway
