@@ -134,6 +134,19 @@ fn raw_hashes(messages: &[Value]) -> Vec<u64> {
     ctxgate::session::tree::raw_message_hashes(&body)
 }
 
+/// `before` and a variant of `newest` that no counter has seen (its text with ` (run <variant>)` added), as each
+/// real request brings one new message.
+fn with_variant(before: &[Value], newest: &Value, variant: u64) -> Vec<Value> {
+    let mut m = newest.clone();
+    m["content"] = json!(format!(
+        "{} (run {variant})",
+        newest["content"].as_str().unwrap()
+    ));
+    let mut r = before.to_vec();
+    r.push(m);
+    r
+}
+
 fn input<'a>(messages: &'a [Value], tools: &'a Value, hashes: Option<&'a [u64]>) -> PlanInput<'a> {
     PlanInput {
         messages,
@@ -218,13 +231,7 @@ fn bench(c: &mut Criterion) {
         b.iter_batched_ref(
             || {
                 variant += 1;
-                let mut m = newest.clone();
-                m["content"] = json!(format!(
-                    "{} (run {variant})",
-                    newest["content"].as_str().unwrap()
-                ));
-                let mut r = before.to_vec();
-                r.push(m);
+                let r = with_variant(before, newest, variant);
                 let h = raw_hashes(&r);
                 forget_pieces();
                 (r, h)
@@ -245,13 +252,7 @@ fn bench(c: &mut Criterion) {
         b.iter_batched_ref(
             || {
                 variant += 1;
-                let mut m = newest.clone();
-                m["content"] = json!(format!(
-                    "{} (run {variant})",
-                    newest["content"].as_str().unwrap()
-                ));
-                let mut r = before.to_vec();
-                r.push(m);
+                let r = with_variant(before, newest, variant);
                 forget_pieces();
                 r
             },

@@ -63,7 +63,7 @@ pub fn placeholder_naming(
     with_content(m, placeholder_text(m, tool_name, recall_tool, words))
 }
 
-/// The text of [`placeholder_naming`]'s placeholder (see [`with_text`] to put it in place).
+/// The text of [`placeholder_naming`]'s placeholder (see [`with_content`] to put it in place).
 pub fn placeholder_text(
     m: &Value,
     tool_name: &str,
@@ -86,11 +86,6 @@ pub fn placeholder_text(
     format!(
         "{PLACEHOLDER_PREFIX} to save context: call {id} ({tool_name}), {chars} characters{naming}.{how}"
     )
-}
-
-/// `m` with `text` as its content (same key order; the old content is never copied).
-pub fn with_text(m: &Value, text: String) -> Value {
-    with_content(m, text)
 }
 
 /// `m` with its text cut to `max_chars` characters and [`TRUNCATED_MARKER`] appended; content given as parts
@@ -124,7 +119,7 @@ fn without_tool_calls(m: &Value) -> Value {
 }
 
 /// `m` with `content` in place of its content (same key order; the old content is never copied).
-fn with_content(m: &Value, content: String) -> Value {
+pub fn with_content(m: &Value, content: String) -> Value {
     let mut content = Some(Value::String(content));
     let mut out = Map::with_capacity(m.as_object().map_or(0, Map::len) + 1);
     for (k, v) in m.as_object().into_iter().flatten() {

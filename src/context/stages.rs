@@ -9,7 +9,7 @@ use super::fold::{fold_block, fold_line_naming, foldable_units, with_block};
 use super::runloop::{run_loops_with, RunLoop, ToolCallRef};
 use super::shape::{
     clear_inputs, digest_words, is_cleared_input, is_placeholder, pinned, placeholder_text,
-    truncated, with_text,
+    truncated, with_content,
 };
 use super::tokens::{Encoding, TokenCounter};
 use super::units::{units, Unit};
@@ -134,11 +134,8 @@ pub struct Seen<'h> {
 
 /// The counter's `remembered_strings_of` finding that is a cleared result's placeholder text (keyed by
 /// [`Model::alt_key`]; the other findings are 0, a message's named strings, `1 + digest_tokens`, its digest as a
-/// placeholder names it, and [`FOLD_DIGEST`]).
+/// placeholder and a fold line name it).
 const PLACEHOLDER_TEXT: u64 = u64::MAX;
-/// The findings that are a folded result's digest (`FOLD_DIGEST + digest_tokens`: of its text as
-/// `message::message_text` reads it, where a placeholder's digest reads string content as it is).
-const FOLD_DIGEST: u64 = 1 << 62;
 
 /// The messages with everything the cuts need, computed once per request. `'a`: the request's messages; `'c`:
 /// the counter and the settings.
@@ -460,21 +457,19 @@ impl<'a, 'c> Model<'a, 'c> {
 
     /// The line a folded call leaves: its id, tool and arguments' gist, and what its result names
     /// (`prune.digest_tokens`).
-    fn line_of(&self, call: &ToolCallRef<'a>) -> String {
+    /// The distinctive strings result `i`'s placeholder and fold line name (`prune.digest_tokens` of them): a scan
+    /// of the whole result, remembered from one request to the next.
+    fn digest_of(&self, i: usize) -> std::sync::Arc<[Box<str>]> {
         let tokens = self.prune.digest_tokens;
-        let scan = |m: &Value| -> Vec<Box<str>> {
-            super::digest::distinctive(&crate::message::message_text(m), tokens)
-                .into_iter()
-                .map(Box::from)
-                .collect()
-        };
-        // the digest is a scan of the whole result: remembered from one request to the next
+        self.counter
+            .remembered_strings_of(self.content_hashes[i], 1 + tokens, || {
+                digest_words(&self.msgs[i], tokens)
+            })
+    }
+
+    fn line_of(&self, call: &ToolCallRef<'a>) -> String {
         let words = match call.result.filter(|&r| r < self.msgs.len()) {
-            Some(r) => self.counter.remembered_strings_of(
-                self.content_hashes[r],
-                FOLD_DIGEST.saturating_add(tokens),
-                || scan(&self.msgs[r]),
-            ),
+            Some(r) => self.digest_of(r),
             None => Vec::new().into(),
         };
         let words: Vec<&str> = words.iter().map(AsRef::as_ref).collect();
@@ -603,16 +598,7 @@ impl<'a, 'c> Model<'a, 'c> {
                     Some((calls, _)) => clear_inputs(m, calls, recall),
                     None => {
                         let name = self.tool_names.get(&i).copied().unwrap_or("unknown tool");
-                        let hash = self.content_hashes[i];
-                        let make = || {
-                            // the digest is a scan of the whole result: remembered too
-                            let words = counter.remembered_strings_of(
-                                hash,
-                                1 + prune.digest_tokens,
-                                || digest_words(m, prune.digest_tokens),
-                            );
-                            placeholder_text(m, name, recall, &words)
-                        };
+                        let make = || placeholder_text(m, name, recall, &self.digest_of(i));
                         let text = match key {
                             Some(k) => counter.remembered_strings_of(k, PLACEHOLDER_TEXT, || {
                                 vec![make().into_boxed_str()]
@@ -620,7 +606,7 @@ impl<'a, 'c> Model<'a, 'c> {
                                 .to_string(),
                             None => make(),
                         };
-                        with_text(m, text)
+                        with_content(m, text)
                     }
                 },
                 Mode::Pinned => {

@@ -116,6 +116,32 @@ fn input<'a>(messages: &'a [Value], window: u64) -> PlanInput<'a> {
     }
 }
 
+/// A chat request of `messages` (with `body`, the client's body holding them) as `decide` takes it: O200k, no
+/// calibration, no first-seen times, strict role order.
+fn decide_request<'a>(
+    body: &'a serde_json::Map<String, Value>,
+    messages: &'a [Value],
+    window: u64,
+    strategy: Rewriting,
+    summarizer: bool,
+) -> decide::Request<'a> {
+    decide::Request {
+        body,
+        messages,
+        hashes: None,
+        key: "messages",
+        raw_len: Value::Object(body.clone()).to_string().len(),
+        encoding: Encoding::O200k,
+        window,
+        ratio: 1.0,
+        strategy,
+        first_seen: None,
+        now: 1_000_000,
+        summarizer,
+        strict_roles: true,
+    }
+}
+
 fn run(messages: &[Value], window: u64) -> Plan<'_> {
     run_with(
         &input(messages, window),

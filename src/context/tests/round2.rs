@@ -439,21 +439,13 @@ fn a_long_task_alone_over_the_hard_limit_is_pinned_not_refused() {
         body.as_object().unwrap(),
         &cfg.recall,
     );
-    let req = decide::Request {
-        body: body.as_object().unwrap(),
-        messages: &m,
-        hashes: None,
-        key: "messages",
-        raw_len: body.to_string().len(),
-        encoding: Encoding::O200k,
+    let req = decide_request(
+        body.as_object().unwrap(),
+        &m,
         window,
-        ratio: 1.0,
-        strategy: Rewriting::Prune,
-        first_seen: None,
-        now: 1_000_000,
-        summarizer: false,
-        strict_roles: true,
-    };
+        Rewriting::Prune,
+        false,
+    );
     let plan = decide::plan_cuts(&req, None, &cfg, &offer, &TokenCounter::new());
     assert!(
         matches!(plan, Plan::Reject { refused: true, .. }),

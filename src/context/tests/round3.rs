@@ -21,21 +21,13 @@ fn sent(
     cfg.context.strategy = strategy;
     let recall = RecallConfig::default();
     let offer = Offer::new(Dialect::Chat, body.as_object().unwrap(), &recall);
-    let req = decide::Request {
-        body: body.as_object().unwrap(),
+    let req = decide_request(
+        body.as_object().unwrap(),
         messages,
-        hashes: None,
-        key: "messages",
-        raw_len: body.to_string().len(),
-        encoding: Encoding::O200k,
         window,
-        ratio: 1.0,
         strategy,
-        first_seen: None,
-        now: 1_000_000,
-        summarizer: !ready.is_empty(),
-        strict_roles: true,
-    };
+        !ready.is_empty(),
+    );
     let counter = TokenCounter::new();
     let ready = (!ready.is_empty()).then_some(ready);
     let plan = decide::plan_cuts(&req, ready, &cfg, &offer, &counter);
@@ -196,21 +188,13 @@ fn the_message_count_fires_whatever_clear_at_least_says() {
     let body = json!({"model": "gpt-4o", "messages": m});
     let mut cfg = Config::default();
     cfg.context.max_messages = Some(20);
-    let req = decide::Request {
-        body: body.as_object().unwrap(),
-        messages: &m,
-        hashes: None,
-        key: "messages",
-        raw_len: body.to_string().len(),
-        encoding: Encoding::O200k,
-        window: 128_000,
-        ratio: 1.0,
-        strategy: Rewriting::Prune,
-        first_seen: None,
-        now: 1_000_000,
-        summarizer: false,
-        strict_roles: true,
-    };
+    let req = decide_request(
+        body.as_object().unwrap(),
+        &m,
+        128_000,
+        Rewriting::Prune,
+        false,
+    );
     let counter = TokenCounter::new();
     let additions = Reserve(300);
     match decide::plan_cuts(&req, None, &cfg, &additions, &counter) {

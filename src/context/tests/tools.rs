@@ -20,21 +20,7 @@ fn upstream(messages: &[Value], window: u64, cfg: &Config) -> Option<Value> {
     let body = json!({"model": "gpt-4o", "messages": messages, "tools": agent_tools()});
     let map = body.as_object().unwrap();
     let offer = Offer::new(Dialect::Chat, map, &cfg.recall);
-    let req = decide::Request {
-        body: map,
-        messages,
-        hashes: None,
-        key: "messages",
-        raw_len: body.to_string().len(),
-        encoding: Encoding::O200k,
-        window,
-        ratio: 1.0,
-        strategy: cfg.context.strategy,
-        first_seen: None,
-        now: 1_000_000,
-        summarizer: false,
-        strict_roles: true,
-    };
+    let req = decide_request(map, messages, window, cfg.context.strategy, false);
     let counter = TokenCounter::new();
     let plan = decide::plan_cuts(&req, None, cfg, &offer, &counter);
     let serialise = |b: &RewrittenBody<'_>| b.to_vec();
